@@ -1,0 +1,5 @@
+"""``python -m pipesim``: the command line."""
+
+from pipesim.cli import main
+
+main()

@@ -1,0 +1,52 @@
+"""The exceptions pipesim raises: user mistakes name the field, the value and the rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PipesimError(Exception):
+    """Base class of every error pipesim raises on purpose; its message is one line."""
+
+
+class ConfigError(PipesimError, ValueError):
+    """An input value breaks a rule.
+
+    Args:
+        field: dotted name of the offending field, e.g. ``"layers[3].forward_s"``.
+        value: the value that was given.
+        rule: what the value must satisfy, e.g. ``"must be >= 0"``.
+        source: optional file the value came from.
+    """
+
+    def __init__(self, field: str, value: Any, rule: str, *, source: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        self.source = source
+        where = f"{source}: " if source else ""
+        shown = _short_repr(value)
+        super().__init__(f"{where}{field}={shown}: {rule}")
+
+
+class ScheduleError(PipesimError):
+    """A schedule is malformed or cannot run; the message carries the grid with the failing op marked.
+
+    Args:
+        reason: one line saying what is wrong.
+        grid: the schedule drawn one row per rank, the failing cell marked, or ``""``.
+    """
+
+    def __init__(self, reason: str, grid: str = "") -> None:
+        self.reason = reason
+        self.grid = grid
+        super().__init__(reason if not grid else f"{reason}\n{grid}")
+
+
+class DeadlockError(ScheduleError):
+    """The engine reached a state where no op can start; the stuck ops are named."""
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,113 @@
+"""Reading and writing input files: our versioned JSON, told apart from PipeDream's graph.txt."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipesim.errors import ConfigError
+from pipesim.spec.plan import Plan
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
+from pipesim.spec.validation import FrozenModel, build
+
+
+def read_text(path: str | Path, field: str = "path") -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        ConfigError: the file is missing, unreadable or not UTF-8.
+    """
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(field, str(path), "file does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(field, str(path), "is a directory, expected a file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, str(path), f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(field, str(path), f"cannot be read ({exc.strerror})") from None
+
+
+def read_json(path: str | Path, field: str = "path") -> Any:
+    """Read and parse a JSON file; a syntax error names the line and column."""
+    text = read_text(path, field)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            field, str(path), f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+
+
+def dumps(data: Any) -> str:
+    """Deterministic JSON text: sorted keys, two-space indent, a final newline."""
+    return json.dumps(data, sort_keys=True, indent=2, allow_nan=True) + "\n"
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename, so a crash leaves the old file."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def looks_like_graph_txt(text: str) -> bool:
+    """True when ``text`` is PipeDream's graph.txt format rather than JSON."""
+    stripped = text.lstrip()
+    return not stripped.startswith("{") and " -- " in stripped.split("\n", 1)[0]
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a profile from our JSON or from PipeDream's graph.txt, told apart by content.
+
+    Raises:
+        ConfigError: an unreadable file or a value that breaks a rule, naming the file and field.
+    """
+    text = read_text(path, "profile")
+    if looks_like_graph_txt(text):
+        from pipesim.spec.graphtxt import parse_graph_txt
+
+        return parse_graph_txt(text, source=str(path))
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            "profile", str(path),
+            f"is neither JSON nor PipeDream graph.txt: {exc.msg} at line {exc.lineno} column {exc.colno}",
+        ) from None
+    return build(Profile, data, source=str(path))
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Load a topology JSON file (``pipesim.topology/1``)."""
+    return build(Topology, read_json(path, "topology"), source=str(path))
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Load a plan JSON file (``pipesim.plan/1``); a planner output's ``"plan"`` key is accepted too."""
+    data = read_json(path, "plan")
+    if isinstance(data, dict) and isinstance(data.get("plan"), dict):
+        data = data["plan"]
+    return build(Plan, data, source=str(path))
+
+
+def model_to_json(model: FrozenModel) -> str:
+    """Deterministic JSON of an input model, with ``schema`` first-class and unset optionals dropped."""
+    return dumps(model.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def save_model(model: FrozenModel, path: str | Path) -> None:
+    """Write an input model (Profile, Topology, Plan) as deterministic JSON, atomically."""
+    write_text_atomic(path, model_to_json(model))

@@ -1,0 +1,133 @@
+"""Profile: measured per-layer times and sizes of one model at one microbatch size."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from pipesim.spec.validation import FrozenModel
+
+PROFILE_SCHEMA = "pipesim.profile/1"
+
+
+class Layer(FrozenModel):
+    """One layer of a model, as measured for one microbatch.
+
+    Attributes:
+        name: the layer's label (free text).
+        forward_s: forward time of one microbatch, seconds.
+        backward_s: full backward time, seconds.
+        backward_input_s: optional backward-for-inputs part (split backward), seconds.
+        backward_weight_s: optional backward-for-weights part, seconds.
+        activation_bytes: bytes of the output sent to the next layer.
+        stash_bytes: bytes kept for this layer's backward; defaults to ``activation_bytes``.
+        param_bytes: bytes of the layer's weights.
+        forward_std_s: optional spread of the forward time (standard deviation), seconds.
+        backward_std_s: optional spread of the backward time, seconds.
+    """
+
+    name: str
+    forward_s: float = Field(ge=0)
+    backward_s: float = Field(ge=0)
+    backward_input_s: float | None = Field(default=None, ge=0)
+    backward_weight_s: float | None = Field(default=None, ge=0)
+    activation_bytes: float = Field(ge=0)
+    stash_bytes: float | None = Field(default=None, ge=0)
+    param_bytes: float = Field(ge=0)
+    forward_std_s: float | None = Field(default=None, ge=0)
+    backward_std_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _split_backward_pairs(self) -> Layer:
+        has_input = self.backward_input_s is not None
+        has_weight = self.backward_weight_s is not None
+        if has_input != has_weight:
+            raise ValueError("backward_input_s and backward_weight_s must be given together")
+        return self
+
+    @property
+    def stashed_bytes(self) -> float:
+        """Bytes kept for the backward: ``stash_bytes`` or, if unset, ``activation_bytes``."""
+        return self.activation_bytes if self.stash_bytes is None else self.stash_bytes
+
+
+class Profile(FrozenModel):
+    """A model's layers in execution order, with where and how they were measured.
+
+    Attributes:
+        schema_: format tag, ``"pipesim.profile/1"`` (``"schema"`` in JSON).
+        name: model name.
+        layers: the layers in order; stage boundaries cut this list.
+        microbatch_size: samples per microbatch the times were measured at.
+        dtype: element type of the measurement, e.g. ``"float32"``.
+        device: what it ran on, e.g. ``"V100 (assumed)"``.
+        source: provenance in one line.
+    """
+
+    schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
+    name: str = "model"
+    layers: tuple[Layer, ...] = Field(min_length=1)
+    microbatch_size: int = Field(default=1, ge=1)
+    dtype: str = "float32"
+    device: str = "unknown"
+    source: str = ""
+
+    model_config = FrozenModel.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _known_schema(self) -> Profile:
+        if self.schema_ != PROFILE_SCHEMA:
+            raise ValueError(f"schema must be {PROFILE_SCHEMA!r}")
+        return self
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers."""
+        return len(self.layers)
+
+    @property
+    def has_split_backward(self) -> bool:
+        """True when every layer carries ``backward_input_s`` and ``backward_weight_s``."""
+        return all(layer.backward_input_s is not None for layer in self.layers)
+
+
+def uniform_profile(
+    *,
+    num_layers: int,
+    forward_s: float,
+    backward_s: float,
+    activation_bytes: float = 0.0,
+    param_bytes: float = 0.0,
+    stash_bytes: float | None = None,
+    microbatch_size: int = 1,
+    name: str = "uniform",
+) -> Profile:
+    """A synthetic profile of ``num_layers`` identical layers, for what-if work and closed forms.
+
+    Raises:
+        ConfigError: a negative time or size, or ``num_layers < 1``.
+    """
+    from pipesim.spec.validation import build
+
+    layer = {
+        "name": "layer",
+        "forward_s": forward_s,
+        "backward_s": backward_s,
+        "activation_bytes": activation_bytes,
+        "param_bytes": param_bytes,
+        "stash_bytes": stash_bytes,
+    }
+    if num_layers < 1:
+        from pipesim.errors import ConfigError
+
+        raise ConfigError("num_layers", num_layers, "must be >= 1")
+    layers = [dict(layer, name=f"layer{index}") for index in range(num_layers)]
+    return build(
+        Profile,
+        {
+            "name": name,
+            "layers": layers,
+            "microbatch_size": microbatch_size,
+            "device": "synthetic",
+            "source": "pipesim.uniform_profile",
+        },
+    )

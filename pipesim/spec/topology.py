@@ -1,0 +1,165 @@
+"""Topology: devices and the links between them (pairwise, by hierarchy level, or one default)."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from pipesim.spec.validation import FrozenModel, build
+from pipesim.units import parse_bandwidth, parse_duration
+
+TOPOLOGY_SCHEMA = "pipesim.topology/1"
+
+
+class Device(FrozenModel):
+    """One device (a GPU, or a CPU process in the harness).
+
+    Attributes:
+        name: label used in outputs.
+        memory_bytes: memory capacity, bytes (``inf`` when unknown).
+        speed: relative speed; op times are divided by it (1.0 = as profiled).
+    """
+
+    name: str
+    memory_bytes: float = Field(default=math.inf, gt=0, allow_inf_nan=True)
+    speed: float = Field(default=1.0, gt=0)
+
+
+class Link(FrozenModel):
+    """A point-to-point link between two devices.
+
+    Attributes:
+        src: device index of one end.
+        dst: device index of the other end.
+        bandwidth_bytes_per_s: bandwidth, bytes per second.
+        latency_s: fixed cost of every transfer, seconds.
+        bidirectional: when true (default) the link serves both directions, each at full speed.
+    """
+
+    src: int = Field(ge=0)
+    dst: int = Field(ge=0)
+    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=True)
+    latency_s: float = Field(default=0.0, ge=0)
+    bidirectional: bool = True
+
+
+class Level(FrozenModel):
+    """A level of a hierarchy: groups of ``group_size`` consecutive devices share this link class.
+
+    Two devices talk over the innermost level whose group holds both (e.g. NVLink inside a
+    server of 4, before the network between servers).
+    """
+
+    group_size: int = Field(ge=1)
+    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=True)
+    latency_s: float = Field(default=0.0, ge=0)
+
+
+class Topology(FrozenModel):
+    """Devices and links.
+
+    Attributes:
+        schema_: ``"pipesim.topology/1"`` (``"schema"`` in JSON).
+        devices: the devices, indexed from 0.
+        bandwidth_bytes_per_s: bandwidth between devices no link or level covers (``inf``: free).
+        latency_s: latency between devices no link or level covers.
+        levels: hierarchy levels, innermost first.
+        links: pairwise links; they take precedence over levels.
+    """
+
+    schema_: str = Field(default=TOPOLOGY_SCHEMA, alias="schema")
+    devices: tuple[Device, ...] = Field(min_length=1)
+    bandwidth_bytes_per_s: float = Field(default=math.inf, gt=0, allow_inf_nan=True)
+    latency_s: float = Field(default=0.0, ge=0)
+    levels: tuple[Level, ...] = ()
+    links: tuple[Link, ...] = ()
+
+    model_config = FrozenModel.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="after")
+    def _check(self) -> Topology:
+        if self.schema_ != TOPOLOGY_SCHEMA:
+            raise ValueError(f"schema must be {TOPOLOGY_SCHEMA!r}")
+        for index, link in enumerate(self.links):
+            for end in (link.src, link.dst):
+                if end >= len(self.devices):
+                    raise ValueError(
+                        f"links[{index}] names device {end} but there are {len(self.devices)} devices"
+                    )
+        sizes = [level.group_size for level in self.levels]
+        if sizes != sorted(sizes):
+            raise ValueError(f"levels must go from inner to outer (group sizes rising), got {sizes}")
+        return self
+
+    @property
+    def num_devices(self) -> int:
+        """Number of devices."""
+        return len(self.devices)
+
+    def link_cost(self, src: int, dst: int) -> tuple[float, float]:
+        """Return ``(latency_s, bandwidth_bytes_per_s)`` of the path from ``src`` to ``dst``."""
+        for link in self.links:
+            if (link.src, link.dst) == (src, dst) or (
+                link.bidirectional and (link.dst, link.src) == (src, dst)
+            ):
+                return link.latency_s, link.bandwidth_bytes_per_s
+        for level in self.levels:
+            if src // level.group_size == dst // level.group_size:
+                return level.latency_s, level.bandwidth_bytes_per_s
+        return self.latency_s, self.bandwidth_bytes_per_s
+
+    def transfer_s(self, src: int, dst: int, num_bytes: float) -> float:
+        """Seconds to move ``num_bytes`` from device ``src`` to ``dst`` (0 on the same device)."""
+        if src == dst:
+            return 0.0
+        latency_s, bandwidth = self.link_cost(src, dst)
+        return latency_s + (num_bytes / bandwidth if num_bytes else 0.0)
+
+    @classmethod
+    def uniform(
+        cls,
+        *,
+        num_devices: int,
+        bandwidth: str | float = math.inf,
+        latency: str | float = 0.0,
+        memory_bytes: float = math.inf,
+    ) -> Topology:
+        """``num_devices`` identical devices, every pair joined at one bandwidth and latency.
+
+        Args:
+            bandwidth: bytes/s, or a string with a unit such as ``"25Gbit/s"``.
+            latency: seconds, or a string with a unit such as ``"5us"``.
+        """
+        bandwidth_bytes_per_s = (
+            parse_bandwidth(bandwidth) if isinstance(bandwidth, str) else float(bandwidth)
+        )
+        latency_s = parse_duration(latency) if isinstance(latency, str) else float(latency)
+        devices = [{"name": f"device{index}", "memory_bytes": memory_bytes} for index in range(num_devices)]
+        return build(
+            cls,
+            {
+                "devices": devices,
+                "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
+                "latency_s": latency_s,
+            },
+        )
+
+    @classmethod
+    def hierarchical(
+        cls,
+        *,
+        num_devices: int,
+        devices_per_server: int,
+        intra_bandwidth: str | float,
+        inter_bandwidth: str | float,
+        latency: str | float = 0.0,
+        memory_bytes: float = math.inf,
+    ) -> Topology:
+        """Servers of ``devices_per_server`` devices: one bandwidth inside a server, another between."""
+        flat = cls.uniform(
+            num_devices=num_devices, bandwidth=inter_bandwidth, latency=latency, memory_bytes=memory_bytes
+        )
+        intra = parse_bandwidth(intra_bandwidth) if isinstance(intra_bandwidth, str) else float(intra_bandwidth)
+        level = Level(group_size=devices_per_server, bandwidth_bytes_per_s=intra, latency_s=flat.latency_s)
+        return flat.model_copy(update={"levels": (level,)})
