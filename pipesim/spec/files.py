@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +50,23 @@ def dumps(data: Any) -> str:
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename, so a crash leaves the old file."""
+    """Write ``text`` to ``path`` through a temporary file and a rename, so a crash leaves the old file.
+
+    A new file gets the usual ``0666 & ~umask`` mode, a replaced file keeps its mode.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    # Not mkstemp: its files are owner-only (0600) whatever the umask, and would stay so after the rename.
+    temporary = target.parent / f".{target.name}.{uuid.uuid4().hex}.tmp"
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as stream:
             stream.write(text)
+        if target.exists():
+            os.chmod(temporary, target.stat().st_mode & 0o7777)
         os.replace(temporary, target)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
 
 

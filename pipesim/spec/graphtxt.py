@@ -1,4 +1,4 @@
-"""Reading PipeDream's graph.txt profiles: parse the DAG, linearize it, and merge branch bytes into a Profile."""
+"""PipeDream's graph.txt profiles: parse the DAG, linearize it, merge branch bytes into a Profile."""
 
 from __future__ import annotations
 
@@ -114,9 +114,8 @@ def _parse_lines(text: str, source: str) -> tuple[dict[str, _Node], list[tuple[s
         node = _parse_node(line, line_number, source)
         if node.node_id in nodes:
             first = nodes[node.node_id].line_number
-            raise ConfigError(
-                f"line {line_number}.node_id", node.node_id, f"is defined twice (first on line {first})", source=source
-            )
+            rule = f"is defined twice (first on line {first})"
+            raise ConfigError(f"line {line_number}.node_id", node.node_id, rule, source=source)
         nodes[node.node_id] = node
     if not nodes:
         raise ConfigError("nodes", 0, "graph.txt must define at least one node line", source=source)
@@ -132,9 +131,8 @@ def _parse_lines(text: str, source: str) -> tuple[dict[str, _Node], list[tuple[s
 def _parse_edge(line: str, line_number: int, source: str) -> tuple[str, str, int]:
     parts = line.strip().split(SEPARATOR)
     if len(parts) != 2 or not all(parts):
-        raise ConfigError(
-            f"line {line_number}", line.strip(), "an edge line must be '\\t<src_id> -- <dst_id>'", source=source
-        )
+        rule = "an edge line must be '\\t<src_id> -- <dst_id>'"
+        raise ConfigError(f"line {line_number}", line.strip(), rule, source=source)
     return parts[0], parts[1], line_number
 
 
@@ -142,20 +140,21 @@ def _parse_node(line: str, line_number: int, source: str) -> _Node:
     where = f"line {line_number}"
     parts = line.split(SEPARATOR)
     if len(parts) not in (3, 4):
-        raise ConfigError(
-            where, line, f"a node line has 3 or 4 fields separated by {SEPARATOR!r}, got {len(parts)}", source=source
-        )
+        rule = f"a node line has 3 or 4 fields separated by {SEPARATOR!r}, got {len(parts)}"
+        raise ConfigError(where, line, rule, source=source)
     node_id, desc, values = parts[0].strip(), parts[1].strip(), parts[2].strip()
     if not node_id or any(char.isspace() for char in node_id):
         raise ConfigError(f"{where}.node_id", parts[0], "must be one word", source=source)
     if len(parts) == 4 and not re.fullmatch(r"stage_id=\d+", parts[3].strip()):
-        raise ConfigError(f"{where}.stage_id", parts[3], "the 4th field must be 'stage_id=<int>'", source=source)
+        rule = "the 4th field must be 'stage_id=<int>'"
+        raise ConfigError(f"{where}.stage_id", parts[3], rule, source=source)
     items: dict[str, str] = {}
     for item in values.split(", "):
         key, equals, value = item.partition("=")
         key = key.strip()
         if not equals or key not in _KEYS:
-            raise ConfigError(f"{where}.values", item, f"expected key=value with a key in {_KEYS}", source=source)
+            rule = f"expected key=value with a key in {_KEYS}"
+            raise ConfigError(f"{where}.values", item, rule, source=source)
         if key in items:
             raise ConfigError(f"{where}.{key}", value, "is given twice", source=source)
         items[key] = value.strip()
@@ -241,9 +240,13 @@ def _cycle_error(in_degree: dict[str, int], edges: list[tuple[str, str, int]], s
             break
         seen[previous] = len(walk)
         walk.append(previous)
+    # Each node in `cycle` feeds the next and the last feeds the first; start at the smallest id.
+    start = cycle.index(min(cycle, key=_tie_key))
+    cycle = cycle[start:] + cycle[:start]
     closing_line = predecessor[cycle[0]][1]
     shown = " -> ".join([*cycle, cycle[0]])
-    return ConfigError(f"line {closing_line}", shown, "edges form a cycle; graph.txt must be a DAG", source=source)
+    rule = "edges form a cycle; graph.txt must be a DAG"
+    return ConfigError(f"line {closing_line}", shown, rule, source=source)
 
 
 def _cut_bytes(order: list[_Node], edges: list[tuple[str, str, int]]) -> list[Fraction]:
