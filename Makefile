@@ -1,0 +1,29 @@
+# Set-up and the main jobs. Every target creates or reuses the virtual environment .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-pipesim
+DEMO_OUT ?= report
+
+.PHONY: demo test bench venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# The main job: simulate VGG-16 (PipeDream's measured profile) on 4 stages with 1F1B and write
+# a report folder: metrics.json, trace.json, trace.perfetto.json and timeline.png.
+demo: $(STAMP)
+	$(VENV)/bin/pipesim simulate --profile traces/vgg16.json --stages 4 --microbatches 8 \
+		--schedule 1f1b --bandwidth 25Gbit/s --latency 5us --out $(DEMO_OUT)
+
+# The test suite, with hypothesis's derandomized "ci" profile.
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" --hypothesis-profile=ci
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis

@@ -1,0 +1,45 @@
+"""pipesim: simulate and analyze pipeline-parallel training schedules."""
+
+from pipesim.engine.trace import Trace
+from pipesim.errors import ConfigError, PipesimError, ScheduleError
+from pipesim.metrics import Metrics, StageMetrics, compute_metrics
+from pipesim.schedule import Op, OpKind, Schedule, build_schedule, validate
+from pipesim.simulation import Result, make_plan, simulate, simulate_plan
+from pipesim.spec import (
+    Plan,
+    Profile,
+    Topology,
+    load_plan,
+    load_profile,
+    load_topology,
+    uniform_profile,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConfigError",
+    "Metrics",
+    "Op",
+    "OpKind",
+    "PipesimError",
+    "Plan",
+    "Profile",
+    "Result",
+    "Schedule",
+    "ScheduleError",
+    "StageMetrics",
+    "Topology",
+    "Trace",
+    "__version__",
+    "build_schedule",
+    "compute_metrics",
+    "load_plan",
+    "load_profile",
+    "load_topology",
+    "make_plan",
+    "simulate",
+    "simulate_plan",
+    "uniform_profile",
+    "validate",
+]

@@ -1,0 +1,66 @@
+"""The ``pipesim`` command: subcommands wired to the public API; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from pipesim.errors import PipesimError, ScheduleError
+
+
+class PipesimGroup(click.Group):
+    """A click group whose usage errors and PipesimErrors print one line and exit 2."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - click's entry point
+        kwargs["standalone_mode"] = False
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+            sys.exit(0)
+        except click.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "pipesim"
+            click.echo(f"{command}: error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except click.exceptions.Abort:
+            click.echo("pipesim: aborted", err=True)
+            sys.exit(130)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except ScheduleError as exc:
+            click.echo(f"pipesim: error: {exc.reason}", err=True)
+            if exc.grid:
+                click.echo(exc.grid, err=True)
+            sys.exit(2)
+        except PipesimError as exc:
+            click.echo(f"pipesim: error: {exc}", err=True)
+            sys.exit(2)
+
+
+@click.group(cls=PipesimGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pipesim")
+def cli() -> None:
+    """Simulate and analyze pipeline-parallel training schedules.
+
+    Inputs: a measured per-layer profile (our JSON or PipeDream's graph.txt), link bandwidth
+    and latency, and a schedule (gpipe, 1f1b, pipedream, 2bw, pipemare). Outputs: iteration
+    time, bubbles, per-stage memory and weight staleness, as tables, JSON, traces and plots.
+    """
+
+
+def _register() -> None:
+    from pipesim.cli.schedule import schedule_command
+    from pipesim.cli.simulate import simulate_command
+
+    cli.add_command(schedule_command)
+    cli.add_command(simulate_command)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI (the console script ``pipesim`` and ``python -m pipesim``)."""
+    cli.main(args=argv, prog_name="pipesim")

@@ -1,0 +1,1 @@
+"""Writers of results: Chrome/Perfetto traces and report folders."""

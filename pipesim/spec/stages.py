@@ -1,0 +1,163 @@
+"""Stage costs: the per-stage times and bytes an engine needs, cut from a Profile by a Plan."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from itertools import accumulate
+
+from pipesim.errors import ConfigError
+from pipesim.spec.plan import Plan
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Per stage (index s), the cost of one microbatch's ops and the stage's memory sizes.
+
+    Attributes:
+        forward_s: F time, seconds (divided by the device's speed).
+        backward_s: B time, seconds (including the recomputed forward when recompute is on).
+        backward_input_s: I time when the profile splits backward, else None.
+        backward_weight_s: W time when the profile splits backward, else None.
+        update_s: U time: the gradient all-reduce over the stage's replicas, seconds.
+        output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
+        stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
+        param_bytes: bytes of stage s's weights.
+        forward_std_s, backward_std_s: spread of the F and B times, seconds (0 when unknown).
+    """
+
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    backward_input_s: tuple[float, ...] | None
+    backward_weight_s: tuple[float, ...] | None
+    update_s: tuple[float, ...]
+    output_bytes: tuple[float, ...]
+    stash_bytes: tuple[float, ...]
+    param_bytes: tuple[float, ...]
+    forward_std_s: tuple[float, ...]
+    backward_std_s: tuple[float, ...]
+
+    @property
+    def num_stages(self) -> int:
+        """Number of stages."""
+        return len(self.forward_s)
+
+
+def balance_partition(profile: Profile, num_stages: int) -> tuple[tuple[int, int], ...]:
+    """Cut the layers into ``num_stages`` contiguous ranges minimizing the largest stage compute.
+
+    Compute of a layer is ``forward_s + backward_s``. Exact for the min-max objective: a
+    binary search over candidate bottlenecks with a greedy feasibility test.
+
+    Raises:
+        ConfigError: more stages than layers.
+    """
+    n = profile.num_layers
+    if num_stages > n:
+        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({n})")
+    costs = [layer.forward_s + layer.backward_s for layer in profile.layers]
+    prefix = [0.0, *accumulate(costs)]
+
+    def cuts_for(limit: float) -> list[int] | None:
+        cuts, start = [], 0
+        while start < n:
+            # Furthest end such that prefix[end] - prefix[start] <= limit, at least one layer.
+            end = bisect.bisect_right(prefix, prefix[start] + limit, lo=start + 1) - 1
+            end = max(end, start + 1)
+            if prefix[end] - prefix[start] > limit:
+                return None
+            cuts.append(end)
+            start = end
+            if len(cuts) > num_stages:
+                return None
+        return cuts
+
+    candidates = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)}) if n <= 400 else []
+    if candidates:
+        low, high = 0, len(candidates) - 1
+        while low < high:
+            middle = (low + high) // 2
+            if cuts_for(candidates[middle]) is not None:
+                high = middle
+            else:
+                low = middle + 1
+        best = candidates[low]
+    else:
+        low_s, high_s = max(costs), prefix[-1]
+        for _ in range(100):
+            middle_s = (low_s + high_s) / 2
+            if cuts_for(middle_s) is not None:
+                high_s = middle_s
+            else:
+                low_s = middle_s
+        best = high_s
+    cuts = cuts_for(best)
+    assert cuts is not None
+    # Fewer stages than asked never beats more: split the widest ranges until there are enough.
+    bounds = [0, *cuts]
+    while len(bounds) - 1 < num_stages:
+        widths = [(bounds[i + 1] - bounds[i], -i) for i in range(len(bounds) - 1)]
+        width, negative_index = max(widths)
+        index = -negative_index
+        bounds.insert(index + 1, bounds[index] + width // 2 if width > 1 else bounds[index] + 1)
+    return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
+
+
+def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
+    """Per-stage costs of ``profile`` cut by ``plan`` and run on ``topology``.
+
+    Raises:
+        ConfigError: the partition does not cover the profile, a stage is placed on a device
+            the topology lacks, or a split backward is asked of a profile without one.
+    """
+    partition = plan.partition or balance_partition(profile, plan.num_stages)
+    if partition[-1][1] != profile.num_layers:
+        raise ConfigError(
+            "partition", [list(r) for r in partition],
+            f"must end at the number of layers ({profile.num_layers}), ends at {partition[-1][1]}",
+        )
+    forward, backward, b_input, b_weight, update = [], [], [], [], []
+    output, stash, params, f_std, b_std = [], [], [], [], []
+    split = profile.has_split_backward
+    for stage, (start, end) in enumerate(partition):
+        device = plan.device_of(stage)
+        if device >= topology.num_devices:
+            raise ConfigError(
+                "placement", device, f"stage {stage} is placed on a device the topology lacks "
+                f"({topology.num_devices} devices)",
+            )
+        speed = topology.devices[device].speed
+        layers = profile.layers[start:end]
+        f = sum(layer.forward_s for layer in layers) / speed
+        recompute_s = f if plan.recompute else 0.0
+        forward.append(f)
+        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s)
+        if split:
+            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s)
+            b_weight.append(sum(layer.backward_weight_s or 0.0 for layer in layers) / speed)
+        output.append(layers[-1].activation_bytes)
+        if plan.recompute:
+            stash.append(profile.layers[start - 1].activation_bytes if start > 0 else 0.0)
+        else:
+            stash.append(sum(layer.stashed_bytes for layer in layers))
+        stage_params = sum(layer.param_bytes for layer in layers)
+        params.append(stage_params)
+        replicas = plan.replicas_of(stage)
+        bandwidth = topology.bandwidth_bytes_per_s
+        update.append(2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0)
+        f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
+        b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
+    return StageCosts(
+        forward_s=tuple(forward),
+        backward_s=tuple(backward),
+        backward_input_s=tuple(b_input) if split else None,
+        backward_weight_s=tuple(b_weight) if split else None,
+        update_s=tuple(update),
+        output_bytes=tuple(output),
+        stash_bytes=tuple(stash),
+        param_bytes=tuple(params),
+        forward_std_s=tuple(f_std),
+        backward_std_s=tuple(b_std),
+    )
