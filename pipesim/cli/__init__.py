@@ -51,11 +51,17 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from pipesim.cli.plot import plot_group
+    from pipesim.cli.report import report_command
     from pipesim.cli.schedule import schedule_command
     from pipesim.cli.simulate import simulate_command
+    from pipesim.cli.sweep import sweep_command
 
     cli.add_command(schedule_command)
     cli.add_command(simulate_command)
+    cli.add_command(sweep_command)
+    cli.add_command(plot_group)
+    cli.add_command(report_command)
 
 
 _register()

@@ -7,44 +7,106 @@ from typing import Any
 
 import numpy as np
 
-from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
+from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+
+COMPUTE_TID = 1
+_COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
+
+
+def _pid(device: int) -> int:
+    # Perfetto gives pid 0 and tid 0 special meaning (the idle "swapper" task), so ids start at 1.
+    return device + 1
+
+
+def _send_tid(peer: int) -> int:
+    return 2 + peer
+
+
+def _ns(seconds: Any) -> Any:
+    """Integer nanoseconds: start and end are rounded once, so touching spans stay touching."""
+    return np.rint(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64)
 
 
 def to_chrome(trace: Trace) -> dict[str, Any]:
-    """The trace in Chrome's JSON trace-event format (opens in ui.perfetto.dev).
+    """The trace in Chrome's JSON trace-event format, as ui.perfetto.dev and chrome://tracing read it.
 
-    Times are microseconds. Each rank is a process ("device N") with a "compute" and a "send"
-    thread; memory per stage is a counter track of bytes by category.
+    Each device is a process ``device N`` (pid N+1); its compute stream is the thread
+    ``compute`` and each link it sends on is a thread ``send -> device K``, so every thread's
+    slices follow one another without overlapping (Perfetto drops slices that overlap without
+    nesting). Times are microseconds with nanosecond resolution (whole nanoseconds, so an op
+    that starts when another ends touches it exactly). Memory is a counter per stage, by
+    category and in total, stepping after all the events of one instant.
     """
     events: list[dict[str, Any]] = []
+    s = trace.spans
     num_ranks = int(trace.meta["num_ranks"])
+    stage_to_rank = list(trace.meta["stage_to_rank"])
+    send = s["stream"] == _SEND
     for device in range(num_ranks):
-        events.append({"ph": "M", "pid": device, "name": "process_name", "args": {"name": f"device {device}"}})
-        for stream_index, stream in enumerate(STREAMS):
-            events.append({"ph": "M", "pid": device, "tid": stream_index, "name": "thread_name",
-                           "args": {"name": stream}})
-    for span in trace.iter_spans():
-        name = span.op if span.stream == "compute" else f"{span.op} -> device {span.peer}"
-        events.append({
-            "ph": "X", "pid": span.device, "tid": STREAMS.index(span.stream), "name": name,
-            "cat": span.op[len(str(span.stage))], "ts": span.start_s * 1e6,
-            "dur": (span.end_s - span.start_s) * 1e6,
-            "args": {"stage": span.stage, "microbatch": span.microbatch, "minibatch": span.minibatch,
-                     "weight_version": span.weight_version, "bytes": span.bytes},
-        })
-    memory = trace.memory
-    order = np.lexsort((memory["category"], memory["stage"], memory["time_s"]))
-    level: dict[tuple[int, int], dict[str, float]] = {}
+        stages = ",".join(str(stage) for stage, rank in enumerate(stage_to_rank) if rank == device)
+        pid = _pid(device)
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"device {device}"}})
+        events.append({"ph": "M", "pid": pid, "name": "process_labels", "args": {"labels": f"stage {stages}"}})
+        events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": device}})
+        threads = [(COMPUTE_TID, "compute")] + [
+            (_send_tid(peer), f"send -> device {peer}")
+            for peer in sorted(set(s["peer"][send & (s["device"] == device)].tolist()))
+        ]
+        for tid, name in threads:
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}})
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
+                           "args": {"sort_index": tid}})
+    start_ns, end_ns = _ns(s["start_s"]), _ns(s["end_s"])
+    order = np.lexsort((s["position"], start_ns, s["stream"], s["device"]))
     for row in order.tolist():
-        device = int(memory["device"][row])
-        stage = int(memory["stage"][row])
-        current = level.setdefault((device, stage), {c: 0.0 for c in CATEGORIES})
-        current[CATEGORIES[int(memory["category"][row])]] += float(memory["delta_bytes"][row])
-        events.append({"ph": "C", "pid": device, "name": f"memory stage {stage} (bytes)",
-                       "ts": float(memory["time_s"][row]) * 1e6, "args": dict(current)})
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"pipesim": trace.meta}}
+        kind = KINDS[int(s["kind"][row])]
+        stage, microbatch = int(s["stage"][row]), int(s["microbatch"][row])
+        op = f"{stage}{kind}{microbatch}"
+        device = int(s["device"][row])
+        event: dict[str, Any] = {"ph": "X", "pid": _pid(device), "ts": int(start_ns[row]) / 1000,
+                                 "dur": int(end_ns[row] - start_ns[row]) / 1000}
+        if s["stream"][row] == _COMPUTE:
+            event.update(tid=COMPUTE_TID, name=op, cat=kind, args={
+                "stage": stage, "microbatch": microbatch, "minibatch": int(s["minibatch"][row]),
+                "weight_version": int(s["weight_version"][row])})
+        else:
+            peer = int(s["peer"][row])
+            what = "activations" if kind == "F" else "gradients"
+            event.update(tid=_send_tid(peer), name=f"{op} {what}", cat="send", args={
+                "op": op, "to_device": peer, "bytes": float(s["bytes"][row]), "minibatch": int(s["minibatch"][row])})
+        events.append(event)
+    events.extend(_memory_counters(trace))
+    meta = {key: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+            for key, value in sorted(trace.meta.items())}
+    # traceEvents first: older Perfetto importers stop at the first top-level key they do not know.
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+
+
+def _memory_counters(trace: Trace) -> list[dict[str, Any]]:
+    """One counter event per (stage, instant): the levels after every event at that instant."""
+    m = trace.memory
+    if not len(m["time_s"]):
+        return []
+    time_ns = _ns(m["time_s"])
+    order = np.lexsort((m["category"], time_ns, m["stage"]))
+    events = []
+    level: dict[int, list[float]] = {}
+    rows = order.tolist()
+    for index, row in enumerate(rows):
+        stage = int(m["stage"][row])
+        current = level.setdefault(stage, [0.0] * len(CATEGORIES))
+        current[int(m["category"][row])] += float(m["delta_bytes"][row])
+        following = rows[index + 1] if index + 1 < len(rows) else None
+        if following is not None and int(m["stage"][following]) == stage and time_ns[following] == time_ns[row]:
+            continue
+        pid, ts = _pid(int(m["device"][row])), int(time_ns[row]) / 1000
+        events.append({"ph": "C", "pid": pid, "name": f"memory stage {stage} (bytes)", "ts": ts,
+                       "args": {category: current[i] for i, category in enumerate(CATEGORIES)}})
+        events.append({"ph": "C", "pid": pid, "name": f"memory stage {stage} total (bytes)", "ts": ts,
+                       "args": {"total": sum(current)}})
+    return events
 
 
 def chrome_json(trace: Trace) -> str:
     """Deterministic JSON text of ``to_chrome(trace)``."""
-    return json.dumps(to_chrome(trace), sort_keys=True, separators=(",", ":")) + "\n"
+    return json.dumps(to_chrome(trace), separators=(",", ":"), allow_nan=False) + "\n"

@@ -1,6 +1,19 @@
 """Plots of traces and metrics; the only package that imports matplotlib (lazily, inside functions)."""
 
-from pipesim.plots.files import save_figure
+from pipesim.plots.files import figure_bytes, save_figure
+from pipesim.plots.memory import memory, memory_breakdown
+from pipesim.plots.staleness import staleness
+from pipesim.plots.sweeps import bubble, heatmap, pareto
 from pipesim.plots.timeline import timeline
 
-__all__ = ["save_figure", "timeline"]
+__all__ = [
+    "bubble",
+    "figure_bytes",
+    "heatmap",
+    "memory",
+    "memory_breakdown",
+    "pareto",
+    "save_figure",
+    "staleness",
+    "timeline",
+]

@@ -1,0 +1,63 @@
+"""``pipesim report``: one self-contained HTML file for a simulation (trace) or a sweep (table)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from pipesim.cli.plot import load_table, load_trace
+from pipesim.errors import ConfigError
+from pipesim.spec.files import read_text, write_text_atomic
+
+TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+
+
+@click.command("report")
+@click.argument("source", metavar="SOURCE")
+@click.option("--out", "out", type=str, required=True, help="The HTML file to write.")
+@click.option("--figures", "fmt", type=click.Choice(["png", "svg"]), default="png", show_default=True,
+              help="Embed figures as base64 PNG or inline SVG.")
+@click.option("--title", type=str, default=None, help="Page title.")
+def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
+    """Write one HTML file of metrics tables and figures for SOURCE.
+
+    SOURCE is a folder written by ``simulate --out`` (or its trace.json) for a simulation,
+    or a sweep table (.parquet or .csv) for a sweep.
+    """
+    if not out.lower().endswith((".html", ".htm")):
+        raise ConfigError("out", out, "must end in .html")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pipesim import __version__
+    from pipesim.export.html import simulation_html, sweep_html
+
+    if source.lower().endswith(TABLE_SUFFIXES):
+        from pipesim.plots.report import sweep_figures
+        from pipesim.sweep.analysis import pareto_front
+
+        frame = load_table(source)
+        front = pareto_front(frame) if {"peak_memory_bytes", "throughput_samples_per_s"} <= set(frame.columns) else None
+        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front)
+    else:
+        from pipesim.metrics import compute_metrics
+        from pipesim.plots.report import simulation_figures
+
+        trace = load_trace(source)
+        metrics = compute_metrics(trace)
+        data = metrics.to_dict()
+        data["num_ops"] = metrics.num_ops
+        data["microbatch_size"] = trace.meta.get("microbatch_size", "")
+        saved = Path(source) / "metrics.json" if Path(source).is_dir() else Path(source).with_name("metrics.json")
+        notes = []
+        if saved.is_file():
+            data["partition"] = json.loads(read_text(saved, "metrics")).get("partition", [])
+        perfetto = saved.with_name("trace.perfetto.json")
+        if perfetto.is_file():
+            notes.append(f"The timeline opens in ui.perfetto.dev from {perfetto.name} beside this report.")
+        text = simulation_html(data, simulation_figures(trace, metrics, fmt=fmt), version=__version__, title=title,
+                               notes=notes)
+    write_text_atomic(out, text)
+    click.echo(f"wrote {out}")

@@ -1,0 +1,152 @@
+"""One self-contained HTML report: metrics tables and embedded figures, for a simulation or a sweep.
+
+Figures come in already rendered (PNG bytes, embedded as base64, or SVG text, inlined), so this
+module needs no plotting library; ``pipesim.plots.report`` draws them.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pipesim.engine.trace import CATEGORIES
+
+# (title, rendered bytes, format: "png" or "svg")
+Figure = tuple[str, bytes, str]
+
+_STYLE = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.15em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
+th { background: #f4f4f4; } td.text, th.text { text-align: left; }
+figure { margin: 1.5em 0; } figure img, figure svg { max-width: 100%; height: auto; }
+figcaption { font-size: 0.85em; color: #555; } .note { color: #555; font-size: 0.85em; }
+"""
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, text_columns: int = 0) -> str:
+    """An HTML table; cells are escaped, the first ``text_columns`` are left-aligned."""
+    def cell(tag: str, index: int, value: Any) -> str:
+        css = ' class="text"' if index < text_columns else ""
+        return f"<{tag}{css}>{html.escape(str(value))}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(headers))
+    body = "\n".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(row)) + "</tr>" for row in rows)
+    return f"<table>\n<tr>{head}</tr>\n{body}\n</table>"
+
+
+def figure(item: Figure) -> str:
+    """A figure: PNG as a base64 data URI, SVG inlined (its XML header dropped)."""
+    title, data, fmt = item
+    if fmt == "svg":
+        text = data.decode("utf-8")
+        body = text[text.index("<svg"):] if "<svg" in text else text
+    elif fmt == "png":
+        body = f'<img alt="{html.escape(title)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+    else:
+        raise ValueError(f"figure format must be png or svg, got {fmt!r}")
+    return f"<figure>\n{body}\n<figcaption>{html.escape(title)}</figcaption>\n</figure>"
+
+
+def page(title: str, sections: Sequence[str], *, version: str) -> str:
+    """The whole document."""
+    parts = "\n".join(sections)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{html.escape(title)}</title>\n'
+            f"<style>{_STYLE}</style>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n{parts}\n"
+            f'<p class="note">Written by pipesim {html.escape(version)}.</p>\n</body>\n</html>\n')
+
+
+def _bytes(value: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(value) >= size:
+            return f"{value / size:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, version: str,
+                    title: str | None = None, notes: Sequence[str] = ()) -> str:
+    """The report of one simulation from its ``simulate --json`` object (``Result.to_dict()``)."""
+    m = metrics
+    window = (f"minibatches {m['warmup_minibatches']}..{m['num_minibatches'] - m['cooldown_minibatches'] - 1}"
+              if m["warmup_minibatches"] else "whole run")
+    summary = [
+        ("schedule", m["schedule"]), ("engine", m["engine"]), ("stages p", m["num_stages"]),
+        ("microbatches m", m["num_microbatches"]), ("minibatches K", m["num_minibatches"]),
+        ("microbatch size", m.get("microbatch_size", "")), ("compute ops", m["num_ops"]),
+        ("iteration time", f"{m['iteration_time_s'] * 1e3:.3f} ms ({window})"),
+        ("makespan", f"{m['makespan_s'] * 1e3:.3f} ms"),
+        ("throughput", f"{m['throughput_samples_per_s']:.2f} samples/s"),
+        ("bubble fraction", f"{m['bubble_fraction']:.1%}"), ("peak memory", _bytes(m["peak_memory_bytes"])),
+    ]
+    partition = m.get("partition") or []
+    rows = []
+    for stage in m["stages"]:
+        layers = partition[stage["stage"]] if stage["stage"] < len(partition) else None
+        breakdown = stage["peak_breakdown_bytes"]
+        rows.append([
+            stage["stage"], stage["device"], f"{layers[0]}:{layers[1]}" if layers else "",
+            f"{stage['utilization']:.1%}", f"{stage['bubble_fraction']:.1%}",
+            f"{stage['exposed_communication_s'] * 1e3:.3f}", _bytes(stage["peak_memory_bytes"]),
+            *(_bytes(breakdown.get(c, 0.0)) for c in CATEGORIES), stage["weight_versions_max"],
+            stage["max_inflight_microbatches"], stage["forward_delay_steps"], f"{stage['forward_delay_mean']:.2f}",
+            stage["discrepancy_max"],
+        ])
+    headers = ["stage", "device", "layers", "utilization", "bubble", "exposed comm (ms)", "peak memory",
+               *(f"at peak: {c}" for c in CATEGORIES), "versions", "in flight", "fwd delay max",
+               "fwd delay mean", "discrepancy max"]
+    sections = [
+        "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2),
+        "<h2>Per stage</h2>", table(headers, rows),
+        *(f'<p class="note">{html.escape(note)}</p>' for note in notes),
+        "<h2>Figures</h2>", *(figure(item) for item in figures),
+    ]
+    heading = title or f"pipesim: {m['schedule']}, p={m['num_stages']}, m={m['num_microbatches']}, K={m['num_minibatches']}"
+    return page(heading, sections, version=version)
+
+
+def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,
+               front: Any = None, max_rows: int = 25) -> str:
+    """The report of a sweep table: what it covers, the best point per schedule, the Pareto front,
+    the errors, and the figures."""
+    ok = frame[frame["error"].fillna("") == ""] if "error" in frame.columns else frame
+    summary: list[tuple[str, Any]] = [("points", len(frame)), ("with errors", len(frame) - len(ok))]
+    for column in ("schedule", "engine", "profile"):
+        if column in frame.columns:
+            summary.append((column, ", ".join(sorted(map(str, set(frame[column].tolist()) - {""})))))
+    for column in ("num_stages", "num_microbatches", "num_minibatches"):
+        if column in frame.columns and len(frame):
+            summary.append((column, f"{frame[column].min()} .. {frame[column].max()}"))
+    columns = [c for c in ("point", "schedule", "num_stages", "num_microbatches", "num_minibatches",
+                           "bandwidth_bytes_per_s", "recompute", "throughput_samples_per_s", "iteration_time_s",
+                           "bubble_fraction", "peak_memory_bytes", "weight_versions_max", "forward_delay_steps_max")
+               if c in frame.columns]
+    sections = ["<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
+    if len(ok) and "throughput_samples_per_s" in ok.columns and "schedule" in ok.columns:
+        best = ok.sort_values(["throughput_samples_per_s", "point"], ascending=[False, True], kind="stable")
+        best = best.drop_duplicates("schedule").sort_values("throughput_samples_per_s", ascending=False, kind="stable")
+        sections += ["<h2>Best throughput per schedule</h2>", _frame_table(best, columns)]
+    if front is not None and len(front):
+        sections += [f"<h2>Pareto front: throughput against peak memory ({len(front)} points)</h2>",
+                     _frame_table(front.head(max_rows), columns)]
+    if len(frame) > len(ok):
+        errors = frame[frame["error"].fillna("") != ""]
+        counts = errors["error"].value_counts(sort=True).head(10)
+        sections += ["<h2>Errors</h2>", table(["error", "points"], list(counts.items()), text_columns=1)]
+    sections += ["<h2>Figures</h2>", *(figure(item) for item in figures)]
+    return page(title or f"pipesim sweep: {len(frame)} points", sections, version=version)
+
+
+def _frame_table(frame: Any, columns: Sequence[str]) -> str:
+    def show(column: str, value: Any) -> str:
+        if column.endswith("_bytes"):
+            return _bytes(float(value))
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    rows = [[show(c, record[c]) for c in columns] for record in frame[list(columns)].to_dict(orient="records")]
+    return table(list(columns), rows, text_columns=2)

@@ -1,0 +1,61 @@
+"""The figures of an HTML report, rendered to bytes: for one simulation, or for a sweep table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipesim.engine.trace import Trace
+from pipesim.metrics import Metrics
+from pipesim.plots.files import figure_bytes
+from pipesim.plots.memory import memory, memory_breakdown, peak_stage
+from pipesim.plots.staleness import staleness
+from pipesim.plots.sweeps import bubble, heatmap, pareto
+from pipesim.plots.timeline import timeline
+from pipesim.sweep.analysis import successful
+
+Figure = tuple[str, bytes, str]
+MAX_HEATMAPS = 6
+
+
+def simulation_figures(trace: Trace, metrics: Metrics, *, fmt: str = "png") -> list[Figure]:
+    """Timeline, memory over time (every stage up to 4, else the highest and the last), peak
+    memory by kind per stage, and staleness per stage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    p = metrics.num_stages
+    stages = list(range(p)) if p <= 4 else sorted({peak_stage(trace), p - 1})
+    figures = [("Timeline: compute and sends per device; grey is idle (the bubbles)", figure_bytes(timeline(trace), fmt),
+                fmt)]
+    for stage in stages:
+        figures.append((f"Memory of stage {stage} over time, stacked by kind", figure_bytes(memory(trace, stage=stage), fmt),
+                        fmt))
+    figures.append(("Peak memory per stage, by kind", figure_bytes(memory_breakdown(metrics), fmt), fmt))
+    figures.append(("Weight versions, forward delay and discrepancy per stage", figure_bytes(staleness(metrics), fmt),
+                    fmt))
+    return figures
+
+
+def sweep_figures(frame: Any, *, fmt: str = "png") -> list[Figure]:
+    """Bubble against m at up to three values of p, a throughput heatmap (m by p) per schedule,
+    and the throughput-memory Pareto front."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = successful(frame)
+    if rows.empty:
+        return []
+    figures: list[Figure] = []
+    stages = sorted(set(rows["num_stages"].tolist()))
+    picks = sorted({stages[0], stages[len(stages) // 2], stages[-1]})
+    for p in picks:
+        figures.append((f"Bubble fraction against m at p={p} (mean over the other inputs), with the closed form",
+                        figure_bytes(bubble(rows, num_stages=p), fmt), fmt))
+    for schedule in list(dict.fromkeys(rows["schedule"].tolist()))[:MAX_HEATMAPS]:
+        ax = heatmap(rows[rows["schedule"] == schedule])
+        ax.set_title(f"{schedule}: best throughput (samples/s) by m and p", loc="left", fontsize=10)
+        figures.append((f"{schedule}: throughput by microbatches and stages (best over the other inputs)",
+                        figure_bytes(ax, fmt), fmt))
+    figures.append(("Throughput against peak memory; the Pareto front in black",
+                    figure_bytes(pareto(rows), fmt), fmt))
+    return figures

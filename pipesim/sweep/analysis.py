@@ -1,0 +1,65 @@
+"""Reading sweep tables: row filters, Pareto fronts and the closed-form bubble, as pure pandas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipesim.errors import ConfigError
+from pipesim.sweep.where import Expression
+
+
+def closed_form_bubble(num_stages: Any, num_microbatches: Any) -> Any:
+    """GPipe's and 1F1B's bubble fraction with uniform stages and free links: (p-1)/(m+p-1)."""
+    p = np.asarray(num_stages, dtype=np.float64)
+    m = np.asarray(num_microbatches, dtype=np.float64)
+    return (p - 1) / (m + p - 1)
+
+
+def successful(frame: Any) -> Any:
+    """Rows whose point simulated without an error."""
+    if "error" not in frame.columns:
+        return frame
+    return frame[frame["error"].fillna("") == ""]
+
+
+def filter_rows(frame: Any, where: str | None) -> Any:
+    """Rows of ``frame`` for which the ``where`` expression (over its columns) holds.
+
+    Raises:
+        ConfigError: the expression is malformed or names a column the table lacks.
+    """
+    if not where:
+        return frame
+    expression = Expression(where, frame.columns, field="where")
+    records = frame.to_dict(orient="records")
+    keep = [expression(record) for record in records]
+    return frame[np.asarray(keep, dtype=bool)] if len(frame) else frame
+
+
+def require_columns(frame: Any, *columns: str) -> None:
+    """Raise ConfigError naming the first of ``columns`` that ``frame`` lacks."""
+    for column in columns:
+        if column not in frame.columns:
+            raise ConfigError("column", column, f"is not in the table; columns: {', '.join(map(str, frame.columns))}")
+
+
+def pareto_front(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_samples_per_s") -> Any:
+    """The rows no other row beats: none has ``x`` as low and ``y`` as high with one strictly better.
+
+    Returned sorted by ``x`` rising (so ``y`` rises too); rows with an error or NaN are ignored.
+
+    Raises:
+        ConfigError: a column is missing.
+    """
+    require_columns(frame, x, y)
+    rows = successful(frame)
+    rows = rows[np.isfinite(rows[x].to_numpy(dtype=float)) & np.isfinite(rows[y].to_numpy(dtype=float))]
+    ordered = rows.sort_values([x, y], ascending=[True, False], kind="stable")
+    best = -np.inf
+    keep = []
+    for value in ordered[y].to_numpy(dtype=float).tolist():
+        keep.append(value > best)
+        best = max(best, value)
+    return ordered[np.asarray(keep, dtype=bool)] if len(ordered) else ordered

@@ -1,0 +1,183 @@
+"""Simulating sweep points: one point in, one row of scalars out (inputs, metrics, engine, version)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pipesim.errors import ConfigError, PipesimError
+from pipesim.metrics import Metrics
+from pipesim.simulation import make_plan, simulate_plan
+from pipesim.spec.stages import balance_partition
+from pipesim.spec.topology import Topology
+from pipesim.sweep.spec import AXES, Resolved
+
+# Metric columns of a row, in order; per-stage values are summarized (min/max/mean) or kept as JSON lists.
+METRIC_COLUMNS: tuple[str, ...] = (
+    "engine", "num_ops", "iteration_time_s", "makespan_s", "throughput_samples_per_s", "bubble_fraction",
+    "window_start_s", "window_end_s", "warmup_minibatches", "cooldown_minibatches", "peak_memory_bytes",
+    "peak_weights_bytes", "peak_gradients_bytes", "peak_optimizer_bytes", "peak_activations_bytes",
+    "fits_memory", "utilization_min", "utilization_max", "exposed_communication_max_s", "weight_versions_max",
+    "max_inflight_microbatches", "forward_delay_steps_max", "forward_delay_mean", "discrepancy_max",
+    "partition", "stage_utilization", "stage_peak_memory_bytes", "stage_weight_versions",
+    "stage_forward_delay_steps", "stage_forward_delay_mean", "stage_discrepancy_max",
+)
+COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
+
+
+def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
+    """Equal layer counts per stage (the first stages take one more when they do not divide).
+
+    Raises:
+        ConfigError: more stages than layers.
+    """
+    if num_stages > num_layers:
+        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({num_layers})")
+    base, extra = divmod(num_layers, num_stages)
+    bounds = [0]
+    for stage in range(num_stages):
+        bounds.append(bounds[-1] + base + (1 if stage < extra else 0))
+    return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
+
+
+class PointRunner:
+    """Simulates the points of one resolved spec, reusing profiles, topologies and partitions.
+
+    One instance lives on each Dask worker for the whole sweep (it travels once, scattered).
+    """
+
+    def __init__(self, resolved: Resolved) -> None:
+        self.resolved = resolved
+        self._topologies: dict[tuple[Any, ...], Topology] = {}
+        self._partitions: dict[tuple[int, int, str], tuple[tuple[int, int], ...]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"resolved": self.resolved}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.resolved = state["resolved"]
+        self._topologies = {}
+        self._partitions = {}
+
+    def run_batch(self, points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Rows of ``points``, in the given order."""
+        return [self.run(point) for point in points]
+
+    def run(self, point: dict[str, Any]) -> dict[str, Any]:
+        """The row of one point; a point whose inputs break a rule gets its message in ``error``."""
+        from pipesim import __version__
+
+        label, profile = self.resolved.profiles[point["profile"]]
+        row: dict[str, Any] = {column: point[column] for column in ("point", *AXES.values())}
+        row["profile"] = label
+        row["topology"] = self.resolved.topologies[point["topology"]][0]
+        row["memory_limit_bytes"] = math.nan if point["memory_limit_bytes"] is None else point["memory_limit_bytes"]
+        row["pipesim_version"] = __version__
+        row["error"] = ""
+        try:
+            result_row = self._simulate(point, profile)
+        except PipesimError as exc:
+            row["error"] = str(exc).splitlines()[0]
+            row.update(_empty_metrics())
+        else:
+            row.update(result_row)
+        return row
+
+    def _simulate(self, point: dict[str, Any], profile: Any) -> dict[str, Any]:
+        num_stages = point["num_stages"]
+        key = (point["profile"], num_stages, point["partition_strategy"])
+        if key not in self._partitions:
+            if point["partition_strategy"] == "even":
+                self._partitions[key] = even_partition(profile.num_layers, num_stages)
+            else:
+                self._partitions[key] = balance_partition(profile, num_stages)
+        plan = make_plan(
+            profile, schedule=point["schedule"], num_stages=num_stages,
+            num_microbatches=point["num_microbatches"], num_minibatches=point["num_minibatches"],
+            partition=self._partitions[key], recompute=point["recompute"],
+            optimizer_state_multiplier=point["optimizer_state_multiplier"],
+            pipemare_update=point["pipemare_update"],
+        )
+        topology = self._topology(point)
+        result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],
+                               seed=point["seed"])
+        limits = [d.memory_bytes for d in topology.devices[:num_stages]]
+        limit = point["memory_limit_bytes"] if point["memory_limit_bytes"] is not None else min(limits)
+        return metrics_row(result.metrics, plan.partition, limit)
+
+    def _topology(self, point: dict[str, Any]) -> Topology:
+        given: Topology | None = self.resolved.topologies[point["topology"]][1]
+        if given is not None:
+            return given
+        key = (point["num_stages"], point["bandwidth_bytes_per_s"], point["latency_s"])
+        if key not in self._topologies:
+            self._topologies[key] = Topology.uniform(
+                num_devices=point["num_stages"], bandwidth=point["bandwidth_bytes_per_s"],
+                latency=point["latency_s"],
+            )
+        return self._topologies[key]
+
+
+def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_limit_bytes: float) -> dict[str, Any]:
+    """The metric columns of a row: scalars, with per-stage lists as compact JSON strings."""
+    stages = metrics.stages
+    peak_stage = max(stages, key=lambda s: s.peak_memory_bytes)
+    breakdown = peak_stage.peak_breakdown_bytes
+
+    def as_json(values: Sequence[Any]) -> str:
+        return json.dumps(list(values), separators=(",", ":"))
+
+    return {
+        "engine": metrics.engine,
+        "num_ops": metrics.num_ops,
+        "iteration_time_s": metrics.iteration_time_s,
+        "makespan_s": metrics.makespan_s,
+        "throughput_samples_per_s": metrics.throughput_samples_per_s,
+        "bubble_fraction": metrics.bubble_fraction,
+        "window_start_s": metrics.window_start_s,
+        "window_end_s": metrics.window_end_s,
+        "warmup_minibatches": metrics.warmup_minibatches,
+        "cooldown_minibatches": metrics.cooldown_minibatches,
+        "peak_memory_bytes": metrics.peak_memory_bytes,
+        "peak_weights_bytes": breakdown["weights"],
+        "peak_gradients_bytes": breakdown["gradients"],
+        "peak_optimizer_bytes": breakdown["optimizer"],
+        "peak_activations_bytes": breakdown["activations"],
+        "fits_memory": bool(metrics.peak_memory_bytes <= memory_limit_bytes),
+        "utilization_min": min(s.utilization for s in stages),
+        "utilization_max": max(s.utilization for s in stages),
+        "exposed_communication_max_s": max(s.exposed_communication_s for s in stages),
+        "weight_versions_max": max(s.weight_versions_max for s in stages),
+        "max_inflight_microbatches": max(s.max_inflight_microbatches for s in stages),
+        "forward_delay_steps_max": max(s.forward_delay_steps for s in stages),
+        "forward_delay_mean": sum(s.forward_delay_mean for s in stages) / len(stages),
+        "discrepancy_max": max(s.discrepancy_max for s in stages),
+        "partition": as_json([list(r) for r in partition]),
+        "stage_utilization": as_json([s.utilization for s in stages]),
+        "stage_peak_memory_bytes": as_json([s.peak_memory_bytes for s in stages]),
+        "stage_weight_versions": as_json([s.weight_versions_max for s in stages]),
+        "stage_forward_delay_steps": as_json([s.forward_delay_steps for s in stages]),
+        "stage_forward_delay_mean": as_json([s.forward_delay_mean for s in stages]),
+        "stage_discrepancy_max": as_json([s.discrepancy_max for s in stages]),
+    }
+
+
+_INT_METRICS = frozenset({"num_ops", "warmup_minibatches", "cooldown_minibatches", "weight_versions_max",
+                          "max_inflight_microbatches", "forward_delay_steps_max", "discrepancy_max"})
+
+
+def _empty_metrics() -> dict[str, Any]:
+    """Metric columns of a failed point: NaN numbers (-1 counts), empty text, fits_memory False."""
+    row: dict[str, Any] = {}
+    for column in METRIC_COLUMNS:
+        if column in _INT_METRICS:
+            row[column] = -1
+        elif column == "engine" or column == "partition" or column.startswith("stage_"):
+            row[column] = ""
+        elif column == "fits_memory":
+            row[column] = False
+        else:
+            row[column] = math.nan
+    return row

@@ -1,0 +1,304 @@
+"""Sweep specs: the YAML form, validated with pydantic, and its expansion into points."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BeforeValidator, Field
+
+from pipesim.errors import ConfigError
+from pipesim.schedule.registry import SCHEDULES, default_num_minibatches
+from pipesim.spec.files import load_profile, load_topology, read_text
+from pipesim.spec.profile import Profile, uniform_profile
+from pipesim.spec.topology import Topology
+from pipesim.spec.validation import FrozenModel, build
+from pipesim.sweep.where import Expression
+from pipesim.units import parse_bandwidth, parse_duration, parse_size
+
+MAX_POINTS = 2_000_000
+MAX_RANGE = 100_000
+
+# Spec key -> row column, in the order the cartesian product nests (the last varies fastest).
+AXES: dict[str, str] = {
+    "profile": "profile",
+    "topology": "topology",
+    "bandwidth": "bandwidth_bytes_per_s",
+    "latency": "latency_s",
+    "stages": "num_stages",
+    "microbatches": "num_microbatches",
+    "minibatches": "num_minibatches",
+    "schedule": "schedule",
+    "partition": "partition_strategy",
+    "recompute": "recompute",
+    "memory_limit": "memory_limit_bytes",
+    "optimizer_state": "optimizer_state_multiplier",
+    "pipemare_update": "pipemare_update",
+    "jitter": "jitter",
+    "seed": "seed",
+}
+
+
+def _axis(value: Any) -> Any:
+    """A scalar, a list, or ``{range: [a, b]}`` / ``{range: [a, b, step]}`` / ``{range: [a, b], step: s}``."""
+    if isinstance(value, dict) and ("range" in value or "step" in value):
+        if set(value) - {"range", "step"} or "range" not in value:
+            raise ValueError(f"must be a list, a value or {{range: [first, last], step: s}}, got keys {sorted(value)}")
+        bounds = value["range"]
+        if not isinstance(bounds, list) or len(bounds) not in (2, 3):
+            raise ValueError(f"range must be [first, last] or [first, last, step], got {bounds!r}")
+        step = bounds[2] if len(bounds) == 3 else value.get("step", 1)
+        first, last = bounds[0], bounds[1]
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (first, last, step)):
+            raise ValueError(f"range bounds and step must be integers, got {bounds!r} step {step!r}")
+        if step < 1 or last < first:
+            raise ValueError(f"range needs first <= last and step >= 1, got [{first}, {last}] step {step}")
+        if (last - first) // step + 1 > MAX_RANGE:
+            raise ValueError(f"range has more than {MAX_RANGE} values")
+        return tuple(range(first, last + 1, step))
+    if isinstance(value, list | tuple):
+        if not value:
+            raise ValueError("must not be empty")
+        return tuple(value)
+    return (value,)
+
+
+PositiveInts = Annotated[tuple[Annotated[int, Field(ge=1, strict=True)], ...], BeforeValidator(_axis)]
+Seeds = Annotated[tuple[Annotated[int, Field(ge=0, strict=True)], ...], BeforeValidator(_axis)]
+Quantities = Annotated[tuple[str | float, ...], BeforeValidator(_axis)]
+
+
+class UniformProfileSpec(FrozenModel):
+    """``{uniform: {...}}``: a synthetic profile of identical layers (times in milliseconds)."""
+
+    layers: int = Field(ge=1, strict=True)
+    forward_ms: float = Field(ge=0)
+    backward_ms: float = Field(ge=0)
+    activation_bytes: float = Field(default=0.0, ge=0)
+    param_bytes: float = Field(default=0.0, ge=0)
+    stash_bytes: float | None = Field(default=None, ge=0)
+    microbatch_size: int = Field(default=1, ge=1)
+
+    def label(self) -> str:
+        """The profile's name in result rows."""
+        return (f"uniform(layers={self.layers},forward_ms={_number(self.forward_ms)},"
+                f"backward_ms={_number(self.backward_ms)},activation_bytes={_number(self.activation_bytes)},"
+                f"param_bytes={_number(self.param_bytes)})")
+
+    def build(self) -> Profile:
+        """The Profile."""
+        return uniform_profile(
+            num_layers=self.layers, forward_s=self.forward_ms / 1e3, backward_s=self.backward_ms / 1e3,
+            activation_bytes=self.activation_bytes, param_bytes=self.param_bytes, stash_bytes=self.stash_bytes,
+            microbatch_size=self.microbatch_size,
+        )
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class ProfileEntry(FrozenModel):
+    """One ``profile:`` item given as a mapping: ``{uniform: {...}}``."""
+
+    uniform: UniformProfileSpec
+
+
+ProfileItem = str | ProfileEntry
+
+
+class SweepSpec(FrozenModel):
+    """A sweep: lists or ranges per input; their cartesian product, filtered by ``where``, is the set of points.
+
+    Every list field also takes a single value. Integer fields take ``{range: [first, last]}``
+    (inclusive) with an optional step. Bandwidths and latencies take units (``10GB/s``, ``5us``)
+    or plain bytes/s and seconds; memory limits take sizes (``16GB``).
+
+    Attributes:
+        profile: profile files (pipesim JSON or PipeDream graph.txt) or ``{uniform: {...}}``.
+        topology: topology files; exclusive with bandwidth and latency.
+        bandwidth, latency: of a uniform topology with one device per stage (default: free links).
+        stages, microbatches: p and m (required).
+        minibatches: K; default: 1 for flush schedules, 4 for asynchronous ones.
+        schedule: registry keys.
+        partition: ``balanced`` (compute-balanced, the default) or ``even`` (equal layer counts).
+        recompute: activation recomputation on or off.
+        memory_limit: device memory; rows say whether the peak fits (default: no limit).
+        optimizer_state: optimizer state bytes per weight byte.
+        pipemare_update: PipeMare's update cadence.
+        jitter, seed: per-op noise (coefficient of variation) and its seeds; jitter > 0 runs the DES engine.
+        where: a filter over a point's fields (see pipesim.sweep.where).
+        engine: ``auto`` (the analytic engine where it applies), ``analytic`` or ``des``.
+    """
+
+    profile: Annotated[tuple[ProfileItem, ...], BeforeValidator(_axis)]
+    topology: Annotated[tuple[str, ...], BeforeValidator(_axis)] = ()
+    bandwidth: Quantities = ()
+    latency: Quantities = ()
+    stages: PositiveInts
+    microbatches: PositiveInts
+    minibatches: Annotated[tuple[Annotated[int, Field(ge=1, strict=True)] | None, ...], BeforeValidator(_axis)] = (None,)
+    schedule: Annotated[tuple[str, ...], BeforeValidator(_axis)]
+    partition: Annotated[tuple[Literal["balanced", "even"], ...], BeforeValidator(_axis)] = ("balanced",)
+    recompute: Annotated[tuple[bool, ...], BeforeValidator(_axis)] = (False,)
+    memory_limit: Annotated[tuple[str | float | None, ...], BeforeValidator(_axis)] = (None,)
+    optimizer_state: Annotated[tuple[Annotated[float, Field(ge=0)], ...], BeforeValidator(_axis)] = (1.0,)
+    pipemare_update: Annotated[tuple[Literal["minibatch", "microbatch"], ...], BeforeValidator(_axis)] = ("minibatch",)
+    jitter: Annotated[tuple[Annotated[float, Field(ge=0)], ...], BeforeValidator(_axis)] = (0.0,)
+    seed: Seeds = Field(default=(0,), alias="seeds")
+    where: str | None = None
+    engine: Literal["auto", "analytic", "des"] = "auto"
+
+    model_config = FrozenModel.model_config | {"populate_by_name": True}
+
+
+def _quantity(value: str | float, parse: Any, field: str) -> float:
+    """A number as is (bytes/s, seconds, bytes), or a string with a unit through ``parse``."""
+    if isinstance(value, str):
+        return float(parse(value, field))
+    if math.isnan(value) or value < 0:
+        raise ConfigError(field, value, "must be a number >= 0 or a string with a unit")
+    return float(value)
+
+
+def parse_spec(data: Any, *, source: str | None = None) -> SweepSpec:
+    """Validate a spec mapping.
+
+    Raises:
+        ConfigError: naming the first bad field, its value and the rule.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError("spec", type(data).__name__, "must be a mapping of fields", source=source)
+    spec = build(SweepSpec, data, source=source)
+    try:
+        _check(spec)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.value, exc.rule, source=source) from None
+    return spec
+
+
+def _check(spec: SweepSpec) -> None:
+    """The rules pydantic's field types do not state."""
+    for index, name in enumerate(spec.schedule):
+        if name not in SCHEDULES:
+            raise ConfigError(f"schedule[{index}]", name, f"unknown schedule; known: {', '.join(SCHEDULES)}")
+    if spec.topology and (spec.bandwidth or spec.latency):
+        raise ConfigError("topology", list(spec.topology), "give either topology or bandwidth/latency, not both")
+    for index, bandwidth in enumerate(spec.bandwidth):
+        _quantity(bandwidth, parse_bandwidth, f"bandwidth[{index}]")
+    for index, latency in enumerate(spec.latency):
+        _quantity(latency, parse_duration, f"latency[{index}]")
+    for index, limit in enumerate(spec.memory_limit):
+        if limit is not None:
+            _quantity(limit, parse_size, f"memory_limit[{index}]")
+    if spec.where is not None:
+        Expression(spec.where, where_fields())
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and validate a YAML (or JSON) sweep spec.
+
+    Raises:
+        ConfigError: an unreadable file, bad YAML, or a bad field.
+    """
+    text = read_text(path, "spec")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError("spec", str(path), f"is not valid YAML: {problem}{where}") from None
+    return parse_spec(data, source=str(path))
+
+
+def where_fields() -> tuple[str, ...]:
+    """Names a ``where`` expression may use: spec keys and row columns, plus ``layers``."""
+    return (*AXES, *AXES.values(), "layers")
+
+
+class Resolved:
+    """A spec with its files loaded: profiles, topologies and parsed quantities, ready to expand.
+
+    Attributes:
+        spec: the spec; profiles: (label, Profile) per profile item; topologies: (label, Topology).
+        bandwidths, latencies, memory_limits: values in bytes/s, seconds and bytes (None: no limit).
+    """
+
+    def __init__(self, spec: SweepSpec, *, base_dir: Path | None = None) -> None:
+        self.spec = spec
+        base = base_dir or Path.cwd()
+        self.profiles: list[tuple[str, Profile]] = []
+        for item in spec.profile:
+            if isinstance(item, str):
+                path = Path(item) if Path(item).is_absolute() else base / item
+                self.profiles.append((item, load_profile(path)))
+            else:
+                self.profiles.append((item.uniform.label(), item.uniform.build()))
+        self.topologies: list[tuple[str, Topology | None]] = [
+            (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
+        ] or [("", None)]
+        self.bandwidths = [_quantity(b, parse_bandwidth, "bandwidth") for b in spec.bandwidth] or [math.inf]
+        self.latencies = [_quantity(x, parse_duration, "latency") for x in spec.latency] or [0.0]
+        self.memory_limits: list[float | None] = [
+            None if x is None else _quantity(x, parse_size, "memory_limit") for x in spec.memory_limit
+        ]
+
+    def digest(self) -> str:
+        """A hash of everything that decides the rows: the spec, the profiles' and topologies' contents."""
+        from pipesim import __version__
+
+        payload = {
+            "spec": self.spec.model_dump(mode="json", by_alias=False),
+            "profiles": [profile.model_dump(mode="json") for _, profile in self.profiles],
+            "topologies": [t.model_dump(mode="json") if t else None for _, t in self.topologies],
+            "version": __version__,
+        }
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def points(self) -> list[dict[str, Any]]:
+        """The points in order: the cartesian product (first axis outermost) filtered by ``where``.
+
+        Each point maps the row columns of AXES to values (``profile`` and ``topology`` as
+        indices into ``profiles`` and ``topologies``) and ``point`` to its index.
+
+        Raises:
+            ConfigError: more than MAX_POINTS combinations, or ``where`` fails on a point.
+        """
+        spec = self.spec
+        axes: list[tuple[Any, ...]] = [
+            tuple(range(len(self.profiles))), tuple(range(len(self.topologies))), tuple(self.bandwidths),
+            tuple(self.latencies), spec.stages, spec.microbatches, spec.minibatches, spec.schedule,
+            spec.partition, spec.recompute, tuple(self.memory_limits), spec.optimizer_state,
+            spec.pipemare_update, spec.jitter, spec.seed,
+        ]
+        total = math.prod(len(axis) for axis in axes)
+        if total > MAX_POINTS:
+            raise ConfigError("spec", total, f"the cartesian product has more than {MAX_POINTS} points")
+        columns = list(AXES.values())
+        keep = Expression(spec.where, where_fields()) if spec.where else None
+        points: list[dict[str, Any]] = []
+        for values in itertools.product(*axes):
+            point = dict(zip(columns, values, strict=True))
+            if point["num_minibatches"] is None:
+                point["num_minibatches"] = default_num_minibatches(point["schedule"])
+            if keep is not None and not keep(self._fields(point)):
+                continue
+            point["point"] = len(points)
+            points.append(point)
+        return points
+
+    def _fields(self, point: dict[str, Any]) -> dict[str, Any]:
+        fields = dict(point)
+        fields["profile"] = self.profiles[point["profile"]][0]
+        fields["topology"] = self.topologies[point["topology"]][0]
+        fields["layers"] = self.profiles[point["profile"]][1].num_layers
+        for key, column in AXES.items():
+            fields[key] = fields[column]
+        return fields

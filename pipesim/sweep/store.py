@@ -1,0 +1,187 @@
+"""Sweep results on disk: finished batches as atomic Parquet chunks, merged into one table at the end.
+
+While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one ``chunk-FIRST-LAST.parquet``
+per finished batch, each written to a temporary name and renamed, so a killed sweep leaves only
+whole chunks. ``--resume`` reads the chunks back and skips their points. When every point is
+done, the chunks are merged, sorted by point, written atomically to OUT (Parquet, or CSV by
+suffix) and the folder is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipesim.errors import ConfigError
+from pipesim.spec.files import dumps, read_json, write_text_atomic
+
+PARTS_SCHEMA = "pipesim.sweep-parts/1"
+DIGEST_KEY = b"pipesim.sweep.digest"
+FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+def table_format(path: Path) -> str:
+    """``"parquet"`` or ``"csv"`` from the file's suffix.
+
+    Raises:
+        ConfigError: another suffix.
+    """
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise ConfigError("out", str(path), f"must end in {', '.join(FORMATS)}")
+    return FORMATS[suffix]
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write(temporary)`` then rename the temporary file onto ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        write(temporary)
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def rows_frame(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
+    """A DataFrame of ``rows`` with ``columns`` in order."""
+    import pandas as pd
+
+    return pd.DataFrame.from_records(list(rows), columns=list(columns))
+
+
+def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
+    """Write a results table atomically as Parquet or CSV (by suffix); deterministic bytes."""
+    kind = table_format(path)
+    if kind == "csv":
+        write_atomic(path, lambda temporary: frame.to_csv(temporary, index=False, lineterminator="\n", na_rep="nan"))
+        return
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    if digest is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), DIGEST_KEY: digest.encode()})
+    write_atomic(path, lambda temporary: pq.write_table(table, temporary))
+
+
+def read_table(path: str | Path) -> Any:
+    """Read a sweep table (Parquet or CSV) as a DataFrame.
+
+    Raises:
+        ConfigError: a missing file or an unknown suffix.
+    """
+    import pandas as pd
+
+    target = Path(path)
+    kind = table_format(target)
+    if not target.is_file():
+        raise ConfigError("table", str(target), "file does not exist")
+    if kind == "csv":
+        return pd.read_csv(target, keep_default_na=False, na_values=["nan"])
+    return pd.read_parquet(target)
+
+
+class ResultStore:
+    """The chunk folder of one sweep's output.
+
+    Args:
+        out: the final table's path (``.parquet`` or ``.csv``).
+        digest: hash of the spec and its inputs; chunks of another spec are refused.
+        num_points: points in the sweep.
+        columns: row columns, in order.
+        resume: continue an interrupted sweep; without it, existing chunks are an error.
+
+    Raises:
+        ConfigError: chunks exist without ``resume``, or belong to another spec.
+    """
+
+    def __init__(self, out: Path, digest: str, num_points: int, columns: Sequence[str], *, resume: bool) -> None:
+        table_format(out)
+        self.out = out
+        self.parts = out.parent / f"{out.name}.parts"
+        self.digest = digest
+        self.num_points = num_points
+        self.columns = tuple(columns)
+        self.done: set[int] = set()
+        manifest = self.parts / "manifest.json"
+        if self.parts.exists():
+            chunks = sorted(self.parts.glob("chunk-*.parquet"))
+            if not resume:
+                raise ConfigError(
+                    "resume", False, f"{self.parts} holds {len(chunks)} finished chunks of an interrupted sweep: "
+                    "pass --resume to continue it, or delete that folder to start over",
+                )
+            previous = read_json(manifest, "manifest") if manifest.exists() else {}
+            if previous.get("digest") != digest:
+                raise ConfigError(
+                    "resume", str(self.parts), "holds results of a different spec, profile or pipesim version; "
+                    "delete it to start over",
+                )
+            for stray in self.parts.glob(".*.tmp"):
+                stray.unlink()
+            self.done = self._read_done(chunks)
+        else:
+            self.parts.mkdir(parents=True)
+        write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))
+
+    @staticmethod
+    def _read_done(chunks: Sequence[Path]) -> set[int]:
+        import pyarrow.parquet as pq
+
+        done: set[int] = set()
+        for chunk in chunks:
+            done.update(pq.read_table(chunk, columns=["point"]).column("point").to_pylist())
+        return done
+
+    def write_chunk(self, rows: Sequence[dict[str, Any]]) -> Path:
+        """Write one finished batch's rows as a chunk and mark its points done."""
+        points = [int(row["point"]) for row in rows]
+        path = self.parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
+        write_table(rows_frame(rows, self.columns), path)
+        self.done.update(points)
+        return path
+
+    def finish(self) -> Any:
+        """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table.
+
+        Raises:
+            ConfigError: the chunks do not hold every point exactly once.
+        """
+        import pandas as pd
+
+        frames = [pd.read_parquet(chunk) for chunk in sorted(self.parts.glob("chunk-*.parquet"))]
+        frame = pd.concat(frames, ignore_index=True) if frames else rows_frame([], self.columns)
+        frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
+        points = frame["point"].tolist()
+        if points != list(range(self.num_points)):
+            raise ConfigError("parts", str(self.parts), f"hold {len(points)} rows for {self.num_points} points")
+        write_table(frame, self.out, digest=self.digest)
+        shutil.rmtree(self.parts)
+        return frame
+
+
+def finished_digest(out: Path) -> str | None:
+    """The spec digest stored in a finished Parquet table, or None (CSV, missing, or unreadable)."""
+    if table_format(out) != "parquet" or not out.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_schema(out).metadata or {}
+    except (OSError, ValueError):
+        return None
+    value = metadata.get(DIGEST_KEY)
+    return value.decode() if value else None

@@ -1,0 +1,123 @@
+"""The ``where:`` filter of a sweep: a small, safe expression language over a point's fields."""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from pipesim.errors import ConfigError
+
+Evaluator = Callable[[Mapping[str, Any]], Any]
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda left, right: left in right,
+    ast.NotIn: lambda left, right: left not in right,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.Not: operator.not_,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+ALLOWED = "names, numbers, strings, true/false, comparisons, and/or/not, + - * / // %, and [lists] for in"
+
+
+class Expression:
+    """A parsed filter; call it with a point's fields to get True or False.
+
+    Only names of known fields, constants (numbers, strings, booleans), comparisons
+    (``== != < <= > >= in not in``), ``and``/``or``/``not``, arithmetic ``+ - * / // %`` and
+    literal lists or tuples are accepted: no calls, attributes, subscripts or lambdas, so no
+    code runs but the comparison itself.
+
+    Args:
+        text: the expression, e.g. ``"microbatches >= stages and microbatches <= 8 * stages"``.
+        fields: the names a point has; any other name is an error.
+        field: the spec field the text came from, for error messages.
+
+    Raises:
+        ConfigError: a syntax error, a forbidden construct or an unknown name.
+    """
+
+    def __init__(self, text: str, fields: Iterable[str], *, field: str = "where") -> None:
+        self.text = text
+        self.field = field
+        self._fields = frozenset(fields)
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as exc:
+            raise ConfigError(field, text, f"is not a valid expression ({exc.msg} at column {exc.offset})") from None
+        self._evaluate = self._compile(tree.body)
+
+    def __call__(self, point: Mapping[str, Any]) -> bool:
+        """True when ``point`` passes the filter.
+
+        Raises:
+            ConfigError: the expression fails on this point (division by zero, a type mismatch).
+        """
+        try:
+            return bool(self._evaluate(point))
+        except (ArithmeticError, TypeError) as exc:
+            shown = {name: point[name] for name in sorted(self._fields) if name in point}
+            raise ConfigError(self.field, self.text, f"fails on point {shown}: {exc}") from None
+
+    def _compile(self, node: ast.expr) -> Evaluator:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str | bool):
+            value = node.value
+            return lambda point: value
+        if isinstance(node, ast.Name):
+            if node.id in ("true", "false", "True", "False"):
+                constant = node.id in ("true", "True")
+                return lambda point: constant
+            if node.id not in self._fields:
+                raise ConfigError(self.field, node.id, f"unknown name; fields: {', '.join(sorted(self._fields))}")
+            name = node.id
+            return lambda point: point[name]
+        if isinstance(node, ast.List | ast.Tuple):
+            items = [self._compile(item) for item in node.elts]
+            return lambda point: tuple(item(point) for item in items)
+        if isinstance(node, ast.BoolOp):
+            parts = [self._compile(value) for value in node.values]
+            if isinstance(node.op, ast.And):
+                return lambda point: all(part(point) for part in parts)
+            return lambda point: any(part(point) for part in parts)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            unary, operand = _UNARY[type(node.op)], self._compile(node.operand)
+            return lambda point: unary(operand(point))
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            binary = _BINARY[type(node.op)]
+            left, right = self._compile(node.left), self._compile(node.right)
+            return lambda point: binary(left(point), right(point))
+        if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+            return self._compile_compare(node)
+        raise ConfigError(self.field, ast.unparse(node), f"is not allowed; allowed: {ALLOWED}")
+
+    def _compile_compare(self, node: ast.Compare) -> Evaluator:
+        operands = [self._compile(node.left), *(self._compile(item) for item in node.comparators)]
+        comparisons = [_COMPARE[type(op)] for op in node.ops]
+
+        def compare(point: Mapping[str, Any]) -> bool:
+            left = operands[0](point)
+            for compare_one, right_of in zip(comparisons, operands[1:], strict=True):
+                right = right_of(point)
+                if not compare_one(left, right):
+                    return False
+                left = right
+            return True
+
+        return compare
