@@ -61,6 +61,9 @@ def balance_partition(profile: Profile, num_stages: int) -> tuple[tuple[int, int
     prefix = [0.0, *accumulate(costs)]
 
     def cuts_for(limit: float) -> list[int] | None:
+        # Prefix sums round differently at different offsets, so a range equal to the limit can
+        # come out a few ulps above it; without the slack, uniform layers split unevenly.
+        limit *= 1 + 1e-9
         cuts, start = [], 0
         while start < n:
             # Furthest end such that prefix[end] - prefix[start] <= limit, at least one layer.
