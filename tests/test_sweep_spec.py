@@ -1,0 +1,187 @@
+"""Sweep specs: ranges, products, the where filter, validation errors, batching and rows (no Dask)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pipesim
+from pipesim.errors import ConfigError
+from pipesim.spec.stages import balance_partition
+from pipesim.sweep import (
+    COLUMNS,
+    Expression,
+    PointRunner,
+    Resolved,
+    even_partition,
+    load_spec,
+    make_batches,
+    parse_spec,
+)
+from pipesim.units import parse_duration
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ISSUE_SPEC = {
+    "profile": {"uniform": {"layers": 128, "forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 1000000,
+                            "param_bytes": 4000000}},
+    "bandwidth": ["10GB/s", "100GB/s"],
+    "latency": ["5us"],
+    "stages": [2, 4, 8, 16, 32, 64],
+    "microbatches": {"range": [2, 512]},
+    "minibatches": [4],
+    "schedule": ["gpipe", "1f1b", "pipedream", "2bw", "pipemare"],
+    "where": "microbatches >= stages and microbatches <= 8 * stages",
+}
+
+
+def points_of(data: dict[str, object]) -> list[dict[str, object]]:
+    return Resolved(parse_spec(data)).points()
+
+
+def test_the_issue_spec_expands_to_the_filtered_product() -> None:
+    points = points_of(ISSUE_SPEC)
+    # m runs p..8p for each p: 7p + 1 values; times 5 schedules and 2 bandwidths.
+    assert len(points) == sum(7 * p + 1 for p in (2, 4, 8, 16, 32, 64)) * 5 * 2
+    assert [point["point"] for point in points] == list(range(len(points)))
+    assert all(p["num_stages"] <= p["num_microbatches"] <= 8 * p["num_stages"] for p in points)
+    first = points[0]
+    assert (first["bandwidth_bytes_per_s"], first["latency_s"], first["num_stages"], first["num_microbatches"],
+            first["num_minibatches"], first["schedule"]) == (1e10, parse_duration("5us"), 2, 2, 4, "gpipe")
+    # The last axis varies fastest: schedules cycle first.
+    assert [p["schedule"] for p in points[:6]] == ["gpipe", "1f1b", "pipedream", "2bw", "pipemare", "gpipe"]
+    assert points[5]["num_microbatches"] == 3
+
+
+def test_ranges_steps_scalars_and_defaults() -> None:
+    spec = parse_spec({"profile": "traces/uniform32.json", "stages": {"range": [2, 8, 2]},
+                       "microbatches": {"range": [4, 12], "step": 4}, "schedule": "gpipe", "seeds": [1, 2]})
+    assert spec.stages == (2, 4, 6, 8)
+    assert spec.microbatches == (4, 8, 12)
+    assert spec.schedule == ("gpipe",)
+    assert spec.seed == (1, 2)
+    points = Resolved(spec, base_dir=ROOT).points()
+    assert len(points) == 4 * 3 * 2
+    assert {p["num_minibatches"] for p in points} == {1}
+    assert {p["bandwidth_bytes_per_s"] for p in points} == {math.inf}
+    mixed = points_of({**ISSUE_SPEC, "minibatches": None, "stages": [4], "microbatches": [8], "where": None})
+    assert {p["schedule"]: p["num_minibatches"] for p in mixed} == {
+        "gpipe": 1, "1f1b": 1, "pipedream": 4, "2bw": 4, "pipemare": 4}
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "fragment"),
+    [
+        ({"stages": [0]}, "stages[0]", "greater than or equal to 1"),
+        ({"stages": [2.5]}, "stages[0]", "integer"),
+        ({"microbatches": {"range": [8, 2]}}, "microbatches", "first <= last"),
+        ({"microbatches": {"range": [1, 8], "stride": 2}}, "microbatches", "range"),
+        ({"schedule": ["gpipe", "zigzag"]}, "schedule[1]", "unknown schedule"),
+        ({"bandwidth": ["10GBs"]}, "bandwidth[0]", "unknown unit"),
+        ({"latency": ["fast"]}, "latency[0]", "unit"),
+        ({"memory_limit": ["lots"]}, "memory_limit[0]", "unit"),
+        ({"partition": ["random"]}, "partition[0]", "balanced"),
+        ({"colour": "blue"}, "colour", "Extra inputs"),
+        ({"where": "stages >"}, "where", "not a valid expression"),
+        ({"where": "__import__('os').system('true')"}, "where", "is not allowed"),
+        ({"where": "stages.bit_length() > 1"}, "where", "is not allowed"),
+        ({"where": "layers > colour"}, "where", "unknown name"),
+        ({"topology": "t.json"}, "topology", "not both"),
+    ],
+)
+def test_bad_specs_name_the_field(change: dict[str, object], field: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_spec({**ISSUE_SPEC, **change})
+    assert caught.value.field == field
+    assert fragment in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_where_expressions() -> None:
+    fields = ("stages", "microbatches", "schedule", "recompute")
+    check = Expression("microbatches % stages == 0 and schedule in ['1f1b', '2bw'] and not recompute", fields)
+    assert check({"stages": 4, "microbatches": 8, "schedule": "2bw", "recompute": False})
+    assert not check({"stages": 4, "microbatches": 6, "schedule": "2bw", "recompute": False})
+    assert not check({"stages": 4, "microbatches": 8, "schedule": "gpipe", "recompute": False})
+    assert Expression("1 < stages <= 4 or microbatches // 2 - 1 == -1 * -3", fields)({"stages": 9, "microbatches": 8})
+    with pytest.raises(ConfigError, match="fails on point"):
+        Expression("microbatches / (stages - 4) > 1", fields)({"stages": 4, "microbatches": 8})
+    for forbidden in ("(lambda: 1)()", "stages[0]", "[x for x in stages]", "stages if true else 1", "stages ** 2"):
+        with pytest.raises(ConfigError, match="not allowed"):
+            Expression(forbidden, fields)
+
+
+def test_load_spec_reports_yaml_errors(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("stages: [2, 4\nschedule: gpipe\n")
+    with pytest.raises(ConfigError, match="is not valid YAML") as caught:
+        load_spec(path)
+    assert "line" in str(caught.value)
+    path.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_spec(path)
+
+
+def test_make_batches_keeps_order_and_balances_cost() -> None:
+    points = points_of({**ISSUE_SPEC, "stages": [2, 4], "bandwidth": ["10GB/s"]})
+    batches = make_batches(points, 8)
+    assert [p["point"] for batch in batches for p in batch] == [p["point"] for p in points]
+    assert len(batches) <= 8
+    costs = [sum(p["num_stages"] * p["num_microbatches"] for p in batch) for batch in batches]
+    assert max(costs[:-1]) <= 2.5 * min(costs[:-1])
+    assert make_batches([], 4) == []
+
+
+@pytest.mark.parametrize("num_stages", [2, 4, 8, 16, 32, 64])
+def test_balanced_partition_of_uniform_layers_is_even(num_stages: int) -> None:
+    # Float prefix sums once made 128 uniform layers split 40/40/40/8 on 4 stages.
+    profile = pipesim.uniform_profile(num_layers=128, forward_s=1e-3, backward_s=2e-3)
+    assert balance_partition(profile, num_stages) == even_partition(128, num_stages)
+
+
+def test_even_partition() -> None:
+    assert even_partition(10, 4) == ((0, 3), (3, 6), (6, 8), (8, 10))
+    with pytest.raises(ConfigError):
+        even_partition(3, 4)
+
+
+def test_a_row_holds_inputs_metrics_engine_seed_and_version() -> None:
+    resolved = Resolved(parse_spec({**ISSUE_SPEC, "stages": [4], "microbatches": [2, 8], "bandwidth": ["10GB/s"],
+                                    "schedule": ["2bw", "pipedream"], "where": None, "memory_limit": ["1GB"]}))
+    points = resolved.points()
+    rows = PointRunner(resolved).run_batch(points)
+    assert [list(row) for row in rows] == [list(COLUMNS)] * len(rows)
+    failed, ok = rows[0], rows[2]
+    assert (failed["schedule"], failed["num_microbatches"]) == ("2bw", 2)
+    assert "must be >= num_stages for 2bw" in failed["error"] and math.isnan(failed["iteration_time_s"])
+    assert (ok["schedule"], ok["num_microbatches"], ok["error"]) == ("2bw", 8, "")
+    profile = resolved.profiles[0][1]
+    direct = pipesim.simulate(
+        profile, pipesim.Topology.uniform(num_devices=4, bandwidth="10GB/s", latency="5us"), schedule="2bw",
+        num_stages=4, num_microbatches=8, num_minibatches=4, engine="auto",
+    ).metrics
+    assert ok["iteration_time_s"] == direct.iteration_time_s
+    assert ok["throughput_samples_per_s"] == direct.throughput_samples_per_s
+    assert ok["peak_memory_bytes"] == direct.peak_memory_bytes
+    assert ok["engine"] == direct.engine and ok["seed"] == 0 and ok["pipesim_version"] == pipesim.__version__
+    assert ok["weight_versions_max"] == 2
+    assert json.loads(ok["stage_weight_versions"]) == [2, 2, 2, 2]
+    assert json.loads(ok["partition"]) == [[0, 32], [32, 64], [64, 96], [96, 128]]
+    assert ok["memory_limit_bytes"] == 1e9 and ok["fits_memory"] == (direct.peak_memory_bytes <= 1e9)
+    assert all(not isinstance(value, list | dict) for value in ok.values())
+
+
+def test_cli_reports_a_bad_spec_in_one_line(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
+                    "microbatches: [4]\nschedule: [gpipe]\nwhere: \"open('x')\"\n")
+    done = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(tmp_path / "r.parquet")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "where" in done.stderr and "not allowed" in done.stderr
+    assert not (tmp_path / "r.parquet.parts").exists()
