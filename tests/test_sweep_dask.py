@@ -1,0 +1,174 @@
+"""Sweeps on real Dask clusters: embedded, an external scheduler with two workers, and interrupted runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from pipesim.sweep import COLUMNS, read_table, run_sweep
+
+SPEC = """\
+profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
+bandwidth: [10GB/s, 100GB/s]
+latency: [5us]
+stages: [4, 8]
+microbatches: [4, 8, 16, 32]
+minibatches: [3]
+schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
+"""
+NUM_POINTS = 2 * 2 * 4 * 5
+
+
+@pytest.fixture(scope="module")
+def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("spec") / "spec.yaml"
+    path.write_text(SPEC)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The uninterrupted sweep on the embedded LocalCluster."""
+    out = tmp_path_factory.mktemp("reference") / "results.parquet"
+    summary = run_sweep(spec_path, out, workers=2)
+    assert summary.num_points == summary.num_run == NUM_POINTS and summary.num_batches > 2
+    return out, read_table(out)
+
+
+def test_embedded_sweep_writes_one_sorted_row_per_point(reference: tuple[Path, Any]) -> None:
+    out, frame = reference
+    assert list(frame.columns) == list(COLUMNS)
+    assert frame["point"].tolist() == list(range(NUM_POINTS))
+    assert not Path(f"{out}.parts").exists()
+    errors = frame[frame["error"] != ""]
+    # 2bw needs m >= p: p=8 with m=4 fails, once per bandwidth; the row says why.
+    assert len(errors) == 2 and set(errors["schedule"]) == {"2bw"}
+    assert errors["error"].str.contains("must be >= num_stages for 2bw").all()
+    ok = frame[frame["error"] == ""]
+    assert (ok["iteration_time_s"] > 0).all() and set(ok["engine"]) <= {"des", "analytic"}
+    flush = ok[ok["schedule"].isin(["gpipe", "1f1b"])]
+    assert (flush["weight_versions_max"] == 1).all()
+    assert (ok[ok["schedule"] == "2bw"]["weight_versions_max"] == 2).all()
+    assert pq.read_schema(out).metadata[b"pipesim.sweep.digest"]
+
+
+@pytest.fixture
+def dask_cluster(tmp_path: Path) -> Iterator[str]:
+    """A real scheduler and two single-threaded workers, each its own process on 127.0.0.1."""
+    scheduler_file = tmp_path / "scheduler.json"
+    python = sys.executable
+    processes = [subprocess.Popen(
+        [python, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+         "--scheduler-file", str(scheduler_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )]
+    try:
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(scheduler_file.read_text())["address"]
+        assert address.startswith("tcp://127.0.0.1:")
+        for _ in range(2):
+            processes.append(subprocess.Popen(
+                [python, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1", "--nthreads", "1",
+                 "--host", "127.0.0.1", "--no-dashboard", "--no-nanny"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in reversed(processes):
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def test_a_scheduler_with_two_worker_processes_gives_the_same_table(
+    dask_cluster: str, spec_path: Path, reference: tuple[Path, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "results.csv"
+    summary = run_sweep(spec_path, out, scheduler=dask_cluster)
+    assert summary.num_run == NUM_POINTS
+    pd.testing.assert_frame_equal(read_table(out), reference[1])
+
+
+def sweep_process(spec_path: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipesim", "sweep", str(spec_path), "--out", str(out), "--workers", "2",
+         "--batch-size", "1", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def wait_for_chunks(parts: Path, count: int, process: subprocess.Popen[str]) -> int:
+    deadline = time.monotonic() + 120
+    while True:
+        found = len(list(parts.glob("chunk-*.parquet"))) if parts.exists() else 0
+        if found >= count:
+            return found
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no chunks were written"
+        time.sleep(0.02)
+
+
+def finished_points(parts: Path) -> set[int]:
+    done: set[int] = set()
+    for chunk in parts.glob("chunk-*.parquet"):
+        done.update(pq.read_table(chunk).column("point").to_pylist())
+    return done
+
+
+def test_an_interrupted_sweep_resumes_to_exactly_the_uninterrupted_table(
+    spec_path: Path, reference: tuple[Path, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "results.parquet"
+    parts = Path(f"{out}.parts")
+    # 1. Ctrl-C midway: the finished chunks stay, the table is not written.
+    first = sweep_process(spec_path, out)
+    wait_for_chunks(parts, 3, first)
+    first.send_signal(signal.SIGINT)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 130, stderr
+    assert "rerun with --resume" in stderr and stderr.count("\n") == 1
+    assert not out.exists()
+    after_interrupt = finished_points(parts)
+    assert 3 <= len(after_interrupt) < NUM_POINTS
+    # 2. Without --resume the chunks are refused, not overwritten.
+    refused = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(spec_path), "--out", str(out)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "pass --resume" in refused.stderr and refused.stderr.count("\n") == 1
+    # 3. Resume, then kill everything (sweep and workers) with SIGKILL: no finished point is lost.
+    second = sweep_process(spec_path, out, "--resume")
+    wait_for_chunks(parts, len(list(parts.glob("chunk-*.parquet"))) + 3, second)
+    os.killpg(second.pid, signal.SIGKILL)
+    second.communicate(timeout=60)
+    after_kill = finished_points(parts)
+    assert after_interrupt < after_kill and len(after_kill) < NUM_POINTS
+    assert not out.exists()
+    # 4. Resume to the end: the same table, byte for byte, as the uninterrupted run.
+    third = sweep_process(spec_path, out, "--resume")
+    stdout, stderr = third.communicate(timeout=300)
+    assert third.returncode == 0, stderr
+    assert f"{NUM_POINTS - len(after_kill)} simulated, {len(after_kill)} resumed" in stdout
+    assert not parts.exists()
+    pd.testing.assert_frame_equal(read_table(out), reference[1])
+    assert out.read_bytes() == reference[0].read_bytes()
