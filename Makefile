@@ -16,10 +16,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # The main job: simulate VGG-16 (PipeDream's measured profile) on 4 stages with 1F1B and write
-# a report folder: metrics.json, trace.json, trace.perfetto.json and timeline.png.
+# a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png and report.html.
 demo: $(STAMP)
 	$(VENV)/bin/pipesim simulate --profile traces/vgg16.json --stages 4 --microbatches 8 \
 		--schedule 1f1b --bandwidth 25Gbit/s --latency 5us --out $(DEMO_OUT)
+	$(VENV)/bin/pipesim report $(DEMO_OUT) --out $(DEMO_OUT)/report.html
 
 # The test suite, with hypothesis's derandomized "ci" profile.
 test: $(STAMP)
@@ -27,3 +28,8 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
+
+# The sweep benchmark of issue 7 (10,080 points); appends its section to benchmarks/RESULTS.md.
+.PHONY: bench-sweep
+bench-sweep: $(STAMP)
+	$(PY) benchmarks/bench_sweep.py

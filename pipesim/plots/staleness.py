@@ -47,5 +47,8 @@ def staleness(source: Trace | Metrics, *, ax: Any = None) -> Any:
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title(f"{metrics.schedule}: weight staleness per stage (p={metrics.num_stages}, "
                  f"m={metrics.num_microbatches})", loc="left", fontsize=10)
-    ax.legend(loc="upper right", fontsize=8, ncols=2)
+    handles, labels = ax.get_legend_handles_labels()
+    # Matplotlib lists lines before bars; keep the order of the drawing: the bars, then the mean.
+    order = [labels.index(label) for label, _, _ in SERIES] + [labels.index("forward delay, mean")]
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper right", fontsize=8, ncols=2)
     return ax
