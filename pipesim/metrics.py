@@ -112,17 +112,28 @@ def _overlap(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], low
     return float(np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0.0, None).sum())
 
 
+def _groups(keys: npt.NDArray[np.int64], count: int) -> list[npt.NDArray[np.intp]]:
+    """Row indices holding each key 0..count-1, each in stored order (one sort instead of a mask per key)."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(count + 1))
+    return [order[bounds[key]:bounds[key + 1]] for key in range(count)]
+
+
 def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int, int]:
     """Peak bytes of a stage (levels after all events at one instant), its breakdown, and the
     most weight versions and stashed microbatches held."""
+    return _level_peak_of(trace, np.flatnonzero(trace.memory["stage"] == stage))
+
+
+def _level_peak_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[float, dict[str, float], int, int]:
+    """``_level_peak`` of the memory events at ``rows`` (one stage's, in stored order)."""
     m = trace.memory
-    mask = m["stage"] == stage
-    times = m["time_s"][mask]
+    times = m["time_s"][rows]
     order = np.argsort(times, kind="stable")
     times = times[order]
-    categories = m["category"][mask][order]
-    delta = m["delta_bytes"][mask][order]
-    count = m["delta_count"][mask][order]
+    categories = m["category"][rows][order]
+    delta = m["delta_bytes"][rows][order]
+    count = m["delta_count"][rows][order]
     if times.size == 0:
         return 0.0, {c: 0.0 for c in CATEGORIES}, 0, 0
     last_at_time = np.r_[times[1:] != times[:-1], True]
@@ -146,11 +157,16 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
     version i's F ran on. Discrepancy = version of i's B (or I) minus version of its F.
     """
     s = trace.spans
-    on_stage = (s["stage"] == stage) & (s["stream"] == _COMPUTE)
-    kinds = s["kind"][on_stage]
-    micro = s["microbatch"][on_stage]
-    version = s["weight_version"][on_stage]
-    position = s["position"][on_stage]
+    return _staleness_of(trace, np.flatnonzero((s["stage"] == stage) & (s["stream"] == _COMPUTE)))
+
+
+def _staleness_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[int, float, int]:
+    """``staleness`` of the compute spans at ``rows`` (one stage's, in stored order)."""
+    s = trace.spans
+    kinds = s["kind"][rows]
+    micro = s["microbatch"][rows]
+    version = s["weight_version"][rows]
+    position = s["position"][rows]
     total = int(trace.meta["num_minibatches"]) * int(trace.meta["num_microbatches"])
     forward_version = np.full(total, -1)
     forward_version[micro[kinds == _F]] = version[kinds == _F]
@@ -174,31 +190,56 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
 
 def _exposed_communication(trace: Trace, device: int, low: float, high: float) -> float:
     """Idle time on ``device`` before an op, overlapping the arrival of the send it waited for."""
+    return float(_exposed_by_device(trace, low, high)[device])
+
+
+def _exposed_by_device(trace: Trace, low: float, high: float) -> npt.NDArray[np.float64]:
+    """Per device: idle time before an op, inside [low, high], while the send it waited for was
+    in flight. A gap is the time between an op and the one before it in its rank's order; an
+    F waits for stage s-1's activation send, a B or I for stage s+1's gradient send."""
     s = trace.spans
-    compute = (s["device"] == device) & (s["stream"] == _COMPUTE)
-    order = np.argsort(s["position"][compute])
-    starts = s["start_s"][compute][order]
-    previous_end = np.r_[0.0, s["end_s"][compute][order][:-1]]
-    gaps = {}
-    for stage, kind, micro, start, previous in zip(
-        s["stage"][compute][order].tolist(), s["kind"][compute][order].tolist(),
-        s["microbatch"][compute][order].tolist(), starts.tolist(), previous_end.tolist(), strict=True,
-    ):
-        if start > previous:
-            gaps[(stage, kind, micro)] = (previous, start)
-    sends = (s["stream"] == _SEND) & (s["peer"] == device)
-    exposed = 0.0
-    for stage, kind, micro, start, end in zip(
-        s["stage"][sends].tolist(), s["kind"][sends].tolist(), s["microbatch"][sends].tolist(),
-        s["start_s"][sends].tolist(), s["end_s"][sends].tolist(), strict=True,
-    ):
-        target = (stage + 1, _F, micro) if kind == _F else None
-        candidates = [target] if target else [(stage - 1, _B, micro), (stage - 1, _I, micro)]
-        for key in candidates:
-            if key in gaps:
-                gap_start, gap_end = gaps[key]
-                low_edge, high_edge = max(gap_start, start, low), min(gap_end, end, high)
-                exposed += max(0.0, high_edge - low_edge)
+    num_devices = int(trace.meta["num_ranks"])
+    exposed = np.zeros(max(num_devices, int(s["device"].max()) + 1 if s["device"].size else 0))
+    compute = np.flatnonzero(s["stream"] == _COMPUTE)
+    sends = np.flatnonzero((s["stream"] == _SEND) & (s["peer"] >= 0))
+    if compute.size == 0 or sends.size == 0:
+        return exposed
+    # Compute spans in (device, position) order; a gap opens where an op starts after its predecessor ended.
+    ordered = compute[np.lexsort((s["position"][compute], s["device"][compute]))]
+    device = s["device"][ordered]
+    starts = s["start_s"][ordered]
+    previous_end = np.r_[0.0, s["end_s"][ordered][:-1]]
+    previous_end[np.r_[True, device[1:] != device[:-1]]] = 0.0
+    gap = starts > previous_end
+    span = int(s["microbatch"].max()) + 2
+
+    def code(stage: npt.NDArray[np.int64], kind: npt.NDArray[np.int64] | int, micro: npt.NDArray[np.int64]) -> Any:
+        return (stage * len(KINDS) + kind) * span + micro
+
+    gap_rows = ordered[gap]
+    gap_code = code(s["stage"][gap_rows], s["kind"][gap_rows], s["microbatch"][gap_rows])
+    by_code = np.argsort(gap_code, kind="stable")
+    gap_code, gap_start, gap_end = gap_code[by_code], previous_end[gap][by_code], starts[gap][by_code]
+    gap_device = device[gap][by_code]
+    if gap_code.size == 0:
+        return exposed
+    # Each send in stored order names the op it feeds: F -> (s+1, F); a gradient -> (s-1, B), then (s-1, I).
+    is_forward = s["kind"][sends] == _F
+    repeats = np.where(is_forward, 1, 2)
+    owner = np.repeat(sends, repeats)
+    second = np.r_[False, owner[1:] == owner[:-1]]
+    forward_owner = s["kind"][owner] == _F
+    target_stage = s["stage"][owner] + np.where(forward_owner, 1, -1)
+    target_kind = np.where(forward_owner, _F, np.where(second, _I, _B))
+    wanted = code(target_stage, target_kind, s["microbatch"][owner])
+    index = np.minimum(np.searchsorted(gap_code, wanted), gap_code.size - 1)
+    peer = s["peer"][owner]
+    found = (target_stage >= 0) & (gap_code[index] == wanted) & (gap_device[index] == peer)
+    index, owner, peer = index[found], owner[found], peer[found]
+    low_edge = np.maximum(np.maximum(gap_start[index], s["start_s"][owner]), low)
+    high_edge = np.minimum(np.minimum(gap_end[index], s["end_s"][owner]), high)
+    # Accumulated one by one in the sends' stored order, as a loop over them would.
+    np.add.at(exposed, peer, np.maximum(0.0, high_edge - low_edge))
     return exposed
 
 
@@ -212,22 +253,28 @@ def compute_metrics(trace: Trace) -> Metrics:
     width = high - low
     compute = s["stream"] == _COMPUTE
     stage_to_rank = list(meta["stage_to_rank"])
+    num_ranks, num_stages = int(meta["num_ranks"]), len(stage_to_rank)
+    # Group rows by device and by stage once: a mask per device or stage would cost O(p * ops).
+    compute_rows = np.flatnonzero(compute)
+    by_device = [compute_rows[rows] for rows in _groups(s["device"][compute_rows], num_ranks)]
+    by_stage = [compute_rows[rows] for rows in _groups(s["stage"][compute_rows], num_stages)]
+    memory_by_stage = _groups(trace.memory["stage"], num_stages)
+    exposed = _exposed_by_device(trace, low, high)
     utilization_by_device = []
-    for device in range(int(meta["num_ranks"])):
-        mine = compute & (s["device"] == device)
+    for mine in by_device:
         busy = _overlap(s["start_s"][mine], s["end_s"][mine], low, high)
         utilization_by_device.append(busy / width if width > 0 else 1.0)
     stages = []
     for stage, device in enumerate(stage_to_rank):
-        peak, breakdown, versions, inflight = _level_peak(trace, stage)
-        delay_max, delay_mean, discrepancy = staleness(trace, stage)
+        peak, breakdown, versions, inflight = _level_peak_of(trace, memory_by_stage[stage])
+        delay_max, delay_mean, discrepancy = _staleness_of(trace, by_stage[stage])
         utilization = utilization_by_device[device]
         stages.append(StageMetrics(
             stage=stage,
             device=device,
             utilization=utilization,
             bubble_fraction=1.0 - utilization,
-            exposed_communication_s=_exposed_communication(trace, device, low, high),
+            exposed_communication_s=float(exposed[device]),
             peak_memory_bytes=peak,
             peak_breakdown_bytes=breakdown,
             weight_versions_max=versions,

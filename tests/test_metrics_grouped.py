@@ -1,0 +1,51 @@
+"""compute_metrics groups rows once per device and stage; it must agree with the per-stage definitions."""
+
+from __future__ import annotations
+
+import pytest
+
+import pipesim
+from pipesim.engine.trace import KINDS, STREAMS, Trace
+from pipesim.metrics import compute_metrics, staleness, steady_window
+
+_F, _B, _I = KINDS.index("F"), KINDS.index("B"), KINDS.index("I")
+
+
+def exposed_reference(trace: Trace, device: int, low: float, high: float) -> float:
+    """The definition, op by op: idle time before an op while the send it waited for was in flight."""
+    spans = sorted((span for span in trace.iter_spans() if span.device == device and span.stream == "compute"),
+                   key=lambda span: span.position)
+    gaps, previous = {}, 0.0
+    for span in spans:
+        if span.start_s > previous:
+            gaps[(span.stage, KINDS.index(span.op[len(str(span.stage))]), span.microbatch)] = (previous, span.start_s)
+        previous = span.end_s
+    exposed = 0.0
+    for span in trace.iter_spans():
+        if span.stream != "send" or span.peer != device:
+            continue
+        kind = KINDS.index(span.op[len(str(span.stage))])
+        keys = ([(span.stage + 1, _F, span.microbatch)] if kind == _F
+                else [(span.stage - 1, _B, span.microbatch), (span.stage - 1, _I, span.microbatch)])
+        for key in keys:
+            if key in gaps:
+                start, end = gaps[key]
+                exposed += max(0.0, min(end, span.end_s, high) - max(start, span.start_s, low))
+    return exposed
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "pipedream", "2bw", "pipemare"])
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_grouped_metrics_match_the_definitions(schedule: str, jitter: float) -> None:
+    profile = pipesim.load_profile("traces/vgg16.json")
+    topology = pipesim.Topology.uniform(num_devices=4, bandwidth="10GB/s", latency="5us")
+    trace = pipesim.simulate(profile, topology, schedule=schedule, num_stages=4, num_microbatches=6,
+                             num_minibatches=3, jitter=jitter, seed=1).trace
+    assert STREAMS.index("send") in set(trace.spans["stream"].tolist())
+    metrics = compute_metrics(trace)
+    low, high, _, _ = steady_window(trace)
+    for stage in metrics.stages:
+        assert stage.exposed_communication_s == exposed_reference(trace, stage.device, low, high)
+        assert (stage.forward_delay_steps, stage.forward_delay_mean, stage.discrepancy_max) == staleness(
+            trace, stage.stage)
+    assert any(stage.exposed_communication_s > 0 for stage in metrics.stages)
