@@ -18,9 +18,9 @@ def schedule_color(name: str, index: int = 0) -> str:
 
 def time_unit(span_s: float) -> tuple[str, float]:
     """``(unit, factor)`` to show times of about ``span_s`` seconds: s, ms or us."""
-    if span_s >= 10:
+    if span_s >= 1:
         return "s", 1.0
-    if span_s >= 10e-3:
+    if span_s >= 1e-3:
         return "ms", 1e3
     return "us", 1e6
 
