@@ -70,12 +70,10 @@ def simulate_command(
 
 def write_outputs(result: Result, out_dir: Path) -> list[Path]:
     """The report folder: data files from pipesim.export, the timeline from pipesim.plots."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from pipesim.export.report import write_report
-    from pipesim.plots import save_figure, timeline
+    from pipesim.plots import save_figure, timeline, use_headless_backend
 
+    use_headless_backend()
     written = write_report(result, out_dir)
     written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
     return written
