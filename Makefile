@@ -25,5 +25,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --hypothesis-profile=ci
 
+# Regenerate every figure and table under analysis/ (analysis/README.md); about a minute.
+.PHONY: analysis
+analysis: $(STAMP)
+	$(PY) analysis/run_all.py
+
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
