@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.console import Console
@@ -12,7 +13,7 @@ from rich.table import Table
 from pipesim.cli.options import build_topology, parse_partition, parse_uniform
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.simulation import Result, simulate
+from pipesim.simulation import EngineName, Result, simulate
 from pipesim.spec.files import load_profile, load_topology
 
 
@@ -60,7 +61,7 @@ def simulate_command(
         profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
         num_minibatches=num_minibatches, partition=parse_partition(partition) if partition else None,
         recompute=recompute, optimizer_state_multiplier=optimizer_state_multiplier, jitter=jitter, seed=seed,
-        engine=engine,  # type: ignore[arg-type]  # click.Choice checked it
+        engine=cast(EngineName, engine),  # click.Choice checked it
     )
     if out_dir:
         written = write_outputs(result, Path(out_dir))

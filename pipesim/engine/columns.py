@@ -86,7 +86,7 @@ def _updates_before(columns: ScheduleColumns) -> IntArray:
     before = np.cumsum(is_update[order]) - is_update[order]
     stages = columns.stage[order]
     first = np.searchsorted(stages, stages, side="left")
-    now = np.empty_like(before)
+    now: IntArray = np.empty_like(before)
     now[order] = before - before[first]
     return now
 

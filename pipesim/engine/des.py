@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import simpy
 
@@ -48,7 +50,7 @@ def run_des(program: Program, *, jitter: float = 0.0, seed: int = 0) -> Trace:
     env = simpy.Environment()
     run = _Run(env, program, _durations(program, jitter, seed))
     for rank_index in range(program.ops.num_ranks):
-        run.start_next(rank_index)
+        run.start_next(rank_index, 0.0)
     env.run()
     run.check_finished()
     meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
@@ -59,79 +61,113 @@ def run_des(program: Program, *, jitter: float = 0.0, seed: int = 0) -> Trace:
 def _durations(program: Program, jitter: float, seed: int) -> list[float]:
     base = program.ops.duration_s
     if jitter == 0:
-        return base.tolist()
+        plain: list[float] = base.tolist()
+        return plain
     rng = np.random.default_rng(seed)
     offsets = program.ops.rank_offsets.tolist()
     factors = [np.maximum(rng.normal(1.0, jitter, offsets[r + 1] - offsets[r]), 0.0)
                for r in range(program.ops.num_ranks)]
-    return (base * np.concatenate([np.zeros(0), *factors])).tolist()
+    jittered: list[float] = (base * np.concatenate([np.zeros(0), *factors])).tolist()
+    return jittered
 
 
 class _Run:
-    """The state of one simulation: where each rank is, what has arrived, and each link's queue."""
+    """The state of one simulation: where each rank is, what has arrived, and each link's queue.
+
+    Plain lists and one end-of-op handler per rank (a closure over its rank index) keep the
+    work per event small: the engine's cost is SimPy's event queue plus a few list reads.
+    """
 
     def __init__(self, env: simpy.Environment, program: Program, durations: list[float]) -> None:
         ops = program.ops
-        self.env = env
         self.program = program
-        self.duration = durations
+        n = ops.num_ops
         self.wait: list[int] = ops.wait.tolist()
-        self.rank: list[int] = ops.rank.tolist()
-        self.link: list[int] = ops.link.tolist()
-        self.transfer: list[float] = ops.transfer_s.tolist()
-        self.link_arrival = [0.0] * (max(self.link, default=-1) + 1)
         self.next: list[int] = ops.rank_offsets[:-1].tolist()
         self.stop: list[int] = ops.rank_offsets[1:].tolist()
-        self.rank_free = [0.0] * ops.num_ranks
-        n = ops.num_ops
         self.start = [0.0] * n
         self.end = [0.0] * n
         self.send_start = [0.0] * n
         self.arrival: list[float | None] = [None] * n
-        self.waiting: dict[int, list[int]] = {}
+        self.start_next = self._handlers(env, ops.link.tolist(), ops.transfer_s.tolist(), durations)
 
-    def start_next(self, rank_index: int) -> None:
-        """Start the rank's next op if its input has arrived, else wait for the op that sends it."""
-        g = self.next[rank_index]
-        if g == self.stop[rank_index]:
-            return
-        start = self.rank_free[rank_index]
-        producer = self.wait[g]
-        if producer >= 0:
-            arrival = self.arrival[producer]
-            if arrival is None:
-                self.waiting.setdefault(producer, []).append(rank_index)
+    def _handlers(self, env: simpy.Environment, link: list[int], transfer: list[float],
+                  duration: list[float]) -> Callable[[int, float], None]:
+        wait, next_op, stop = self.wait, self.next, self.stop
+        start, end, send_start, arrival = self.start, self.end, self.send_start, self.arrival
+        link_arrival = [0.0] * (max(link, default=-1) + 1)
+        rank_free = [0.0] * len(next_op)
+        # The op waiting for each op's output (at most one: see OpTable.wait), -1 for none.
+        waiter = [-1] * len(wait)
+        timeout = env.timeout
+
+        def start_next(rank_index: int, now: float) -> None:
+            """Start the rank's next op if its input has arrived, else wait for the op that sends it.
+
+            ``now`` is the time of the event being handled; every op starts at or after it.
+            """
+            g = next_op[rank_index]
+            if g == stop[rank_index]:
                 return
-            if arrival > start:
-                start = arrival
-        self.start[g] = start
-        end = start + self.duration[g]
-        event = self.env.timeout(max(end - self.env.now, 0.0), g)
-        event.callbacks.append(self.finish)
+            begin = rank_free[rank_index]
+            producer = wait[g]
+            if producer >= 0:
+                ready = arrival[producer]
+                if ready is None:
+                    waiter[producer] = rank_index
+                    return
+                if ready > begin:
+                    begin = ready
+            start[g] = begin
+            finish_at = begin + duration[g]
+            end[g] = finish_at
+            rank_free[rank_index] = finish_at
+            timeout(finish_at - now).callbacks.append(finishers[rank_index])
 
-    def finish(self, event: simpy.Event) -> None:
-        """An op ended: send its output, wake the rank waiting for it, and go on."""
-        g: int = event.value
-        end = self.start[g] + self.duration[g]
-        self.end[g] = end
-        rank_index = self.rank[g]
-        self.rank_free[rank_index] = end
-        link = self.link[g]
-        if link >= 0:
-            send_start = self.link_arrival[link]
-            if end > send_start:
-                send_start = end
-            self.send_start[g] = send_start
-            arrival = send_start + self.transfer[g]
-            self.link_arrival[link] = arrival
-        else:
-            self.send_start[g] = end
-            arrival = end
-        self.arrival[g] = arrival
-        self.next[rank_index] = g + 1
-        for waiter in self.waiting.pop(g, ()):
-            self.start_next(waiter)
-        self.start_next(rank_index)
+        def finisher(rank_index: int) -> Callable[[simpy.Event], None]:
+            last = stop[rank_index]
+
+            def finish(_: simpy.Event) -> None:
+                """The rank's op ended: send its output, wake the rank waiting for it, go on."""
+                g = next_op[rank_index]
+                now = end[g]
+                channel = link[g]
+                if channel >= 0:
+                    begin = link_arrival[channel]
+                    if now > begin:
+                        begin = now
+                    send_start[g] = begin
+                    done = begin + transfer[g]
+                    link_arrival[channel] = done
+                    arrival[g] = done
+                else:
+                    arrival[g] = now
+                woken = waiter[g]
+                if woken >= 0:
+                    start_next(woken, now)
+                g += 1
+                next_op[rank_index] = g
+                if g == last:
+                    return
+                # The rank's next op, as start_next does it, inline: this runs once per op.
+                begin = now
+                producer = wait[g]
+                if producer >= 0:
+                    ready = arrival[producer]
+                    if ready is None:
+                        waiter[producer] = rank_index
+                        return
+                    if ready > begin:
+                        begin = ready
+                start[g] = begin
+                finish_at = begin + duration[g]
+                end[g] = finish_at
+                rank_free[rank_index] = finish_at
+                timeout(finish_at - now).callbacks.append(finish)
+            return finish
+
+        finishers = [finisher(rank_index) for rank_index in range(len(next_op))]
+        return start_next
 
     def check_finished(self) -> None:
         """Raise DeadlockError naming every stuck rank's next op and the op it waits for."""

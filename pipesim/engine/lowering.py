@@ -13,7 +13,6 @@ import numpy.typing as npt
 from pipesim.engine.columns import (
     KIND_CODES,
     KIND_ORDER,
-    U_CODE,
     F_CODE,
     minibatch_column,
     schedule_columns,
@@ -103,7 +102,8 @@ class OpTable:
     @cached_property
     def is_remote_send(self) -> npt.NDArray[np.bool_]:
         """True where the op's output crosses a link to another rank (a send span)."""
-        return (self.send_rank >= 0) & (self.send_rank != self.rank)
+        remote: npt.NDArray[np.bool_] = (self.send_rank >= 0) & (self.send_rank != self.rank)
+        return remote
 
     @cached_property
     def link(self) -> IntArray:

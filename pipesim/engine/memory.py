@@ -37,35 +37,38 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     stages = np.arange(p, dtype=np.int64)
 
     frees_code = W_CODE if bool((ops.kind == I_CODE).any()) else B_CODE
-    stashes = np.flatnonzero(ops.kind == F_CODE)
-    frees = np.flatnonzero(ops.kind == frees_code)
-    index = [stashes, frees]
-    sub = [np.zeros(stashes.size, np.int64), np.zeros(frees.size, np.int64)]
-    category = [np.full(stashes.size + frees.size, ACTIVATIONS, np.int64)]
-    delta = [stash[ops.stage[stashes]], -stash[ops.stage[frees]]]
-    count = [np.ones(stashes.size, np.int64), -np.ones(frees.size, np.int64)]
+    # One activation event per F (stash) and per freeing op, in flat order.
+    g = np.flatnonzero((ops.kind == F_CODE) | (ops.kind == frees_code))
+    stashing = ops.kind[g] == F_CODE
+    category = np.full(g.size, ACTIVATIONS, np.int64)
+    delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
+    count = np.where(stashing, 1, -1).astype(np.int64)
     if program.keeps_versions and ops.num_ops:
         added, freed_at_update, freed_at_last_use = _version_events(program)
-        for where, order, sign in ((added, 1, 1), (freed_at_update, 2, -1), (freed_at_last_use, 1, -1)):
-            index.append(where)
-            sub.append(np.full(where.size, order, np.int64))
-            category.append(np.full(where.size, WEIGHTS, np.int64))
-            delta.append(sign * params[ops.stage[where]])
-            count.append(np.full(where.size, sign, np.int64))
-    g = np.concatenate(index)
-    time = end_s[g]
-    order = np.lexsort((np.concatenate(sub), g, time))
+        g = np.concatenate([g, added, freed_at_update, freed_at_last_use])
+        sub = np.concatenate([np.zeros(category.size, np.int64), np.full(added.size, 1, np.int64),
+                              np.full(freed_at_update.size, 2, np.int64),
+                              np.full(freed_at_last_use.size, 1, np.int64)])
+        sign = np.concatenate([np.ones(added.size), -np.ones(freed_at_update.size + freed_at_last_use.size)])
+        category = np.concatenate([category, np.full(sign.size, WEIGHTS, np.int64)])
+        delta = np.concatenate([delta, sign * params[ops.stage[g[count.size:]]]])
+        count = np.concatenate([count, sign.astype(np.int64)])
+        flat_order = np.lexsort((sub, g))
+        g, category, delta, count = g[flat_order], category[flat_order], delta[flat_order], count[flat_order]
+    # Events are in flat order (rank, position, event within the op); a stable sort by end keeps it on ties.
+    order = np.argsort(end_s[g], kind="stable")
+    time = end_s[g][order]
     g = g[order]
     initial = 3 * p
     return {
-        "time_s": np.concatenate([np.zeros(initial), time[order]]),
+        "time_s": np.concatenate([np.zeros(initial), time]),
         "device": np.concatenate([np.repeat(stage_to_rank, 3), ops.rank[g]]),
         "stage": np.concatenate([np.repeat(stages, 3), ops.stage[g]]),
         "category": np.concatenate([np.tile(np.array([WEIGHTS, GRADIENTS, OPTIMIZER], np.int64), p),
-                                    np.concatenate(category)[order]]),
+                                    category[order]]),
         "delta_bytes": np.concatenate([np.stack([params, params, params * multiplier], axis=1).reshape(-1),
-                                       np.concatenate(delta)[order]]),
-        "delta_count": np.concatenate([np.ones(initial, np.int64), np.concatenate(count)[order]]),
+                                       delta[order]]),
+        "delta_count": np.concatenate([np.ones(initial, np.int64), count[order]]),
     }
 
 
