@@ -142,9 +142,17 @@ def point(schedule: str, p: int, m: int, engine: str) -> dict[str, Any]:
     started = time.perf_counter()
     result = simulate(profile, topology, schedule=schedule, num_stages=p, num_microbatches=m, engine=engine)  # type: ignore[arg-type]
     wall = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"schedule": schedule, "p": p, "m": m, "engine": result.metrics.engine, "ops": result.metrics.num_ops,
-            "simulate_s": wall, "engine_s": result.engine_wall_s, "peak_rss_mib": peak_kib / 1024}
+            "simulate_s": wall, "engine_s": result.engine_wall_s, "peak_rss_mib": peak_rss_mib()}
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss it does not carry the parent's
+    peak across fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def rss_rows() -> list[dict[str, Any]]:

@@ -152,8 +152,10 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     As ``schedule.deps.dependencies`` less same-stage inputs (the rank's order covers those):
     F(s, i) waits for F(s-1, i); B or I(s, i) for the gradient op of (s+1, i).
 
+    Each output is awaited by at most one op (the engines rely on it).
+
     Raises:
-        ScheduleError: the op it waits for is not in the schedule.
+        ScheduleError: the op it waits for is not in the schedule, or two ops wait for one output.
     """
     p, total = schedule.num_stages, schedule.total_microbatches
     stage, kind, micro = columns.stage, columns.kind, columns.microbatch
@@ -173,6 +175,12 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
             g = int(missing[0])
             dep = Op(int(stage[g]) + step, KIND_ORDER[dep_kind], int(micro[g]))
             raise _fail(schedule, columns, g, f"{_op(columns, g)} waits for {dep}, which is not in the schedule")
+    awaited = np.sort(wait[wait >= 0])
+    twice = awaited[1:][awaited[1:] == awaited[:-1]]
+    if twice.size:
+        g = int(np.flatnonzero(wait == twice[0])[-1])
+        raise _fail(schedule, columns, g, f"{_op(columns, g)} waits for {_op(columns, int(twice[0]))}, "
+                    "whose output another op already waits for")
     return wait
 
 
