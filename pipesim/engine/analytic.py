@@ -74,13 +74,18 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
 def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:
     """All ranks advance together, one op per round. Returns ends, arrivals and stuck ops.
 
-    Slots: each rank's ops sit between a head slot and a blocker slot, so a rank that has
-    run all its ops stays on its blocker (which waits for NEVER). An output not yet arrived
-    is +inf; a rank whose next input is +inf computes +inf and does not move.
+    Slots are laid out position-major: op j of rank r sits in slot ``(j + 1) * R + r``, so in
+    each round the ranks' next ops lie close together in memory (ranks move in step). Row 0
+    holds head slots (never run: a rank's first op follows an end of 0) and the rows past a
+    rank's last op hold blocker slots, which wait for NEVER: a rank that has run all its ops
+    stays on its blocker. An output not yet arrived is +inf; a rank whose next input is +inf
+    computes +inf and does not move.
     """
     n, num_ranks = ops.num_ops, ops.num_ranks
-    slot = np.arange(n, dtype=np.int64) + 2 * ops.rank + 1
-    size = n + 2 * num_ranks + 2
+    lengths = np.diff(ops.rank_offsets)
+    rows = int(lengths.max(initial=0)) + 2
+    slot = (ops.position + 1) * num_ranks + ops.rank
+    size = rows * num_ranks + 2
     zero, never = size - 2, size - 1
     wait = np.full(size, never, dtype=np.int64)
     wait[slot] = np.where(ops.wait >= 0, slot[np.maximum(ops.wait, 0)], zero)
@@ -92,12 +97,12 @@ def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:
     transfer[slot] = np.where(ops.is_remote_send, ops.transfer_s, 0.0)
     arrival = np.full(size, np.inf)
     arrival[zero] = 0.0
-    # ends[q + 1] is the end of slot q, so ends[q] is the end of the op before q on its rank
-    # (0 for a rank's first op: its head slot is never run).
-    ends = np.zeros(size + 1)
-    after = ends[1:]
-    first = ops.rank_offsets[:-1] + 2 * np.arange(num_ranks, dtype=np.int64) + 1
-    cursor = first.copy()
+    # after[q] = ends[q + R] is the end of slot q, so ends[q] is the end of the op before q on
+    # its rank (0 for a first op: the head slot before it is never run).
+    ends = np.zeros(size + num_ranks)
+    after = ends[num_ranks:]
+    ranks = np.arange(num_ranks, dtype=np.int64)
+    cursor = num_ranks + ranks
     infinity = np.float64(np.inf)
     moved = np.ones(num_ranks, dtype=bool)
     while moved.any():
@@ -109,9 +114,9 @@ def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:
             sent += transfer[cursor]
             arrival[cursor] = sent
             moved = end < infinity
-            cursor += moved
-    blockers = ops.rank_offsets[1:] + 2 * np.arange(num_ranks, dtype=np.int64) + 1
-    stuck = [int(c - 2 * r - 1) for r, c in enumerate(cursor.tolist()) if c != blockers[r]]
+            cursor += moved * num_ranks
+    positions = cursor // num_ranks - 1
+    stuck = [int(ops.rank_offsets[r] + j) for r, j in enumerate(positions.tolist()) if j < lengths[r]]
     return after[slot], arrival[slot], stuck
 
 
