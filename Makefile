@@ -32,3 +32,8 @@ analysis: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
+
+# Engine speed: DES and analytic ops/s against a bare SimPy loop, simulate() per point, peak RSS;
+# writes benchmarks/RESULTS.md (takes a few minutes).
+bench: $(STAMP)
+	$(PY) benchmarks/bench_engines.py
