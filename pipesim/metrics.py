@@ -112,11 +112,12 @@ def _overlap(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], low
     return float(np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0.0, None).sum())
 
 
-def _groups(keys: npt.NDArray[np.int64], count: int) -> list[npt.NDArray[np.intp]]:
-    """Row indices holding each key 0..count-1, each in stored order (one sort instead of a mask per key)."""
+def _groups(keys: npt.NDArray[np.int64], num_groups: int) -> list[npt.NDArray[np.intp]]:
+    """Row indices holding each key 0..num_groups-1, each group in stored order (one sort, not a
+    mask per group)."""
     order = np.argsort(keys, kind="stable")
-    bounds = np.searchsorted(keys[order], np.arange(count + 1))
-    return [order[bounds[key]:bounds[key + 1]] for key in range(count)]
+    bounds = np.searchsorted(keys[order], np.arange(num_groups + 1), side="left")
+    return [order[bounds[i]:bounds[i + 1]] for i in range(num_groups)]
 
 
 def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int, int]:
@@ -126,7 +127,6 @@ def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int,
 
 
 def _level_peak_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[float, dict[str, float], int, int]:
-    """``_level_peak`` of the memory events at ``rows`` (one stage's, in stored order)."""
     m = trace.memory
     times = m["time_s"][rows]
     order = np.argsort(times, kind="stable")
@@ -161,7 +161,6 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
 
 
 def _staleness_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[int, float, int]:
-    """``staleness`` of the compute spans at ``rows`` (one stage's, in stored order)."""
     s = trace.spans
     kinds = s["kind"][rows]
     micro = s["microbatch"][rows]
@@ -190,56 +189,60 @@ def _staleness_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[int, float,
 
 def _exposed_communication(trace: Trace, device: int, low: float, high: float) -> float:
     """Idle time on ``device`` before an op, overlapping the arrival of the send it waited for."""
-    return float(_exposed_by_device(trace, low, high)[device])
+    return _exposed_communication_all(trace, device + 1, low, high)[device]
 
 
-def _exposed_by_device(trace: Trace, low: float, high: float) -> npt.NDArray[np.float64]:
-    """Per device: idle time before an op, inside [low, high], while the send it waited for was
-    in flight. A gap is the time between an op and the one before it in its rank's order; an
-    F waits for stage s-1's activation send, a B or I for stage s+1's gradient send."""
+def _exposed_communication_all(trace: Trace, num_devices: int, low: float, high: float) -> list[float]:
+    """Per device, idle time before an op overlapping the arrival of the send it waited for.
+
+    A gap is the idle time before a compute op (after the previous op of its device in
+    position order, or 0). A send to the device is matched to the gap of the op it feeds
+    (an activation to the F of the next stage, a gradient to the B or I of the one before),
+    and their overlap inside [low, high] counts. Sums run in send order, as a loop would.
+    """
     s = trace.spans
-    num_devices = int(trace.meta["num_ranks"])
-    exposed = np.zeros(max(num_devices, int(s["device"].max()) + 1 if s["device"].size else 0))
-    compute = np.flatnonzero(s["stream"] == _COMPUTE)
-    sends = np.flatnonzero((s["stream"] == _SEND) & (s["peer"] >= 0))
-    if compute.size == 0 or sends.size == 0:
-        return exposed
-    # Compute spans in (device, position) order; a gap opens where an op starts after its predecessor ended.
-    ordered = compute[np.lexsort((s["position"][compute], s["device"][compute]))]
-    device = s["device"][ordered]
-    starts = s["start_s"][ordered]
-    previous_end = np.r_[0.0, s["end_s"][ordered][:-1]]
-    previous_end[np.r_[True, device[1:] != device[:-1]]] = 0.0
-    gap = starts > previous_end
-    span = int(s["microbatch"].max()) + 2
+    rows = np.flatnonzero(s["stream"] == _COMPUTE)
+    rows = rows[np.lexsort((s["position"][rows], s["device"][rows]))]
+    device = s["device"][rows]
+    starts, ends = s["start_s"][rows], s["end_s"][rows]
+    previous = np.r_[0.0, ends[:-1]]
+    previous[np.r_[True, device[1:] != device[:-1]]] = 0.0
+    gap = np.flatnonzero(starts > previous)
+    total = max(int(s["microbatch"].max(initial=0)) + 1, 1)
+    stages = max(int(s["stage"].max(initial=0)) + 2, 2)
 
-    def code(stage: npt.NDArray[np.int64], kind: npt.NDArray[np.int64] | int, micro: npt.NDArray[np.int64]) -> Any:
-        return (stage * len(KINDS) + kind) * span + micro
+    def key(dev: npt.NDArray[np.int64], stage: npt.NDArray[np.int64], kind: int | npt.NDArray[np.int64],
+            micro: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return ((dev * stages + stage + 1) * len(KINDS) + kind) * total + micro
 
-    gap_rows = ordered[gap]
-    gap_code = code(s["stage"][gap_rows], s["kind"][gap_rows], s["microbatch"][gap_rows])
-    by_code = np.argsort(gap_code, kind="stable")
-    gap_code, gap_start, gap_end = gap_code[by_code], previous_end[gap][by_code], starts[gap][by_code]
-    gap_device = device[gap][by_code]
-    if gap_code.size == 0:
-        return exposed
-    # Each send in stored order names the op it feeds: F -> (s+1, F); a gradient -> (s-1, B), then (s-1, I).
-    is_forward = s["kind"][sends] == _F
-    repeats = np.where(is_forward, 1, 2)
-    owner = np.repeat(sends, repeats)
-    second = np.r_[False, owner[1:] == owner[:-1]]
-    forward_owner = s["kind"][owner] == _F
-    target_stage = s["stage"][owner] + np.where(forward_owner, 1, -1)
-    target_kind = np.where(forward_owner, _F, np.where(second, _I, _B))
-    wanted = code(target_stage, target_kind, s["microbatch"][owner])
-    index = np.minimum(np.searchsorted(gap_code, wanted), gap_code.size - 1)
-    peer = s["peer"][owner]
-    found = (target_stage >= 0) & (gap_code[index] == wanted) & (gap_device[index] == peer)
-    index, owner, peer = index[found], owner[found], peer[found]
-    low_edge = np.maximum(np.maximum(gap_start[index], s["start_s"][owner]), low)
-    high_edge = np.minimum(np.minimum(gap_end[index], s["end_s"][owner]), high)
-    # Accumulated one by one in the sends' stored order, as a loop over them would.
-    np.add.at(exposed, peer, np.maximum(0.0, high_edge - low_edge))
+    gap_rows = rows[gap]
+    gap_keys = key(device[gap], s["stage"][gap_rows], s["kind"][gap_rows], s["microbatch"][gap_rows])
+    order = np.argsort(gap_keys, kind="stable")
+    sorted_keys = gap_keys[order]
+    gap_start, gap_end = previous[gap][order], starts[gap][order]
+
+    sends = np.flatnonzero((s["stream"] == _SEND) & (s["peer"] >= 0) & (s["peer"] < num_devices))
+    peer, stage, kind, micro = s["peer"][sends], s["stage"][sends], s["kind"][sends], s["microbatch"][sends]
+    forward = kind == _F
+    # Candidates in loop order: per send, F's target, or B's then I's.
+    cand_send = np.repeat(np.arange(sends.size), np.where(forward, 1, 2))
+    second = np.r_[False, cand_send[1:] == cand_send[:-1]]
+    cand_kind = np.where(forward[cand_send], _F, np.where(second, _I, _B))
+    cand_stage = np.where(forward[cand_send], stage[cand_send] + 1, stage[cand_send] - 1)
+    cand_keys = key(peer[cand_send], cand_stage, cand_kind, micro[cand_send])
+    found = np.searchsorted(sorted_keys, cand_keys, side="right") - 1
+    hit = (found >= 0) & (sorted_keys[np.maximum(found, 0)] == cand_keys) if sorted_keys.size else found < -1
+    where = np.maximum(found, 0)
+    send_start, send_end = s["start_s"][sends][cand_send], s["end_s"][sends][cand_send]
+    if sorted_keys.size:
+        low_edge = np.maximum(np.maximum(gap_start[where], send_start), low)
+        high_edge = np.minimum(np.minimum(gap_end[where], send_end), high)
+        overlap = np.where(hit, np.maximum(0.0, high_edge - low_edge), 0.0)
+    else:
+        overlap = np.zeros(cand_send.size)
+    exposed = []
+    for group in _groups(peer[cand_send], num_devices):
+        exposed.append(float(np.cumsum(overlap[group])[-1]) if group.size else 0.0)
     return exposed
 
 
@@ -253,28 +256,27 @@ def compute_metrics(trace: Trace) -> Metrics:
     width = high - low
     compute = s["stream"] == _COMPUTE
     stage_to_rank = list(meta["stage_to_rank"])
-    num_ranks, num_stages = int(meta["num_ranks"]), len(stage_to_rank)
-    # Group rows by device and by stage once: a mask per device or stage would cost O(p * ops).
+    num_ranks = int(meta["num_ranks"])
     compute_rows = np.flatnonzero(compute)
-    by_device = [compute_rows[rows] for rows in _groups(s["device"][compute_rows], num_ranks)]
-    by_stage = [compute_rows[rows] for rows in _groups(s["stage"][compute_rows], num_stages)]
-    memory_by_stage = _groups(trace.memory["stage"], num_stages)
-    exposed = _exposed_by_device(trace, low, high)
     utilization_by_device = []
-    for mine in by_device:
+    for rows in _groups(s["device"][compute_rows], num_ranks):
+        mine = compute_rows[rows]
         busy = _overlap(s["start_s"][mine], s["end_s"][mine], low, high)
         utilization_by_device.append(busy / width if width > 0 else 1.0)
+    exposed = _exposed_communication_all(trace, num_ranks, low, high)
+    memory_rows = _groups(trace.memory["stage"], len(stage_to_rank))
+    span_rows = [compute_rows[rows] for rows in _groups(s["stage"][compute_rows], len(stage_to_rank))]
     stages = []
     for stage, device in enumerate(stage_to_rank):
-        peak, breakdown, versions, inflight = _level_peak_of(trace, memory_by_stage[stage])
-        delay_max, delay_mean, discrepancy = _staleness_of(trace, by_stage[stage])
+        peak, breakdown, versions, inflight = _level_peak_of(trace, memory_rows[stage])
+        delay_max, delay_mean, discrepancy = _staleness_of(trace, span_rows[stage])
         utilization = utilization_by_device[device]
         stages.append(StageMetrics(
             stage=stage,
             device=device,
             utilization=utilization,
             bubble_fraction=1.0 - utilization,
-            exposed_communication_s=float(exposed[device]),
+            exposed_communication_s=exposed[device],
             peak_memory_bytes=peak,
             peak_breakdown_bytes=breakdown,
             weight_versions_max=versions,

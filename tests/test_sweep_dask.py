@@ -26,6 +26,7 @@ stages: [4, 8]
 microbatches: [4, 8, 16, 32]
 minibatches: [3]
 schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
+engine: des  # slower than the analytic engine, so an interruption lands midway
 """
 NUM_POINTS = 2 * 2 * 4 * 5
 

@@ -48,9 +48,9 @@ def _save(ax: Any, out: str) -> None:
 
 
 def _agg() -> None:
-    import matplotlib
+    from pipesim.plots import use_headless_backend
 
-    matplotlib.use("Agg")
+    use_headless_backend()
 
 
 @click.group("plot")

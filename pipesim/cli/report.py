@@ -28,11 +28,11 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
     """
     if not out.lower().endswith((".html", ".htm")):
         raise ConfigError("out", out, "must end in .html")
-    import matplotlib
-
-    matplotlib.use("Agg")
     from pipesim import __version__
     from pipesim.export.html import simulation_html, sweep_html
+    from pipesim.plots import use_headless_backend
+
+    use_headless_backend()
 
     if source.lower().endswith(TABLE_SUFFIXES):
         from pipesim.plots.report import sweep_figures

@@ -1,6 +1,6 @@
 """Plots of traces and metrics; the only package that imports matplotlib (lazily, inside functions)."""
 
-from pipesim.plots.files import figure_bytes, save_figure
+from pipesim.plots.files import figure_bytes, save_figure, use_headless_backend
 from pipesim.plots.memory import memory, memory_breakdown
 from pipesim.plots.staleness import staleness
 from pipesim.plots.sweeps import bubble, heatmap, pareto
@@ -16,4 +16,5 @@ __all__ = [
     "save_figure",
     "staleness",
     "timeline",
+    "use_headless_backend",
 ]

@@ -6,7 +6,7 @@ from typing import Any
 
 from pipesim.engine.trace import Trace
 from pipesim.metrics import Metrics
-from pipesim.plots.files import figure_bytes
+from pipesim.plots.files import figure_bytes, use_headless_backend
 from pipesim.plots.memory import memory, memory_breakdown, peak_stage
 from pipesim.plots.staleness import staleness
 from pipesim.plots.sweeps import bubble, heatmap, pareto
@@ -20,9 +20,7 @@ MAX_HEATMAPS = 6
 def simulation_figures(trace: Trace, metrics: Metrics, *, fmt: str = "png") -> list[Figure]:
     """Timeline, memory over time (every stage up to 4, else the highest and the last), peak
     memory by kind per stage, and staleness per stage."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    use_headless_backend()
     p = metrics.num_stages
     stages = list(range(p)) if p <= 4 else sorted({peak_stage(trace), p - 1})
     figures = [("Timeline: compute and sends per device; grey is idle (the bubbles)", figure_bytes(timeline(trace), fmt),
@@ -39,9 +37,7 @@ def simulation_figures(trace: Trace, metrics: Metrics, *, fmt: str = "png") -> l
 def sweep_figures(frame: Any, *, fmt: str = "png") -> list[Figure]:
     """Bubble against m at up to three values of p, a throughput heatmap (m by p) per schedule,
     and the throughput-memory Pareto front."""
-    import matplotlib
-
-    matplotlib.use("Agg")
+    use_headless_backend()
     rows = successful(frame)
     if rows.empty:
         return []
