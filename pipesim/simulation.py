@@ -80,15 +80,30 @@ def make_plan(
     return build(Plan, data)
 
 
-def prepare(profile: Profile, topology: Topology, plan: Plan) -> Program:
-    """Build the plan's schedule and lower it onto the profile's costs and the topology."""
+def plan_schedule(plan: Plan) -> Schedule:
+    """The schedule a plan runs: its registry generator at the plan's counts and options."""
     options: dict[str, Any] = {}
     if plan.schedule == "pipemare":
         options["update"] = plan.pipemare_update
-    schedule = build_schedule(
+    return build_schedule(
         plan.schedule, plan.num_stages, plan.num_microbatches,
         num_minibatches=plan.num_minibatches, **options,
     )
+
+
+def prepare(profile: Profile, topology: Topology, plan: Plan, *, schedule: Schedule | None = None) -> Program:
+    """Build the plan's schedule and lower it onto the profile's costs and the topology.
+
+    Args:
+        schedule: ``plan_schedule(plan)`` built and validated earlier; it is then neither built
+            nor validated again (sweeps share one across points that differ only in costs).
+    """
+    checked = schedule is not None
+    if schedule is None:
+        schedule = plan_schedule(plan)
+    elif (schedule.name, schedule.num_stages, schedule.num_microbatches, schedule.num_minibatches) != (
+            plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches):
+        raise ConfigError("schedule", str(schedule.name), "the schedule given was built for another plan")
     if plan.num_stages > topology.num_devices and not plan.placement:
         raise ConfigError(
             "num_stages", plan.num_stages,
@@ -101,6 +116,7 @@ def prepare(profile: Profile, topology: Topology, plan: Plan) -> Program:
         rank_devices=rank_devices,
         microbatch_size=profile.microbatch_size,
         optimizer_state_multiplier=plan.optimizer_state_multiplier,
+        check=not checked,
     )
 
 
@@ -112,15 +128,16 @@ def simulate_plan(
     engine: EngineName = "des",
     jitter: float = 0.0,
     seed: int = 0,
+    schedule: Schedule | None = None,
 ) -> Result:
-    """Simulate a complete Plan.
+    """Simulate a complete Plan (``schedule``: see ``prepare``).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
-    program = prepare(profile, topology, plan)
+    program = prepare(profile, topology, plan, schedule=schedule)
     started = time.perf_counter()
     trace = _run(program, engine, jitter, seed)
     wall = time.perf_counter() - started
