@@ -170,7 +170,8 @@ def test_pareto_front_and_plot(table: Any) -> None:
     ax = plots.pareto(table)
     front = pareto_front(table)
     line = [line for line in ax.lines if line.get_gid() == "pareto"][0]
-    assert list(line.get_ydata()) == front["throughput_samples_per_s"].tolist()
+    assert list(line.get_ydata()) == [*front["throughput_samples_per_s"].tolist(), front["throughput_samples_per_s"].max()]
+    assert line.get_xdata()[-1] * 1e6 == pytest.approx(table["peak_memory_bytes"].max())
     groups = {c.get_gid(): len(c.get_offsets()) for c in ax.collections if (c.get_gid() or "").startswith("points:")}
     ok = table[table["error"] == ""]
     assert groups == {f"points:{s}": int((ok["schedule"] == s).sum()) for s in ("gpipe", "1f1b", "2bw")}

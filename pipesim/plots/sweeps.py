@@ -153,8 +153,10 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
         ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=schedule_color(str(group), index),
                    label=str(group), gid=f"points:{group}", linewidths=0)
     front = pareto_front(rows, x=x, y=y)
-    ax.step(front[x] / divisor, front[y], where="post", color="black", linewidth=1.2, label="Pareto front",
-            gid="pareto")
+    # The staircase runs on to the largest x: nothing to its right does better.
+    steps_x = np.r_[front[x].to_numpy(dtype=float), float(rows[x].max())] / divisor
+    steps_y = np.r_[front[y].to_numpy(dtype=float), float(front[y].iloc[-1])]
+    ax.step(steps_x, steps_y, where="post", color="black", linewidth=1.2, label="Pareto front", gid="pareto")
     ax.scatter(front[x] / divisor, front[y], s=28, facecolors="none", edgecolors="black", linewidths=0.9)
     spread = float(rows[x].max()) / max(float(rows[x][rows[x] > 0].min()) if (rows[x] > 0).any() else 1.0, 1e-300)
     if spread > 100:
@@ -163,6 +165,6 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     ax.set_ylabel(label_of(y))
     ax.set_title(f"{label_of(y)} against {label_of(x)}: {len(front)} of {len(rows)} points on the front",
                  loc="left", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="lower right", markerscale=1.6)
     ax.grid(alpha=0.3)
     return ax

@@ -29,6 +29,12 @@ METRIC_COLUMNS: tuple[str, ...] = (
 COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
 
 
+def schedule_key(point: dict[str, Any]) -> tuple[Any, ...]:
+    """What decides a point's schedule: points with equal keys share one built, validated schedule."""
+    return (point["schedule"], point["num_stages"], point["num_microbatches"], point["num_minibatches"],
+            point["pipemare_update"])
+
+
 def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
     """Equal layer counts per stage (the first stages take one more when they do not divide).
 

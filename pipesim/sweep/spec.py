@@ -282,23 +282,49 @@ class Resolved:
         if total > MAX_POINTS:
             raise ConfigError("spec", total, f"the cartesian product has more than {MAX_POINTS} points")
         columns = list(AXES.values())
-        keep = Expression(spec.where, where_fields()) if spec.where else None
+        allowed = self._allowed(axes) if spec.where else None
         points: list[dict[str, Any]] = []
         for values in itertools.product(*axes):
+            if allowed is not None and allowed[1](values) not in allowed[0]:
+                continue
             point = dict(zip(columns, values, strict=True))
             if point["num_minibatches"] is None:
                 point["num_minibatches"] = default_num_minibatches(point["schedule"])
-            if keep is not None and not keep(self._fields(point)):
-                continue
             point["point"] = len(points)
             points.append(point)
         return points
 
+    def _allowed(self, axes: list[tuple[Any, ...]]) -> tuple[set[tuple[Any, ...]], Any]:
+        """The ``where`` filter evaluated once per combination of the axes it reads: the
+        combinations it keeps, and a getter of those axes' values from a full combination."""
+        keep = Expression(self.spec.where or "True", where_fields())
+        columns = list(AXES.values())
+        # An axis is read if the expression names its spec key or its column; layers come with
+        # the profile, and minibatches default by schedule.
+        read = {i for i, (key, column) in enumerate(AXES.items()) if {key, column} & keep.names}
+        if "layers" in keep.names:
+            read.add(columns.index("profile"))
+        if columns.index("num_minibatches") in read:
+            read.add(columns.index("schedule"))
+        order = sorted(read)
+        allowed = set()
+        for values in itertools.product(*(axes[i] for i in order)):
+            point: dict[str, Any] = dict.fromkeys(columns)
+            point.update({columns[i]: value for i, value in zip(order, values, strict=True)})
+            if point["num_minibatches"] is None and point["schedule"] is not None:
+                point["num_minibatches"] = default_num_minibatches(point["schedule"])
+            if keep(self._fields(point)):
+                allowed.add(values)
+        return allowed, lambda full: tuple(full[i] for i in order)
+
     def _fields(self, point: dict[str, Any]) -> dict[str, Any]:
+        """A point's values under every name ``where`` may use (labels for profile and topology)."""
         fields = dict(point)
-        fields["profile"] = self.profiles[point["profile"]][0]
-        fields["topology"] = self.topologies[point["topology"]][0]
-        fields["layers"] = self.profiles[point["profile"]][1].num_layers
+        if point["profile"] is not None:
+            fields["profile"] = self.profiles[point["profile"]][0]
+            fields["layers"] = self.profiles[point["profile"]][1].num_layers
+        if point["topology"] is not None:
+            fields["topology"] = self.topologies[point["topology"]][0]
         for key, column in AXES.items():
             fields[key] = fields[column]
         return fields

@@ -58,6 +58,7 @@ class Expression:
         self.text = text
         self.field = field
         self._fields = frozenset(fields)
+        self.names: set[str] = set()  # the fields the expression reads
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as exc:
@@ -87,6 +88,7 @@ class Expression:
             if node.id not in self._fields:
                 raise ConfigError(self.field, node.id, f"unknown name; fields: {', '.join(sorted(self._fields))}")
             name = node.id
+            self.names.add(name)
             return lambda point: point[name]
         if isinstance(node, ast.List | ast.Tuple):
             items = [self._compile(item) for item in node.elts]
