@@ -47,10 +47,14 @@ def sweep_figures(frame: Any, *, fmt: str = "png") -> list[Figure]:
     for p in picks:
         figures.append((f"Bubble fraction against m at p={p} (mean over the other inputs), with the closed form",
                         figure_bytes(bubble(rows, num_stages=p), fmt), fmt))
+    # m often scales with p (m = p, 2p, ...): a grid over m/p is then dense where one over m is sparse.
+    rows = rows.assign(m_per_stage=rows["num_microbatches"] / rows["num_stages"])
+    dense = rows["num_microbatches"].nunique() > 24 and rows["m_per_stage"].nunique() <= 24
+    x, across = ("m_per_stage", "m/p") if dense else ("num_microbatches", "m")
     for schedule in list(dict.fromkeys(rows["schedule"].tolist()))[:MAX_HEATMAPS]:
-        ax = heatmap(rows[rows["schedule"] == schedule])
-        ax.set_title(f"{schedule}: best throughput (samples/s) by m and p", loc="left", fontsize=10)
-        figures.append((f"{schedule}: throughput by microbatches and stages (best over the other inputs)",
+        ax = heatmap(rows[rows["schedule"] == schedule], x=x)
+        ax.set_title(f"{schedule}: best throughput (samples/s) by {across} and p", loc="left", fontsize=10)
+        figures.append((f"{schedule}: throughput by {across} and stages (best over the other inputs)",
                         figure_bytes(ax, fmt), fmt))
     figures.append(("Throughput against peak memory; the Pareto front in black",
                     figure_bytes(pareto(rows), fmt), fmt))

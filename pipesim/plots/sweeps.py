@@ -12,6 +12,7 @@ from pipesim.sweep.analysis import closed_form_bubble, pareto_front, require_col
 
 LABELS = {
     "num_stages": "stages p", "num_microbatches": "microbatches m", "num_minibatches": "minibatches K",
+    "m_per_stage": "microbatches per stage m/p",
     "throughput_samples_per_s": "throughput (samples/s)", "iteration_time_s": "iteration time (s)",
     "bubble_fraction": "bubble fraction", "peak_memory_bytes": "peak memory", "schedule": "schedule",
     "bandwidth_bytes_per_s": "bandwidth (B/s)", "latency_s": "latency (s)",

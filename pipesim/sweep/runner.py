@@ -27,7 +27,8 @@ class SweepSummary:
     Attributes:
         out: the table written; num_points: points in the sweep; num_run: points simulated now;
         num_resumed: points taken from an interrupted run; num_errors: rows with an error;
-        num_batches: Dask tasks submitted; wall_s: seconds, end to end.
+        num_batches: Dask tasks submitted; wall_s: seconds, end to end; startup_s: of which
+        starting the cluster or connecting to it.
     """
 
     out: Path
@@ -37,6 +38,7 @@ class SweepSummary:
     num_errors: int
     num_batches: int
     wall_s: float
+    startup_s: float = 0.0
 
 
 def point_cost(point: dict[str, Any]) -> int:
@@ -152,8 +154,11 @@ def run_sweep(
     if progress:
         progress(len(store.done), len(points))
     batches: list[list[dict[str, Any]]] = []
+    startup = 0.0
     if todo:
+        connecting = time.perf_counter()
         with dask_client(workers=workers, scheduler=scheduler) as client:
+            startup = time.perf_counter() - connecting
             num_workers = max(1, sum(client.nthreads().values()))
             if batch_size is not None:
                 batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
@@ -164,6 +169,7 @@ def run_sweep(
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
         num_errors=int((frame["error"] != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
+        startup_s=startup,
     )
 
 
