@@ -38,30 +38,66 @@ def run_des(program: Program, *, jitter: float = 0.0, seed: int = 0) -> Trace:
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
         ConfigError: a negative jitter.
     """
-    if jitter < 0:
-        raise ConfigError("jitter", jitter, "must be >= 0")
-    env = simpy.Environment()
-    builder = TraceBuilder(meta={**program.meta, "engine": "des", "jitter": jitter, "seed": seed})
-    durations = _durations(program, jitter, seed)
-    available: dict[Op, simpy.Event] = {
-        lowered.op: env.event() for ops in program.ranks for lowered in ops if lowered.send_rank >= 0
-    }
-    links: dict[tuple[int, int], simpy.Store] = {}
-    for rank_index, ops in enumerate(program.ranks):
-        for lowered in ops:
-            pair = (rank_index, lowered.send_rank)
-            if lowered.send_rank >= 0 and lowered.send_rank != rank_index and pair not in links:
-                links[pair] = simpy.Store(env)
-                env.process(_link(env, pair, links[pair], available, builder))
-    ends: list[list[float]] = [[] for _ in program.ranks]
-    positions = [0] * len(program.ranks)
-    for rank_index, ops in enumerate(program.ranks):
-        env.process(_rank(env, rank_index, ops, durations[rank_index], available, links, builder,
-                          ends[rank_index], positions))
-    env.run()
-    _check_finished(program, positions, available)
-    record_memory(program, ends, builder)
-    return builder.build()
+    return DesRun(program, jitter=jitter, seed=seed).finish()
+
+
+class DesRun:
+    """A DES run that can be advanced one SimPy event at a time (``run_des`` runs it to the end).
+
+    Args:
+        program, jitter, seed: as for ``run_des``.
+
+    Raises:
+        ConfigError: a negative jitter.
+    """
+
+    def __init__(self, program: Program, *, jitter: float = 0.0, seed: int = 0) -> None:
+        if jitter < 0:
+            raise ConfigError("jitter", jitter, "must be >= 0")
+        self.program = program
+        env = self.env = simpy.Environment()
+        builder = self.builder = TraceBuilder(meta={**program.meta, "engine": "des", "jitter": jitter, "seed": seed})
+        durations = _durations(program, jitter, seed)
+        available: dict[Op, simpy.Event] = {
+            lowered.op: env.event() for ops in program.ranks for lowered in ops if lowered.send_rank >= 0
+        }
+        self._available = available
+        links: dict[tuple[int, int], simpy.Store] = {}
+        for rank_index, ops in enumerate(program.ranks):
+            for lowered in ops:
+                pair = (rank_index, lowered.send_rank)
+                if lowered.send_rank >= 0 and lowered.send_rank != rank_index and pair not in links:
+                    links[pair] = simpy.Store(env)
+                    env.process(_link(env, pair, links[pair], available, builder))
+        self._trace: Trace | None = None
+        self._ends: list[list[float]] = [[] for _ in program.ranks]
+        self._positions = [0] * len(program.ranks)
+        for rank_index, ops in enumerate(program.ranks):
+            env.process(_rank(env, rank_index, ops, durations[rank_index], available, links, builder,
+                              self._ends[rank_index], self._positions))
+
+    def next_event_s(self) -> float:
+        """Time of the next pending event, seconds (``inf`` when none is left)."""
+        return float(self.env.peek())
+
+    def step(self) -> None:
+        """Process the next event (raises ``simpy.core.EmptySchedule`` when none is left)."""
+        self.env.step()
+
+    def finish(self) -> Trace:
+        """Run the remaining events and return the Trace (compute and send spans, memory events).
+
+        Calling it again returns the same Trace.
+
+        Raises:
+            DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
+        """
+        if self._trace is None:
+            self.env.run()
+            _check_finished(self.program, self._positions, self._available)
+            record_memory(self.program, self._ends, self.builder)
+            self._trace = self.builder.build()
+        return self._trace
 
 
 def _durations(program: Program, jitter: float, seed: int) -> list[list[float]]:

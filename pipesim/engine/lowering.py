@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.deps import dependencies, gradient_kind, sends_to
+from pipesim.schedule.deps import dependencies, gradient_kind, sends_to, split_backwards
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
@@ -95,6 +95,7 @@ def lower(
         validate(schedule)
     versions = assign_versions(schedule)
     grad_kind = gradient_kind(schedule)
+    split_pairs = split_backwards(schedule)
     p = schedule.num_stages
     split = schedule.has_split_backward
     if split and costs.backward_input_s is None:
@@ -112,7 +113,7 @@ def lower(
         lowered: list[LoweredOp] = []
         for op in ops:
             waits = tuple(
-                dep for dep in dependencies(op, p, grad_kind) if dep.stage != op.stage
+                dep for dep in dependencies(op, p, grad_kind, split=split_pairs) if dep.stage != op.stage
             )
             target = sends_to(op, p, grad_kind)
             send_rank, send_bytes, transfer_s = -1, 0.0, 0.0

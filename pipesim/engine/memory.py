@@ -36,7 +36,6 @@ def record_memory(program: Program, end_s: Sequence[Sequence[float]], builder: T
         for rank_index, ends in enumerate(end_s)
         for position, end in enumerate(ends)
     )
-    frees_stash = OpKind.W if schedule.has_split_backward else OpKind.B
     last_use = program.versions.last_use
     latest = [0] * schedule.num_stages
     ended_last_use: set[tuple[int, int]] = set()
@@ -46,7 +45,8 @@ def record_memory(program: Program, end_s: Sequence[Sequence[float]], builder: T
         stage = op.stage
         if op.kind is OpKind.F:
             builder.memory_event(end, rank_index, stage, ACTIVATIONS, stash[stage], 1)
-        elif op.kind is frees_stash:
+        elif op.kind is OpKind.B or op.kind is OpKind.W:
+            # A microbatch's backward is one B or an I/W pair; its last op frees the stash.
             builder.memory_event(end, rank_index, stage, ACTIVATIONS, -stash[stage], -1)
         if not program.keeps_versions:
             continue
