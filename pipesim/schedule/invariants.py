@@ -60,12 +60,17 @@ def check_schedule(schedule: Schedule, *, stages_per_rank: int | None = None) ->
     if not violations:
         violations = find_deadlock(schedule)
     if not violations:
-        try:
-            version_of = assign_versions(schedule).version_of
-        except ScheduleError as exc:
-            violations = [Violation(-1, -1, "-", exc.reason)]
+        if schedule.weights in (WeightPolicy.FLUSH, WeightPolicy.SINGLE):
+            # Weights updated in place: every op runs on the current version, so a misplaced
+            # update is reported at the op it affects.
+            violations = find_weight_violations(schedule, current_versions(schedule))
         else:
-            violations = find_weight_violations(schedule, version_of)
+            try:
+                version_of = assign_versions(schedule).version_of
+            except ScheduleError as exc:
+                violations = [Violation(-1, -1, "-", exc.reason)]
+            else:
+                violations = find_weight_violations(schedule, version_of)
     return CheckResult(schedule=schedule, violations=tuple(violations))
 
 
@@ -176,10 +181,10 @@ def _version_problem(
         return None
     if forward is None:
         return None
-    if used != forward:
-        return f"runs on version {used}, but its forward ran on {forward}"
     if policy is WeightPolicy.FLUSH and current != forward:
         return f"an update ran between its forward (version {forward}) and it; a flush schedule must not"
+    if used != forward:
+        return f"runs on version {used}, but its forward ran on {forward}"
     return None
 
 
@@ -193,22 +198,32 @@ def versions_held(schedule: Schedule, version_of: Mapping[Op, int]) -> list[int]
 
 
 def _versions_held(schedule: Schedule, version_of: Mapping[Op, int]) -> list[tuple[int, int, int]]:
-    """Per stage: (most versions held, rank and position of the op where that is first reached)."""
+    """Per stage: (most versions held, rank and position of the op where that is first reached).
+
+    Version v of a stage is held from the position where it becomes current until the later of
+    the position before the next update and its last use; one sweep over each rank counts them.
+    """
     current = current_versions(schedule)
     result = [(1, max(schedule.stage_to_rank[stage], 0), 0) for stage in range(schedule.num_stages)]
     for rank_index, ops in enumerate(schedule.ranks):
+        made: dict[tuple[int, int], int] = {}  # (stage, version) -> position where it becomes current
         last_use: dict[tuple[int, int], int] = {}
         for position, op in enumerate(ops):
+            made.setdefault((op.stage, current[op]), position)
             if op.kind is not OpKind.U and op in version_of:
                 last_use[(op.stage, version_of[op])] = position
+        changes: dict[int, list[tuple[int, int]]] = {}  # position -> (stage, +1 or -1)
+        for (stage, version), start in made.items():
+            superseded = made.get((stage, version + 1), len(ops))
+            end = max(superseded - 1, last_use.get((stage, version), -1))
+            changes.setdefault(start, []).append((stage, 1))
+            changes.setdefault(end + 1, []).append((stage, -1))
+        counts: dict[int, int] = {}
         for position, op in enumerate(ops):
-            if not 0 <= op.stage < schedule.num_stages:
-                continue
-            now = current[op]
-            older = sum(1 for (stage, version), last in last_use.items()
-                        if stage == op.stage and version < now and last >= position)
-            if 1 + older > result[op.stage][0]:
-                result[op.stage] = (1 + older, rank_index, position)
+            for stage, delta in changes.get(position, ()):
+                counts[stage] = counts.get(stage, 0) + delta
+            if 0 <= op.stage < schedule.num_stages and counts.get(op.stage, 0) > result[op.stage][0]:
+                result[op.stage] = (counts[op.stage], rank_index, position)
     return result
 
 
