@@ -1,8 +1,8 @@
 """A reference list scheduler for a fixed per-rank order, written for clarity rather than speed.
 
-It is the model the DES engine is compared with: given a lowered program (per rank, its ops in
-order, each op's duration, the ops it waits for and where its output goes), it works out
-when every op starts and ends, completing one instant at a time.
+It is the model the DES engine is compared with: given a lowered program's rows (per rank, its
+ops in order, each op's duration, the ops it waits for and where its output goes:
+``Program.ranks``), it works out when every op starts and ends, completing one instant at a time.
 
 Rules, all of them:
 - a rank runs its ops in order, one at a time;
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipesim.engine.lowering import Program
+from pipesim.engine.lowering import LoweredOp
 from pipesim.schedule.ir import Op
 
 
@@ -36,7 +36,7 @@ class Timed:
 class ReferenceScheduler:
     """Steps a program's fixed order through time, one completion instant per ``step()``."""
 
-    program: Program
+    ranks: tuple[tuple[LoweredOp, ...], ...]
     now_s: float = float("-inf")  # every op that ends at or before now_s has been completed
     next_position: list[int] = field(default_factory=list)
     rank_free_s: list[float] = field(default_factory=list)
@@ -46,18 +46,18 @@ class ReferenceScheduler:
     sent: list[Timed] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.next_position = [0] * len(self.program.ranks)
-        self.rank_free_s = [0.0] * len(self.program.ranks)
+        self.next_position = [0] * len(self.ranks)
+        self.rank_free_s = [0.0] * len(self.ranks)
 
     @property
     def is_finished(self) -> bool:
         """True when every op has run."""
-        return all(position == len(ops) for position, ops in zip(self.next_position, self.program.ranks, strict=True))
+        return all(position == len(ops) for position, ops in zip(self.next_position, self.ranks, strict=True))
 
     def _ready(self) -> list[Timed]:
         """Each rank's next op whose inputs have all been sent, with the start and end it gets."""
         ready = []
-        for rank, ops in enumerate(self.program.ranks):
+        for rank, ops in enumerate(self.ranks):
             position = self.next_position[rank]
             if position == len(ops):
                 continue
@@ -69,7 +69,7 @@ class ReferenceScheduler:
         return ready
 
     def _complete(self, timed: Timed) -> None:
-        lowered = self.program.ranks[timed.rank][timed.position]
+        lowered = self.ranks[timed.rank][timed.position]
         self.computed.append(timed)
         self.next_position[timed.rank] += 1
         self.rank_free_s[timed.rank] = timed.end_s

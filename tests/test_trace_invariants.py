@@ -9,6 +9,7 @@ from hypothesis import given
 from reference_scheduler import ReferenceScheduler
 from strategies import Case, cases
 
+from pipesim.engine.analytic import run_analytic
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
 from pipesim.engine.trace import KINDS, STREAMS, Trace
@@ -40,6 +41,7 @@ COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
 def test_every_run_meets_the_time_and_memory_invariants(case: Case) -> None:
     program, trace = case.run()
     assert find_trace_violations(program, trace) == []
+    assert find_trace_violations(program, run_analytic(program)) == []  # the fast path too
     # The versions the engine recorded obey the schedule's policy.
     assert find_weight_violations(program.schedule, versions_from_trace(trace)) == []
     held = versions_held(program.schedule, program.versions.version_of)
@@ -189,7 +191,8 @@ def test_a_dualpipev_order_with_mixed_backwards_runs_clean() -> None:
     program = lower(schedule, stage_costs(profile, plan, topology), topology)
     trace = run_des(program)
     assert find_trace_violations(program, trace) == []
+    assert find_trace_violations(program, run_analytic(program)) == []
     # The gradient of (2, 0) comes from 2B0 and the one of (2, 3) from 2I3: 1B0 and 1I3 wait for them.
     waits = {str(lowered.op): [str(dep) for dep in lowered.waits_for] for lowered in program.ranks[1]}
     assert waits["1B0"] == ["2B0"] and waits["1I3"] == ["2I3"]
-    assert trace.makespan_s == max(t.end_s for t in ReferenceScheduler(program).run())
+    assert trace.makespan_s == max(t.end_s for t in ReferenceScheduler(program.ranks).run())

@@ -72,7 +72,8 @@ def from_csv(
 
     Raises:
         ConfigError: a cell that is not an action, a stage on two ranks, a stage number with
-            no ops below the largest one, or a file without compute ops.
+            no ops below the largest one, a stage or microbatch number larger than the number of
+            compute ops (no schedule could cover it), or a file without compute ops.
     """
     return read_csv_schedule(
         text, name=name, num_microbatches=num_microbatches, source=source, strict=True,
@@ -98,7 +99,8 @@ def read_csv_schedule(
             without ops gets rank ``NO_RANK``, so that validation reports them as violations.
 
     Raises:
-        ConfigError: see ``from_csv``; in lenient mode only unreadable cells and empty files.
+        ConfigError: see ``from_csv``; in lenient mode not for a stage on two ranks or a skipped
+            stage number; with both counts given, a large microbatch index reads as out of range.
     """
     rows = list(csv.reader(io.StringIO(text)))
     ranks: list[tuple[Op, ...]] = []
@@ -129,12 +131,26 @@ def read_csv_schedule(
         ranks.pop()
         columns.pop()
     if not stage_to_rank:
-        raise ConfigError("csv", source, "holds no compute ops")
+        raise ConfigError("csv", source, "holds no compute ops (F, B, I or W)")
     num_stages = max(stage_to_rank) + 1
-    missing = [stage for stage in range(num_stages) if stage not in stage_to_rank]
-    if missing and strict:
-        raise ConfigError("csv", source, f"has no ops for stage(s) {missing}; stages must be 0..{num_stages - 1}")
-    largest = max((op.microbatch for ops in ranks for op in ops if op.kind is not OpKind.U), default=0)
+    compute = [op.microbatch for ops in ranks for op in ops if op.kind is not OpKind.U]
+    if not compute:
+        raise ConfigError("csv", source, "holds no compute ops (F, B, I or W)")
+    if num_stages > len(compute):
+        # Each stage needs ops of its own; refuse before walking a huge range of stage numbers.
+        raise ConfigError("stage", num_stages - 1, f"is too large: {len(compute)} compute ops cannot cover "
+                          f"stages 0..{num_stages - 1}", source=source)
+    if num_stages != len(stage_to_rank) and strict:
+        # Stages must be 0..P-1 with none skipped; name the first gap.
+        present = sorted(stage_to_rank)
+        gap = next(index for index, stage in enumerate(present) if stage != index)
+        raise ConfigError("csv", source, f"has no ops for stage {gap}; stages must be 0..{num_stages - 1} "
+                          "with none skipped")
+    largest = max(compute)
+    if largest >= len(compute) and (num_microbatches is None or num_minibatches is None):
+        # Every microbatch 0..N-1 needs its own ops, so N cannot exceed the number of ops.
+        raise ConfigError("microbatch", largest, f"is too large: {len(compute)} compute ops cannot cover "
+                          f"microbatches 0..{largest}", source=source)
     m = largest + 1 if num_microbatches is None else num_microbatches
     if num_minibatches is None:
         num_minibatches = max(1, -(-(largest + 1) // m))
