@@ -21,8 +21,11 @@ class Plan(FrozenModel):
         num_microbatches: microbatches per minibatch (one optimizer step).
         num_minibatches: minibatches (steps) to run.
         partition: per stage, the half-open layer range ``[start, end)``; empty = balance compute.
-        replicas: per stage, data-parallel replicas (empty = 1 each); they add a gradient
-            all-reduce before the stage's update.
+        replicas: per stage, data-parallel replicas (empty = 1 each), as PipeDream replicates a
+            stage: microbatches are dealt round-robin to the replicas, which all-reduce their
+            gradients before the update. Engines run such a stage r times as fast on its first
+            device (see ``pipesim.spec.stages.stage_costs``); ``num_microbatches`` counts the
+            microbatches of all replicas together.
         placement: per stage, the device index it runs on (empty = stage s on device s).
         recompute: activation recomputation: keep only a stage's input per microbatch and
             re-run its forward before its backward.
