@@ -24,7 +24,9 @@ SIMULATION_MODEL = (
     "by r (PipeDream's own approximation of microbatches dealt round-robin to replicas); its update "
     "carries a ring all-reduce, 2(r-1)/r x weight bytes over the ring's slowest link (1/r of it per "
     "update when weights update after every microbatch); activations and gradients cross one link per "
-    "direction between the stages' first devices"
+    "direction between the stages' first devices. The memory it reports for a replicated stage is that "
+    "stage's: p-s microbatches in flight on one device, where the cost model gives each replica "
+    "ceil(devices to the end / r)"
 )
 
 
