@@ -132,6 +132,8 @@ class Partitioner:
         for devices in range(1, n + 1):
             column = np.zeros(num_layers + 1, dtype=bool)
             for option in self.options[devices]:
+                if option.rest and not reachable[:, option.rest].any():
+                    continue
                 reach = self._reach(option, time_limit, memory_limit)
                 key = (devices, option.replicas)
                 if option.rest == 0:
@@ -150,7 +152,7 @@ class Partitioner:
         return tables if any(reachable[0, d] for d in candidates) else None
 
     def plan(self, tables: _Tables) -> tuple[StageSpec, ...]:
-        """A plan the tables found feasible: each stage as long as it may be, then the fewest replicas."""
+        """A plan the tables found feasible: each stage as long as it may be, then on as many replicas as may be."""
         num_layers, n = self.chain.num_layers, self.row.num_devices
         devices = n if tables.reachable[0, n] else max(d for d in range(1, n + 1) if tables.reachable[0, d])
         stages: list[StageSpec] = []
@@ -159,14 +161,14 @@ class Partitioner:
             best: tuple[int, int] | None = None
             for option in self.options[devices]:
                 key = (devices, option.replicas)
-                if not tables.ok[key][start]:
+                if key not in tables.ok or not tables.ok[key][start]:
                     continue
                 if option.rest == 0:
                     end = num_layers
                 else:
                     last = min(int(tables.reach[key][start]), num_layers - 1)
                     end = start + 1 + int(np.flatnonzero(tables.cuts[key][start + 1:last + 1])[-1])
-                if best is None or end > best[0]:
+                if best is None or (end, option.replicas) > best:
                     best = (end, option.replicas)
             assert best is not None, "feasibility tables without a plan"
             end, replicas = best
@@ -181,16 +183,21 @@ class Partitioner:
             return None
         best = self.plan(tables)
         high, low = value_of(best), max(0.0, lower)
-        if low > 0 and low >= high:
-            return best
+        # Bisection steps alternate with asking for anything strictly better than the best plan so
+        # far: once that plan is optimal the next ask fails and the search ends.
+        ask_better = False
         while high - low > RELATIVE_TOLERANCE * high:
-            middle = math.sqrt(low * high) if low > 0 and high > 4 * low else (low + high) / 2
+            if ask_better:
+                middle = high * (1 - RELATIVE_TOLERANCE)
+            else:
+                middle = math.sqrt(low * high) if low > 0 and high > 4 * low else (low + high) / 2
             tables = feasible_at(middle)
             if tables is None:
                 low = middle
             else:
                 best = self.plan(tables)
                 high = min(middle, value_of(best))
+            ask_better = not ask_better
         return best
 
     def fastest(self, memory_limit: float = math.inf) -> tuple[StageSpec, ...] | None:
