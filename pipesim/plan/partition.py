@@ -28,32 +28,36 @@ def format_bytes(value: float) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class _Option:
-    """Layers [k, j) as the first stage of the last ``devices`` devices, on ``replicas`` of them.
+class _Group:
+    """Every first stage of the last ``devices`` devices, one row per replica count; built once.
 
-    Everything here is independent of the time and memory limits, so it is built once.
+    Row i puts layers [k, j) on ``replicas[i]`` devices: its time is at most T iff
+    ``key[i, j] <= key[i, k] + replicas[i] T`` for every key in ``time_keys`` (nondecreasing in j),
+    its memory at most M iff ``memory_key[i, j] <= memory_key[i, k] + M - memory_offset[i, k]``,
+    and the cut at j costs ``transfer_s[i, j]`` (inf where j is no cut).
     """
 
     devices: int
-    replicas: int
-    time_key: tuple[npt.NDArray[np.float64], ...]  # nondecreasing in j; stage time <= T iff key[j] <= key[k] + r T
-    memory_key: npt.NDArray[np.float64]  # nondecreasing in j
-    memory_offset: npt.NDArray[np.float64]  # memory <= M iff memory_key[j] <= memory_key[k] + M - offset[k]
-    transfer_s: npt.NDArray[np.float64]  # (L+1,): the cut at j (inf where j is not a cut)
+    replicas: IntArray
+    time_keys: tuple[npt.NDArray[np.float64], ...]
+    memory_key: npt.NDArray[np.float64]
+    memory_offset: npt.NDArray[np.float64]
+    transfer_s: npt.NDArray[np.float64]
 
     @property
-    def rest(self) -> int:
+    def rests(self) -> IntArray:
+        """Devices left for the stages after the first, per row."""
         return self.devices - self.replicas
 
 
 @dataclass(frozen=True, eq=False)
 class _Tables:
-    """What a feasibility pass found: per option, which k can start it, how far it may reach, which cuts work."""
+    """What a feasibility pass found, per device count d: which k can start each row, how far it may reach, which cuts work."""
 
     reachable: BoolArray  # (L+1, N+1): layers [k, L) fit the last d devices
-    ok: dict[tuple[int, int], BoolArray]
-    reach: dict[tuple[int, int], IntArray]
-    cuts: dict[tuple[int, int], BoolArray]
+    ok: dict[int, BoolArray]  # d -> (rows, L+1)
+    reach: dict[int, IntArray]
+    cuts: dict[int, BoolArray]
 
 
 class Partitioner:
@@ -64,7 +68,7 @@ class Partitioner:
     per microbatch and every device needing at most M bytes. A stage's time and memory only grow
     as it takes more layers, so the layers a first stage may take from k form a range found by
     ``searchsorted`` on prefix sums, and "some cut in that range leads to a feasible rest" is a
-    prefix-sum lookup: each (d, r) pair costs a few vector operations over the layers. The least
+    prefix-sum lookup: for each d, a few operations on (replicas x layers) arrays. The least
     feasible T is found by bisection, jumping to the actual cost of each feasible plan found.
 
     Args:
@@ -78,49 +82,55 @@ class Partitioner:
                  use_all_devices: bool = True) -> None:
         self.chain, self.row, self.model = chain, row, model
         self.use_all_devices = use_all_devices
-        n = row.num_devices
-        self.options: dict[int, list[_Option]] = {}
-        for devices in range(1, n + 1):
+        self.groups: dict[int, _Group] = {}
+        for devices in range(1, row.num_devices + 1):
             if replicas == "straight":
                 choices = [1]
             elif replicas == "free":
                 choices = list(range(1, devices + 1))
             else:
                 choices = [int(replicas)] if devices % int(replicas) == 0 else []
-            self.options[devices] = [self._option(devices, r) for r in choices]
+            if choices:
+                self.groups[devices] = self._group(devices, choices)
 
-    def _option(self, devices: int, replicas: int) -> _Option:
+    def _group(self, devices: int, choices: list[int]) -> _Group:
         chain, row, model = self.chain, self.row, self.model
         first = row.num_devices - devices
-        speed = float(row.speed[first:first + replicas].min())
-        compute = chain.compute_s / speed
-        allreduce = chain.param_bytes * model.allreduce_s_per_byte(row, first, replicas)
-        time_key = (compute, allreduce) if model.overlap else (compute + allreduce,)
-        inflight = inflight_microbatches(devices, replicas)
-        per_weight_byte = model.versions(inflight) + 1 + model.optimizer_state_multiplier
-        memory_key = chain.param_bytes * per_weight_byte
         length = chain.num_layers + 1
-        if chain.recompute:
-            offset = np.concatenate(([0.0], chain.output_bytes)) * inflight
-        else:
-            memory_key = memory_key + chain.stash_bytes * inflight
-            offset = np.zeros(length)
-        transfer = np.full(length, math.inf)
-        if replicas < devices:
-            bandwidth = float(row.link_bandwidth[first, first + replicas])
-            transfer[1:-1] = model.transfer_factor * chain.output_bytes[:-1] / bandwidth
-        return _Option(devices, replicas, time_key, memory_key, offset, transfer)
+        rows = len(choices)
+        compute, allreduce = np.empty((rows, length)), np.empty((rows, length))
+        memory_key, memory_offset = np.empty((rows, length)), np.zeros((rows, length))
+        transfer = np.full((rows, length), math.inf)
+        for index, replicas in enumerate(choices):
+            compute[index] = chain.compute_s / float(row.speed[first:first + replicas].min())
+            allreduce[index] = chain.param_bytes * model.allreduce_s_per_byte(row, first, replicas)
+            inflight = inflight_microbatches(devices, replicas)
+            memory_key[index] = chain.param_bytes * (model.versions(inflight) + 1 + model.optimizer_state_multiplier)
+            if chain.recompute:
+                memory_offset[index, 1:] = chain.output_bytes * inflight
+            else:
+                memory_key[index] += chain.stash_bytes * inflight
+            if replicas < devices:
+                bandwidth = float(row.link_bandwidth[first, first + replicas])
+                transfer[index, 1:-1] = model.transfer_factor * chain.output_bytes[:-1] / bandwidth
+        time_keys = (compute, allreduce) if model.overlap else (compute + allreduce,)
+        return _Group(devices, np.array(choices, dtype=np.int64), time_keys, memory_key, memory_offset, transfer)
 
-    def _reach(self, option: _Option, time_limit: float, memory_limit: float) -> IntArray:
-        """Per k, the last j such that layers [k, j) on this option meet both limits."""
-        budget = option.replicas * time_limit
-        reach = np.full(self.chain.num_layers + 1, self.chain.num_layers, dtype=np.int64)
-        for key in option.time_key:
-            reach = np.minimum(reach, np.searchsorted(key, key + budget, side="right") - 1)
-        if math.isinf(memory_limit):
-            return reach
-        bound = option.memory_key + (memory_limit - option.memory_offset)
-        return np.minimum(reach, np.searchsorted(option.memory_key, bound, side="right") - 1)
+    def _reach(self, group: _Group, time_limit: float, memory_limit: float) -> IntArray:
+        """Per row and k, the last j such that layers [k, j) meet both limits."""
+        num_layers = self.chain.num_layers
+        reach = np.full((len(group.replicas), num_layers + 1), num_layers, dtype=np.int64)
+        searches = []
+        if not math.isinf(time_limit):
+            budgets = group.replicas * time_limit
+            searches += [(key, key + budgets[:, None]) for key in group.time_keys]
+        if not math.isinf(memory_limit):
+            searches.append((group.memory_key, group.memory_key + (memory_limit - group.memory_offset)))
+        for key, bound in searches:
+            for index in range(len(group.replicas)):
+                found = np.searchsorted(key[index], bound[index], side="right") - 1
+                np.minimum(reach[index], found, out=reach[index])
+        return reach
 
     def feasible(self, time_limit: float, memory_limit: float) -> _Tables | None:
         """The feasibility tables for limits (T, M), or None when no plan meets them."""
@@ -129,25 +139,18 @@ class Partitioner:
         reachable = np.zeros((num_layers + 1, n + 1), dtype=bool)
         reachable[num_layers, 0] = True
         tables = _Tables(reachable, {}, {}, {})
-        for devices in range(1, n + 1):
-            column = np.zeros(num_layers + 1, dtype=bool)
-            for option in self.options[devices]:
-                if option.rest and not reachable[:, option.rest].any():
-                    continue
-                reach = self._reach(option, time_limit, memory_limit)
-                key = (devices, option.replicas)
-                if option.rest == 0:
-                    ok = reach >= num_layers
-                else:
-                    cuts = reachable[:, option.rest] & (option.transfer_s <= time_limit)
-                    counts = np.cumsum(cuts)
-                    last = np.clip(np.minimum(reach, num_layers - 1), 0, None)
-                    ok = (last > starts) & (counts[last] > counts[starts])
-                    tables.cuts[key] = cuts
-                ok[num_layers] = False
-                tables.ok[key], tables.reach[key] = ok, reach
-                column |= ok
-            reachable[:, devices] = column
+        for devices, group in self.groups.items():
+            reach = self._reach(group, time_limit, memory_limit)
+            cuts = reachable[:, group.rests].T & (group.transfer_s <= time_limit)
+            cuts[:, num_layers] = False
+            counts = np.cumsum(cuts, axis=1)
+            last = np.clip(np.minimum(reach, num_layers - 1), 0, None)
+            ok = (last > starts) & (np.take_along_axis(counts, last, axis=1) > counts)
+            final = group.rests == 0
+            ok[final] = reach[final] >= num_layers
+            ok[:, num_layers] = False
+            tables.ok[devices], tables.reach[devices], tables.cuts[devices] = ok, reach, cuts
+            reachable[:, devices] = ok.any(axis=0)
         candidates = [n] if self.use_all_devices else range(1, n + 1)
         return tables if any(reachable[0, d] for d in candidates) else None
 
@@ -158,18 +161,17 @@ class Partitioner:
         stages: list[StageSpec] = []
         start = 0
         while start < num_layers:
+            group = self.groups[devices]
             best: tuple[int, int] | None = None
-            for option in self.options[devices]:
-                key = (devices, option.replicas)
-                if key not in tables.ok or not tables.ok[key][start]:
-                    continue
-                if option.rest == 0:
+            for index in np.flatnonzero(tables.ok[devices][:, start]).tolist():
+                replicas = int(group.replicas[index])
+                if replicas == devices:
                     end = num_layers
                 else:
-                    last = min(int(tables.reach[key][start]), num_layers - 1)
-                    end = start + 1 + int(np.flatnonzero(tables.cuts[key][start + 1:last + 1])[-1])
-                if best is None or (end, option.replicas) > best:
-                    best = (end, option.replicas)
+                    last = min(int(tables.reach[devices][index, start]), num_layers - 1)
+                    end = start + 1 + int(np.flatnonzero(tables.cuts[devices][index, start + 1:last + 1])[-1])
+                if best is None or (end, replicas) > best:
+                    best = (end, replicas)
             assert best is not None, "feasibility tables without a plan"
             end, replicas = best
             stages.append((start, end, replicas))
