@@ -115,7 +115,7 @@ def print_plan(checked: CheckedPlan) -> None:
         f"({data['cost_model']['stage_time']})"
     )
     table = Table(show_edge=False)
-    for header in ("stage", "layers", "replicas", "devices", "time ms", "compute ms", "all-reduce ms",
+    for header in ("stage", "layers", "replicas", "devices", "time ms", "compute ms/replica", "all-reduce ms",
                    "transfer ms", "memory pred", "memory sim", "util sim"):
         table.add_column(header, justify="right")
     for index, stage in enumerate(data["stages"]):
