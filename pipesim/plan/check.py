@@ -154,7 +154,11 @@ def make_pipeline_plan(
     recompute: bool = False,
     optimizer_state_multiplier: float = 1.0,
 ) -> Plan:
-    """The Plan of ``stages`` (``(start, end, replicas)``) on consecutive devices ending at the last one."""
+    """The Plan of ``stages`` (``(start, end, replicas)``) on consecutive devices ending at the last one.
+
+    Replicated stages are PipeDream's (``replica_model="round-robin"``): r times as fast, all-reducing
+    over their own devices.
+    """
     first = num_devices - sum(replicas for _, _, replicas in stages)
     placement = []
     for _, _, replicas in stages:
@@ -170,6 +174,7 @@ def make_pipeline_plan(
         "placement": placement,
         "recompute": recompute,
         "optimizer_state_multiplier": optimizer_state_multiplier,
+        "replica_model": "round-robin",
     })
 
 

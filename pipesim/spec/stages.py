@@ -17,7 +17,8 @@ class StageCosts:
     """Per stage (index s), the cost of one microbatch's ops and the stage's memory sizes.
 
     Attributes:
-        forward_s: F time, seconds (divided by the device's speed and by the stage's replicas).
+        forward_s: F time, seconds (divided by the device's speed, and by the stage's replicas
+            when they share its work: ``Plan.replica_model == "round-robin"``).
         backward_s: B time, seconds (including the recomputed forward when recompute is on).
         backward_input_s: I time when the profile splits backward, else None.
         backward_weight_s: W time when the profile splits backward, else None.
@@ -131,12 +132,14 @@ def updates_per_microbatch(plan: Plan) -> bool:
 def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
     """Per-stage costs of ``profile`` cut by ``plan`` and run on ``topology``.
 
-    A stage with ``r`` replicas runs as one pipeline stage placed on its first device (the
-    plan's placement), r times as fast: its compute times are divided by ``r`` (PipeDream's own
-    approximation of microbatches dealt round-robin to the replicas). Its U op is the ring
-    all-reduce of its weights over devices ``placement .. placement + r - 1``; with a schedule
-    that updates after every microbatch the replicas all-reduce once per ``r`` microbatches, so
-    each U carries ``1/r`` of it.
+    A stage with ``r`` replicas adds to its U op the ring all-reduce of its weights,
+    ``2 (r-1)/r * weight bytes``. By default (``replica_model="allreduce-only"``) that is all, at
+    the topology's default bandwidth. With ``"round-robin"`` (PipeDream's replicated stage) the
+    stage runs as one pipeline stage on its first device (the plan's placement), r times as
+    fast: its compute times are divided by ``r``, PipeDream's own approximation of microbatches
+    dealt round-robin to the replicas; its all-reduce runs over devices ``placement ..
+    placement + r - 1`` (``replica_allreduce_s``), and with a schedule that updates after every
+    microbatch the replicas all-reduce once per ``r`` microbatches, so each U carries ``1/r``.
 
     Raises:
         ConfigError: the partition does not cover the profile, a stage is placed on a device
@@ -152,6 +155,7 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
     output, stash, params, f_std, b_std = [], [], [], [], []
     split = profile.has_split_backward
     per_microbatch = updates_per_microbatch(plan)
+    round_robin = plan.replica_model == "round-robin"
     for stage, (start, end) in enumerate(partition):
         device = plan.device_of(stage)
         if device >= topology.num_devices:
@@ -160,7 +164,7 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
                 f"({topology.num_devices} devices)",
             )
         replicas = plan.replicas_of(stage)
-        speed = topology.devices[device].speed * replicas
+        speed = topology.devices[device].speed * (replicas if round_robin else 1)
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
         recompute_s = f if plan.recompute else 0.0
@@ -176,8 +180,12 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
             stash.append(sum(layer.stashed_bytes for layer in layers))
         stage_params = sum(layer.param_bytes for layer in layers)
         params.append(stage_params)
-        allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
-        update.append(allreduce_s / replicas if per_microbatch else allreduce_s)
+        if round_robin:
+            allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
+            update.append(allreduce_s / replicas if per_microbatch else allreduce_s)
+        else:
+            bandwidth = topology.bandwidth_bytes_per_s
+            update.append(2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0)
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
     return StageCosts(
