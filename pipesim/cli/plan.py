@@ -6,6 +6,7 @@ import json
 import math
 import shlex
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.console import Console
@@ -14,6 +15,7 @@ from rich.table import Table
 from pipesim.errors import ConfigError
 from pipesim.plan.check import PLANNERS, CheckedPlan, plan_and_check
 from pipesim.plan.partition import format_bytes
+from pipesim.simulation import EngineName
 from pipesim.spec.files import dumps, load_profile, model_to_json, write_text_atomic
 from pipesim.spec.topology import Topology
 from pipesim.units import parse_bandwidth, parse_size
@@ -61,13 +63,15 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
               help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
 @click.option("--minibatches", "num_minibatches", type=int, default=4, show_default=True,
               help="Minibatches K the check simulates.")
+@click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
+              help="Engine of the check: des (SimPy), analytic, or auto (analytic where it applies).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan, prediction and simulation as one JSON object.")
 @click.option("--out", "out_dir", default=None,
               help="Write plan.json (for simulate --plan), topology.json and, if rescaled, profile.json.")
 def plan_command(profile_path: str, num_devices: int, devices_per_server: int | None, bandwidth: str,
                  inter_server_bandwidth: str | None, memory: str | None, planner: str, straight: bool, overlap: bool,
-                 batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, as_json: bool,
-                 out_dir: str | None) -> None:
+                 batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, engine: str,
+                 as_json: bool, out_dir: str | None) -> None:
     """Find the fastest plan for a profile on N devices, simulate it, and show predicted against simulated."""
     topology = build_cluster(num_devices, devices_per_server, bandwidth, inter_server_bandwidth, memory)
     profile = load_profile(profile_path)
@@ -75,6 +79,7 @@ def plan_command(profile_path: str, num_devices: int, devices_per_server: int | 
         profile, topology, planner="2bw" if planner == "2bw" else "pipedream",
         memory_bytes=topology.devices[0].memory_bytes, straight=straight, overlap=overlap,
         optimizer_state_multiplier=optimizer_state_multiplier, batch_size=batch_size, num_minibatches=num_minibatches,
+        engine=cast(EngineName, engine),  # click.Choice checked it
     )
     rescaled = checked.profile is not profile
     written = write_plan(checked, Path(out_dir), profile_path, rescaled=rescaled) if out_dir else []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.console import Console
@@ -12,7 +13,7 @@ from rich.table import Table
 from pipesim.cli.options import build_topology, parse_partition, parse_uniform
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.simulation import Result, simulate, simulate_plan
+from pipesim.simulation import EngineName, Result, simulate, simulate_plan
 from pipesim.spec.files import load_plan, load_profile, load_topology
 
 
@@ -39,6 +40,9 @@ from pipesim.spec.files import load_plan, load_profile, load_topology
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter.")
+@click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
+              help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
+                   "auto: analytic where it applies.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
@@ -47,7 +51,7 @@ def simulate_command(
     num_microbatches: int | None, schedule: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     topology_path: str | None, recompute: bool, optimizer_state_multiplier: float, jitter: float, seed: int,
-    as_json: bool, out_dir: str | None,
+    engine: str, as_json: bool, out_dir: str | None,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
     if (profile_path is None) == (uniform is None):
@@ -60,7 +64,8 @@ def simulate_command(
         plan = load_plan(plan_path)
         needed = max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
         topology = load_topology(topology_path) if topology_path else build_topology(needed, bandwidth, latency)
-        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed)
+        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed,
+                               engine=cast(EngineName, engine))  # click.Choice checked it
     else:
         for flag, value in (("--stages", num_stages), ("--microbatches", num_microbatches), ("--schedule", schedule)):
             if value is None:
@@ -71,6 +76,7 @@ def simulate_command(
             profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
             num_minibatches=num_minibatches, partition=parse_partition(partition) if partition else None,
             recompute=recompute, optimizer_state_multiplier=optimizer_state_multiplier, jitter=jitter, seed=seed,
+            engine=cast(EngineName, engine),  # click.Choice checked it
         )
     if out_dir:
         written = write_outputs(result, Path(out_dir))
@@ -93,12 +99,10 @@ def _check_plan_flags(context: click.Context) -> None:
 
 def write_outputs(result: Result, out_dir: Path) -> list[Path]:
     """The report folder: data files from pipesim.export, the timeline from pipesim.plots."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     from pipesim.export.report import write_report
-    from pipesim.plots import save_figure, timeline
+    from pipesim.plots import save_figure, timeline, use_headless_backend
 
+    use_headless_backend()
     written = write_report(result, out_dir)
     written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
     return written

@@ -189,7 +189,7 @@ def plan_and_check(
     optimizer_state_multiplier: float = 1.0,
     batch_size: int | None = None,
     num_minibatches: int = 4,
-    engine: EngineName = "des",
+    engine: EngineName = "auto",
 ) -> CheckedPlan:
     """Plan ``profile`` on every device of ``topology``, then simulate the plan.
 

@@ -8,6 +8,13 @@ from pathlib import Path
 from typing import Any
 
 
+def use_headless_backend() -> None:
+    """Select matplotlib's Agg backend, for commands that only write files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+
 def save_figure(ax: Any, path: str | Path, *, dpi: int = 120) -> Path:
     """Save the figure of ``ax`` to ``path`` (format from the suffix: png, svg, pdf) and close it."""
     import matplotlib.pyplot as plt

@@ -66,10 +66,19 @@ def from_csv(
     if not stage_to_rank:
         raise ConfigError("csv", source, "holds no ops")
     num_stages = max(stage_to_rank) + 1
-    missing = [stage for stage in range(num_stages) if stage not in stage_to_rank]
-    if missing:
-        raise ConfigError("csv", source, f"has no ops for stage(s) {missing}; stages must be 0..{num_stages - 1}")
-    largest = max(op.microbatch for ops in ranks for op in ops if op.kind is not OpKind.U)
+    if num_stages != len(stage_to_rank):
+        # Stages must be 0..P-1 with none skipped; name the first gap without walking a huge range.
+        present = sorted(stage_to_rank)
+        gap = next(index for index, stage in enumerate(present) if stage != index)
+        raise ConfigError("csv", source, f"has no ops for stage {gap}; stages must be 0..{num_stages - 1} with none skipped")
+    compute = [op.microbatch for ops in ranks for op in ops if op.kind is not OpKind.U]
+    if not compute:
+        raise ConfigError("csv", source, "holds no compute ops (F, B, I or W)")
+    largest = max(compute)
+    if largest >= len(compute):
+        # Every microbatch 0..N-1 needs its own ops, so N cannot exceed the number of ops.
+        raise ConfigError("microbatch", largest, f"is too large: {len(compute)} compute ops cannot cover "
+                          f"microbatches 0..{largest}", source=source)
     m = largest + 1 if num_microbatches is None else num_microbatches
     total = largest + 1
     num_minibatches = max(1, -(-total // m))

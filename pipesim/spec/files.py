@@ -33,15 +33,31 @@ def read_text(path: str | Path, field: str = "path") -> str:
         raise ConfigError(field, str(path), f"cannot be read ({exc.strerror})") from None
 
 
-def read_json(path: str | Path, field: str = "path") -> Any:
-    """Read and parse a JSON file; a syntax error names the line and column."""
-    text = read_text(path, field)
+def parse_json(text: str, path: str | Path, field: str = "path") -> Any:
+    """Parse JSON text read from ``path``; a syntax error names the line and column, a key given
+    twice in one object is an error (JSON parsers otherwise keep the last silently)."""
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ConfigError(key, value, "is given twice in one JSON object", source=str(path))
+            seen[key] = value
+        return seen
+
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise ConfigError(
             field, str(path), f"is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
         ) from None
+    except RecursionError:
+        raise ConfigError(field, str(path), "is nested too deeply") from None
+
+
+def read_json(path: str | Path, field: str = "path") -> Any:
+    """Read and parse a JSON file (see ``parse_json``)."""
+    return parse_json(read_text(path, field), path, field)
 
 
 def dumps(data: Any) -> str:
@@ -87,14 +103,7 @@ def load_profile(path: str | Path) -> Profile:
         from pipesim.spec.graphtxt import parse_graph_txt
 
         return parse_graph_txt(text, source=str(path))
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(
-            "profile", str(path),
-            f"is neither JSON nor PipeDream graph.txt: {exc.msg} at line {exc.lineno} column {exc.colno}",
-        ) from None
-    return build(Profile, data, source=str(path))
+    return build(Profile, parse_json(text, path, "profile"), source=str(path))
 
 
 def load_topology(path: str | Path) -> Topology:

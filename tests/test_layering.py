@@ -1,0 +1,77 @@
+"""Imports point one way (DESIGN.md section 9); matplotlib only in plots, torch only in harness."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "pipesim"
+
+# What each part of the package may import from pipesim (itself always allowed).
+BASE = {"errors", "units"}
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "units": {"errors"},
+    "spec": BASE,
+    "schedule": BASE | {"spec"},
+    "engine": BASE | {"spec", "schedule"},
+    "metrics": BASE | {"spec", "schedule", "engine"},
+    "simulation": BASE | {"spec", "schedule", "engine", "metrics"},
+    "plan": BASE | {"spec", "schedule", "engine", "metrics", "simulation"},
+    "sweep": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan"},
+    "export": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan", "sweep"},
+    "plots": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan", "sweep"},
+    "harness": BASE | {"spec", "schedule", "engine", "metrics", "simulation"},
+    "cli": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan", "sweep", "export", "plots",
+                   "harness"},
+    "__init__": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan", "sweep", "export"},
+    "__main__": {"cli"},
+}
+
+
+def part_of(path: Path) -> str:
+    relative = path.relative_to(PACKAGE)
+    return relative.parts[0].removesuffix(".py")
+
+
+def imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_every_part_is_known() -> None:
+    for path in PACKAGE.rglob("*.py"):
+        assert part_of(path) in ALLOWED, f"{path}: add its part to ALLOWED with the imports it may make"
+
+
+def test_imports_point_one_way() -> None:
+    offences = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = part_of(path)
+        for name in imported_modules(path):
+            top = name.split(".")
+            if top[0] == "matplotlib" and part != "plots":
+                offences.append(f"{path.relative_to(PACKAGE)} imports matplotlib (only pipesim/plots may)")
+            if top[0] == "torch" and part != "harness":
+                offences.append(f"{path.relative_to(PACKAGE)} imports torch (only pipesim/harness may)")
+            if top[0] != "pipesim" or len(top) < 2:
+                continue
+            target = top[1]
+            if target != part and target not in ALLOWED[part]:
+                offences.append(f"{path.relative_to(PACKAGE)} ({part}) imports pipesim.{target}")
+    assert not offences, "\n".join(offences)
+
+
+def test_importing_pipesim_loads_neither_matplotlib_nor_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, pipesim; print('matplotlib' in sys.modules, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False"]
