@@ -8,6 +8,7 @@ import math
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from pipesim.plan import partition as partition_module
 from pipesim.plan.partition import partition
 from pipesim.plan.planner import plan_2bw
-from pipesim.spec.files import load_profile, write_text_atomic
+from pipesim.spec.files import load_profile
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
 
@@ -113,14 +114,10 @@ def main() -> None:
     print(section)
     if args.no_write:
         return
-    existing = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in existing and END in existing:
-        head, rest = existing.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1].lstrip("\n")
-        updated = head + section + ("\n" + tail if tail else "")
-    else:
-        updated = existing.rstrip("\n") + "\n\n" + section
-    write_text_atomic(RESULTS, updated)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from results_file import write_section
+
+    write_section("planner", section.replace(BEGIN + "\n", "").replace(END + "\n", ""), RESULTS)
 
 
 if __name__ == "__main__":
