@@ -39,7 +39,14 @@ clean:
 bench: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
-# The sweep benchmark of issue 7 (10,080 points); appends its section to benchmarks/RESULTS.md.
+.PHONY: bench-planner
+# Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
+# then the long brute-force check of the partitioner.
+bench-planner: $(STAMP)
+	$(PY) benchmarks/bench_planner.py
+	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
+
+# The sweep benchmark of issue 7 (10,080 points) into its section of benchmarks/RESULTS.md.
 .PHONY: bench-sweep
 bench-sweep: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py

@@ -13,7 +13,7 @@ shared and noisy):
 3. Dask's overhead: the slice p <= 16 (2,400 points) through ``run_sweep`` on an embedded
    cluster of W workers against the same points simulated serially in this process.
 
-Results go to benchmarks/RESULTS.md, in the section between the bench-sweep markers.
+Results go to benchmarks/RESULTS.md, in its ``sweep`` section (benchmarks/results_file.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from pipesim.spec.topology import Topology  # noqa: E402
 from pipesim.sweep import PointRunner, Resolved, load_spec, parse_spec, run_sweep, schedule_key  # noqa: E402
 
 SPEC = ROOT / "benchmarks" / "sweep_10k.yaml"
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
-BEGIN, END = "<!-- bench-sweep: begin -->", "<!-- bench-sweep: end -->"
 
 
 def analytic_available() -> bool:
@@ -156,18 +154,16 @@ def main() -> None:
     print(lines[-1], flush=True)
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    section = "\n".join([BEGIN, "## Sweeps (`make bench-sweep`)", "", f"{stamp}; {machine()}; load average "
+    section = "\n".join(["## Sweeps (`make bench-sweep`)", "", f"{stamp}; {machine()}; load average "
                          f"{open('/proc/loadavg').read().split()[0]} at the end (other jobs share the machine).",
-                         "", *lines, END])
+                         "", *lines])
     if args.no_write:
         print(section)
         return
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_file import RESULTS, write_section
+
+    write_section("sweep", section)
     print(f"wrote {RESULTS}")
 
 

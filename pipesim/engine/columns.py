@@ -150,7 +150,8 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     """Per op, the flat index of the op of another stage whose output it waits for, or -1.
 
     As ``schedule.deps.dependencies`` less same-stage inputs (the rank's order covers those):
-    F(s, i) waits for F(s-1, i); B or I(s, i) for the gradient op of (s+1, i).
+    F(s, i) waits for F(s-1, i); B or I(s, i) for the gradient op of (s+1, i): its B, or its I
+    when that microbatch's backward is split there (DualPipeV mixes both on one stage).
 
     Each output is awaited by at most one op (the engines rely on it).
 
@@ -168,7 +169,9 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     needs_forward = np.flatnonzero(inside & (kind == F_CODE) & (stage > 0))
     wait[needs_forward] = table[(F_CODE * p + stage[needs_forward] - 1) * total + micro[needs_forward]]
     needs_gradient = np.flatnonzero(inside & ((kind == B_CODE) | (kind == I_CODE)) & (stage + 1 < p))
-    wait[needs_gradient] = table[(grad * p + stage[needs_gradient] + 1) * total + micro[needs_gradient]]
+    full = table[(B_CODE * p + stage[needs_gradient] + 1) * total + micro[needs_gradient]]
+    split = table[(I_CODE * p + stage[needs_gradient] + 1) * total + micro[needs_gradient]]
+    wait[needs_gradient] = np.where(full >= 0, full, split)
     for group, dep_kind, step in ((needs_forward, F_CODE, -1), (needs_gradient, grad, 1)):
         missing = group[wait[group] < 0]
         if missing.size:
@@ -191,6 +194,7 @@ def send_target_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray
     target = np.full(columns.num_ops, -1, dtype=np.int64)
     forward = (kind == F_CODE) & (stage + 1 < p)
     target[forward] = stage[forward] + 1
-    backward = (kind == gradient_code(columns)) & (stage > 0)
+    # A microbatch's backward on a stage is one B or an I/W pair: whichever of B and I runs sends.
+    backward = ((kind == B_CODE) | (kind == I_CODE)) & (stage > 0)
     target[backward] = stage[backward] - 1
     return target

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.columns import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
+from pipesim.engine.columns import B_CODE, F_CODE, U_CODE, W_CODE
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS, TraceBuilder
 
@@ -36,9 +36,9 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     stages = np.arange(p, dtype=np.int64)
 
-    frees_code = W_CODE if bool((ops.kind == I_CODE).any()) else B_CODE
-    # One activation event per F (stash) and per freeing op, in flat order.
-    g = np.flatnonzero((ops.kind == F_CODE) | (ops.kind == frees_code))
+    # One activation event per F (stash) and per freeing op, in flat order: a microbatch's
+    # backward on a stage is one B or an I/W pair (DualPipeV mixes both), whose last op frees.
+    g = np.flatnonzero((ops.kind == F_CODE) | (ops.kind == B_CODE) | (ops.kind == W_CODE))
     stashing = ops.kind[g] == F_CODE
     category = np.full(g.size, ACTIVATIONS, np.int64)
     delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
