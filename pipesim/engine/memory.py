@@ -15,15 +15,18 @@ def record_memory(program: Program, end_s: Sequence[Sequence[float]], builder: T
     """Add the memory events of a run whose op ``j`` on rank ``r`` ended at ``end_s[r][j]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
-    An F's end stashes the stage's activation bytes for that microbatch; the B (or, split, the
-    W) that ends it frees them. With STASH or DOUBLE_BUFFER weights a U's end adds the new
-    version, and a version is freed once it is superseded and its last user has ended; FLUSH
-    and SINGLE update in place. Ops are taken in order of (end, rank, position), as both
-    engines finish them.
+    An F's end stashes the stage's activation bytes for that microbatch and a B's end frees
+    them. With split backward, W frees what I keeps: I's end frees the stash and keeps the
+    stage's weight-stash bytes (what W still needs; re-materialized when the stage recomputes),
+    and W's end frees those; the microbatch counts as held from F's end to W's end. With STASH
+    or DOUBLE_BUFFER weights a U's end adds the new version, and a version is freed once it is
+    superseded and its last user has ended; FLUSH and SINGLE update in place. Ops are taken in
+    order of (end, rank, position), as both engines finish them.
     """
     meta = program.meta
     params = program.costs.param_bytes
     stash = program.costs.stash_bytes
+    kept = program.costs.weight_stash_bytes or stash
     multiplier = float(meta["optimizer_state_multiplier"])
     schedule = program.schedule
     for stage in range(schedule.num_stages):
@@ -36,7 +39,6 @@ def record_memory(program: Program, end_s: Sequence[Sequence[float]], builder: T
         for rank_index, ends in enumerate(end_s)
         for position, end in enumerate(ends)
     )
-    frees_stash = OpKind.W if schedule.has_split_backward else OpKind.B
     last_use = program.versions.last_use
     latest = [0] * schedule.num_stages
     ended_last_use: set[tuple[int, int]] = set()
@@ -44,13 +46,18 @@ def record_memory(program: Program, end_s: Sequence[Sequence[float]], builder: T
         lowered = program.ranks[rank_index][position]
         op = lowered.op
         stage = op.stage
-        if op.kind is OpKind.F:
+        kind = op.kind
+        if kind is OpKind.F:
             builder.memory_event(end, rank_index, stage, ACTIVATIONS, stash[stage], 1)
-        elif op.kind is frees_stash:
+        elif kind is OpKind.B:
             builder.memory_event(end, rank_index, stage, ACTIVATIONS, -stash[stage], -1)
+        elif kind is OpKind.I and kept[stage] != stash[stage]:
+            builder.memory_event(end, rank_index, stage, ACTIVATIONS, kept[stage] - stash[stage], 0)
+        elif kind is OpKind.W:
+            builder.memory_event(end, rank_index, stage, ACTIVATIONS, -kept[stage], -1)
         if not program.keeps_versions:
             continue
-        if op.kind is OpKind.U:
+        if kind is OpKind.U:
             old = lowered.version
             latest[stage] = old + 1
             builder.memory_event(end, rank_index, stage, WEIGHTS, params[stage], 1)
