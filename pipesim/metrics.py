@@ -23,8 +23,8 @@ class StageMetrics:
         stage: stage index; device: rank it ran on.
         utilization: busy fraction of its device's compute stream in the steady-state window.
         bubble_fraction: ``1 - utilization``.
-        exposed_communication_s: idle time of the device spent waiting for this stage's inputs
-            in flight, inside the window.
+        exposed_communication_s: idle time of the device before this stage's ops spent waiting
+            for their inputs in flight, inside the window.
         peak_memory_bytes: peak of weights + gradients + optimizer state + stashed activations.
         peak_breakdown_bytes: that peak by category.
         weight_versions_max: most weight versions held at once.
@@ -61,6 +61,9 @@ class Metrics:
             (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
             or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
         stages: per-stage metrics.
+        num_ranks: devices of the pipeline (several stages per rank when fewer than stages).
+        device_utilization: per device (rank), busy fraction of its compute stream in the window.
+        device_peak_memory_bytes: per device, the peak of the sum over the stages it holds.
     """
 
     schedule: str
@@ -79,6 +82,9 @@ class Metrics:
     cooldown_minibatches: int
     peak_memory_bytes: float
     stages: tuple[StageMetrics, ...]
+    num_ranks: int = 1
+    device_utilization: tuple[float, ...] = ()
+    device_peak_memory_bytes: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -112,11 +118,12 @@ def _overlap(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], low
     return float(np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0.0, None).sum())
 
 
-def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int, int]:
+def _level_peak(trace: Trace, stage: int, *, column: str = "stage") -> tuple[float, dict[str, float], int, int]:
     """Peak bytes of a stage (levels after all events at one instant), its breakdown, and the
-    most weight versions and stashed microbatches held."""
+    most weight versions and stashed microbatches held; ``column="device"`` sums the stages
+    of device ``stage`` instead."""
     m = trace.memory
-    mask = m["stage"] == stage
+    mask = m[column] == stage
     times = m["time_s"][mask]
     order = np.argsort(times, kind="stable")
     times = times[order]
@@ -172,29 +179,34 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
     )
 
 
-def _exposed_communication(trace: Trace, device: int, low: float, high: float) -> float:
-    """Idle time on ``device`` before an op, overlapping the arrival of the send it waited for."""
+def _exposed_communication(trace: Trace, device: int, low: float, high: float, stage: int | None = None) -> float:
+    """Idle time on ``device`` before an op (of ``stage``, when given), overlapping the arrival of
+    the send it waited for: an activation for F, a gradient (from B or I) for B or I."""
     s = trace.spans
     compute = (s["device"] == device) & (s["stream"] == _COMPUTE)
     order = np.argsort(s["position"][compute])
     starts = s["start_s"][compute][order]
     previous_end = np.r_[0.0, s["end_s"][compute][order][:-1]]
     gaps = {}
-    for stage, kind, micro, start, previous in zip(
+    for op_stage, kind, micro, start, previous in zip(
         s["stage"][compute][order].tolist(), s["kind"][compute][order].tolist(),
         s["microbatch"][compute][order].tolist(), starts.tolist(), previous_end.tolist(), strict=True,
     ):
         if start > previous:
-            gaps[(stage, kind, micro)] = (previous, start)
+            gaps[(op_stage, kind, micro)] = (previous, start)
     sends = (s["stream"] == _SEND) & (s["peer"] == device)
     exposed = 0.0
-    for stage, kind, micro, start, end in zip(
+    for source, kind, micro, start, end in zip(
         s["stage"][sends].tolist(), s["kind"][sends].tolist(), s["microbatch"][sends].tolist(),
         s["start_s"][sends].tolist(), s["end_s"][sends].tolist(), strict=True,
     ):
-        target = (stage + 1, _F, micro) if kind == _F else None
-        candidates = [target] if target else [(stage - 1, _B, micro), (stage - 1, _I, micro)]
+        if kind == _F:
+            candidates = [(source + 1, _F, micro)]
+        else:
+            candidates = [(source - 1, _B, micro), (source - 1, _I, micro)]
         for key in candidates:
+            if stage is not None and key[0] != stage:
+                continue
             if key in gaps:
                 gap_start, gap_end = gaps[key]
                 low_edge, high_edge = max(gap_start, start, low), min(gap_end, end, high)
@@ -227,7 +239,7 @@ def compute_metrics(trace: Trace) -> Metrics:
             device=device,
             utilization=utilization,
             bubble_fraction=1.0 - utilization,
-            exposed_communication_s=_exposed_communication(trace, device, low, high),
+            exposed_communication_s=_exposed_communication(trace, device, low, high, stage),
             peak_memory_bytes=peak,
             peak_breakdown_bytes=breakdown,
             weight_versions_max=versions,
@@ -254,6 +266,11 @@ def compute_metrics(trace: Trace) -> Metrics:
         cooldown_minibatches=cooldown,
         peak_memory_bytes=max((stage.peak_memory_bytes for stage in stages), default=0.0),
         stages=tuple(stages),
+        num_ranks=int(meta["num_ranks"]),
+        device_utilization=tuple(utilization_by_device),
+        device_peak_memory_bytes=tuple(
+            _level_peak(trace, device, column="device")[0] for device in range(int(meta["num_ranks"]))
+        ),
     )
 
 

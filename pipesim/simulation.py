@@ -79,25 +79,55 @@ def make_plan(
     return build(Plan, data)
 
 
-def prepare(profile: Profile, topology: Topology, plan: Plan) -> Program:
-    """Build the plan's schedule and lower it onto the profile's costs and the topology."""
-    options: dict[str, Any] = {}
-    if plan.schedule == "pipemare":
-        options["update"] = plan.pipemare_update
-    schedule = build_schedule(
-        plan.schedule, plan.num_stages, plan.num_microbatches,
-        num_minibatches=plan.num_minibatches, **options,
-    )
-    if plan.num_stages > topology.num_devices and not plan.placement:
-        raise ConfigError(
-            "num_stages", plan.num_stages,
-            f"needs a device per stage but the topology has {topology.num_devices}",
+def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:
+    """The device of each rank: from the plan's per-stage placement, else rank r on device r.
+
+    Raises:
+        ConfigError: the placement puts two stages of one rank on different devices.
+    """
+    if not plan.placement:
+        return tuple(range(schedule.num_ranks))
+    devices: dict[int, int] = {}
+    for stage, rank in enumerate(schedule.stage_to_rank):
+        device = devices.setdefault(rank, plan.placement[stage])
+        if device != plan.placement[stage]:
+            raise ConfigError("placement", list(plan.placement),
+                              f"stages on rank {rank} of {schedule.name} must share a device "
+                              f"(stage {stage} is on {plan.placement[stage]}, another on {device})")
+    return tuple(devices[rank] for rank in range(schedule.num_ranks))
+
+
+def prepare(profile: Profile, topology: Topology, plan: Plan, *, schedule: Schedule | None = None) -> Program:
+    """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
+    and the topology.
+
+    Raises:
+        ConfigError: a given schedule disagrees with the plan's counts, too few devices, or an
+            input breaks a rule.
+    """
+    if schedule is None:
+        options: dict[str, Any] = {}
+        if plan.schedule == "pipemare":
+            options["update"] = plan.pipemare_update
+        schedule = build_schedule(
+            plan.schedule, plan.num_stages, plan.num_microbatches,
+            num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options,
         )
-    costs = stage_costs(profile, plan, topology)
-    rank_devices = tuple(plan.device_of(stage) for stage in range(plan.num_stages))
+    elif (schedule.num_stages, schedule.num_microbatches) != (plan.num_stages, plan.num_microbatches):
+        raise ConfigError("schedule", schedule.name, f"has {schedule.num_stages} stages and "
+                          f"{schedule.num_microbatches} microbatches but the plan {plan.num_stages} and "
+                          f"{plan.num_microbatches}")
+    if schedule.num_ranks > topology.num_devices and not plan.placement:
+        raise ConfigError(
+            "num_ranks", schedule.num_ranks,
+            f"needs a device per rank but the topology has {topology.num_devices}",
+        )
+    devices = rank_devices(schedule, plan)
+    stage_devices = tuple(devices[rank] for rank in schedule.stage_to_rank)
+    costs = stage_costs(profile, plan, topology, stage_devices=stage_devices)
     return lower(
         schedule, costs, topology,
-        rank_devices=rank_devices,
+        rank_devices=devices,
         microbatch_size=profile.microbatch_size,
         optimizer_state_multiplier=plan.optimizer_state_multiplier,
     )
@@ -111,15 +141,16 @@ def simulate_plan(
     engine: EngineName = "des",
     jitter: float = 0.0,
     seed: int = 0,
+    schedule: Schedule | None = None,
 ) -> Result:
-    """Simulate a complete Plan.
+    """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
-    program = prepare(profile, topology, plan)
+    program = prepare(profile, topology, plan, schedule=schedule)
     started = time.perf_counter()
     trace = _run(program, engine, jitter, seed)
     wall = time.perf_counter() - started
@@ -128,6 +159,12 @@ def simulate_plan(
 
 
 def _run(program: Program, engine: EngineName, jitter: float, seed: int) -> Trace:
+    if program.has_contention:
+        # Only the DES engine shares a NIC's bandwidth between flows.
+        if engine == "analytic":
+            raise ConfigError("engine", engine, "the topology shares links between flows (contention), "
+                              "which only the des engine models")
+        return run_des(program, jitter=jitter, seed=seed)
     if engine == "analytic" or (engine == "auto" and jitter == 0):
         try:
             from pipesim.engine.analytic import run_analytic
@@ -158,13 +195,15 @@ def simulate(
     Args:
         profile: the model's measured layers.
         topology: devices and links; default: ``num_stages`` devices with free communication.
-        schedule: registry key: gpipe, 1f1b, pipedream, 2bw or pipemare.
-        num_stages, num_microbatches: p and m.
+        schedule: registry key: gpipe, 1f1b, pipedream, 2bw, pipemare, interleaved-1f1b,
+            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1 or zb-h2.
+        num_stages, num_microbatches: p (all model stages) and m.
         num_minibatches: K; default 1 for flush schedules and 4 for asynchronous ones.
         partition: per stage ``(start, end)`` layer ranges; default balances compute.
         engine: ``"des"`` (SimPy), ``"analytic"`` or ``"auto"``.
         jitter, seed: per-op duration noise for the DES engine (coefficient of variation).
-        plan_options: further Plan fields (recompute, replicas, placement, ...).
+        plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
+            replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
 
     Returns:
         a Result with the trace and the metrics.
@@ -177,5 +216,34 @@ def simulate(
         profile, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
         num_minibatches=num_minibatches, partition=partition, **plan_options,
     )
-    topology = topology or Topology.uniform(num_devices=num_stages)
+    topology = topology or Topology.uniform(num_devices=plan.num_ranks)
     return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed)
+
+
+def simulate_schedule(
+    profile: Profile,
+    topology: Topology | None,
+    schedule: Schedule,
+    *,
+    partition: tuple[tuple[int, int], ...] | None = None,
+    engine: EngineName = "des",
+    jitter: float = 0.0,
+    seed: int = 0,
+    **plan_options: Any,
+) -> Result:
+    """Simulate a given Schedule (e.g. read with ``from_csv``) instead of a registry one.
+
+    The profile is cut into ``schedule.num_stages`` stages; rank r runs on device r unless
+    ``placement`` says otherwise.
+
+    Raises:
+        ConfigError: an input breaks a rule; ScheduleError: the schedule is invalid or deadlocks.
+    """
+    per_rank, uneven = divmod(schedule.num_stages, schedule.num_ranks)
+    plan = make_plan(
+        profile, schedule=schedule.name, num_stages=schedule.num_stages,
+        num_microbatches=schedule.num_microbatches, num_minibatches=schedule.num_minibatches,
+        partition=partition, stages_per_rank=per_rank if not uneven else 1, **plan_options,
+    )
+    topology = topology or Topology.uniform(num_devices=schedule.num_ranks)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, schedule=schedule)

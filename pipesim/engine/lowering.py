@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.deps import dependencies, gradient_kind, sends_to
+from pipesim.schedule.deps import backward_kinds, dependencies, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
@@ -43,6 +43,20 @@ class LoweredOp:
 
 
 @dataclass(frozen=True)
+class SharedPath:
+    """A rank-to-rank path whose bandwidth is shared with other flows (DES engine only).
+
+    Attributes:
+        latency_s: fixed cost of every transfer on it, seconds.
+        nics: the NICs it crosses (``Topology.shared_nics``); each NIC's bandwidth is split
+            max-min fairly among the flows crossing it at any moment.
+    """
+
+    latency_s: float
+    nics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Program:
     """A schedule lowered for the engines: per rank, its LoweredOps in order, plus sizes for memory.
 
@@ -51,8 +65,10 @@ class Program:
         ranks: per rank, the lowered ops.
         versions: the VersionPlan of the schedule.
         keeps_versions: True when old versions outlive an update (STASH, DOUBLE_BUFFER).
-        link_latency_s: per (src_rank, dst_rank) that carries sends, the link's latency.
         meta: what the Trace records about the run.
+        shared_paths: per (src_rank, dst_rank) whose path crosses shared NICs, its SharedPath;
+            empty when every path is dedicated.
+        nic_bandwidth_bytes_per_s: capacity of every NIC named in ``shared_paths``.
     """
 
     schedule: Schedule
@@ -62,6 +78,14 @@ class Program:
     versions: VersionPlan
     keeps_versions: bool
     meta: dict[str, Any]
+    shared_paths: dict[tuple[int, int], SharedPath] = field(default_factory=dict)
+    nic_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def has_contention(self) -> bool:
+        """True when some sends share bandwidth: only the DES engine can run this Program; an
+        engine without a contention model (the analytic one) must refuse it."""
+        return bool(self.shared_paths)
 
 
 def lower(
@@ -94,7 +118,7 @@ def lower(
     if check:
         validate(schedule)
     versions = assign_versions(schedule)
-    grad_kind = gradient_kind(schedule)
+    grad_kind = backward_kinds(schedule)
     p = schedule.num_stages
     split = schedule.has_split_backward
     if split and costs.backward_input_s is None:
@@ -107,6 +131,8 @@ def lower(
         OpKind.W: costs.backward_weight_s or tuple(0.0 for _ in range(p)),
         OpKind.U: costs.update_s,
     }
+    shared_paths: dict[tuple[int, int], SharedPath] = {}
+    nic_bandwidth: dict[str, float] = {}
     ranks = []
     for rank_index, ops in enumerate(schedule.ranks):
         lowered: list[LoweredOp] = []
@@ -121,6 +147,11 @@ def lower(
                 boundary = op.stage if op.kind is OpKind.F else target
                 send_bytes = costs.output_bytes[boundary]
                 transfer_s = topology.transfer_s(devices[rank_index], devices[send_rank], send_bytes)
+                nics = topology.shared_nics(devices[rank_index], devices[send_rank])
+                latency_s, bandwidth = topology.link_cost(devices[rank_index], devices[send_rank])
+                if nics is not None and math.isfinite(bandwidth):
+                    shared_paths[(rank_index, send_rank)] = SharedPath(latency_s=latency_s, nics=nics)
+                    nic_bandwidth.update(dict.fromkeys(nics, bandwidth))
             if op.kind is OpKind.U:
                 # An update belongs to the minibatch of the backward just before it.
                 minibatch = lowered[-1].minibatch if lowered else 0
@@ -164,4 +195,6 @@ def lower(
         versions=versions,
         keeps_versions=schedule.weights in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER),
         meta=meta,
+        shared_paths=shared_paths,
+        nic_bandwidth_bytes_per_s=nic_bandwidth,
     )
