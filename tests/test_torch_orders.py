@@ -105,3 +105,22 @@ def test_rejections_name_the_rule_torch_applies() -> None:
     assert "at least as many microbatches as stages" in str(torch_order("dualpipev", 4, 2, 4))
     with pytest.raises(ConfigError, match="num_microbatches=4: must be >= the number of stages for dualpipev"):
         build_schedule("dualpipev", 8, 4, num_ranks=4)
+
+
+def test_a_csv_written_by_torch_simulates_like_the_named_schedule(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from pipesim import Topology, simulate, uniform_profile
+    from pipesim.schedule.csv_format import from_csv
+    from pipesim.simulation import simulate_schedule
+
+    # torch's default "compute_comms" CSV (UNSHARD, SEND_F, ... cells) and DualPipeV's OVERLAP_F_B
+    # cells need from_csv to read torch's other actions (issue 3); compute-only CSVs of these don't.
+    for name, r, v, m in (("interleaved-zb", 4, 2, 8), ("interleaved-1f1b", 2, 3, 4), ("zbv", 3, 2, 6)):
+        cls = getattr(schedules, TORCH_CLASSES[name])
+        path = tmp_path / f"{name}.csv"
+        cls([StageStub(group_size=r, num_stages=r * v) for _ in range(v)], m)._dump_csv(str(path), "compute_only")
+        profile = uniform_profile(num_layers=r * v, forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3,
+                                  backward_weight_s=1e-3, activation_bytes=1e6)
+        topology = Topology.uniform(num_devices=r, bandwidth="10GB/s", latency="5us")
+        read = simulate_schedule(profile, topology, from_csv(path.read_text(), num_microbatches=m))
+        named = simulate(profile, topology, schedule=name, num_stages=r * v, num_microbatches=m, stages_per_rank=v)
+        assert read.metrics.makespan_s == named.metrics.makespan_s, name
