@@ -97,9 +97,10 @@ def test_weight_stash_defaults_to_the_stash_with_weights_and_to_nothing_without(
         assert frame.loc[frame["time_s"] <= 3.0, "activations"].tolist()[-1] == kept_after_i
 
 
-def test_split_schedule_on_a_profile_without_split_is_refused() -> None:
-    from pipesim.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="the schedule splits backward"):
-        simulate(uniform_profile(num_layers=2, forward_s=1.0, backward_s=2.0), schedule="zb-h1", num_stages=2,
-                 num_microbatches=2)
+def test_a_profile_without_split_gives_i_and_w_half_the_backward_each() -> None:
+    profile = uniform_profile(num_layers=2, forward_s=1.0, backward_s=2.0)
+    for recompute, (i_s, w_s) in ((False, (1.0, 1.0)), (True, (2.0, 1.0))):
+        frame = simulate(profile, schedule="zb-h1", num_stages=2, num_microbatches=2, recompute=recompute).trace.to_frame()
+        compute = frame[frame["stream"] == "compute"]
+        assert set(compute.loc[compute["kind"] == "I", "duration_s"]) == {i_s}
+        assert set(compute.loc[compute["kind"] == "W", "duration_s"]) == {w_s}

@@ -88,6 +88,14 @@ class Program:
         return bool(self.shared_paths)
 
 
+def split_evenly(costs: StageCosts) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """I and W times for a profile without a measured split: half the backward each (the
+    zero-bubble paper counts equal FLOPs for the two), the recomputed forward going to I."""
+    recompute = costs.recompute_s or tuple(0.0 for _ in costs.backward_s)
+    halves = tuple((b - r) / 2 for b, r in zip(costs.backward_s, recompute, strict=True))
+    return tuple(h + r for h, r in zip(halves, recompute, strict=True)), halves
+
+
 def lower(
     schedule: Schedule,
     costs: StageCosts,
@@ -120,15 +128,11 @@ def lower(
     versions = assign_versions(schedule)
     grad_kind = backward_kinds(schedule)
     p = schedule.num_stages
-    split = schedule.has_split_backward
-    if split and costs.backward_input_s is None:
-        raise ConfigError("profile", "backward_s", "the schedule splits backward (I/W ops) but the "
-                          "profile has no backward_input_s/backward_weight_s")
     duration_by_kind = {
         OpKind.F: costs.forward_s,
         OpKind.B: costs.backward_s,
-        OpKind.I: costs.backward_input_s or costs.backward_s,
-        OpKind.W: costs.backward_weight_s or tuple(0.0 for _ in range(p)),
+        OpKind.I: costs.backward_input_s or split_evenly(costs)[0],
+        OpKind.W: costs.backward_weight_s or split_evenly(costs)[1],
         OpKind.U: costs.update_s,
     }
     shared_paths: dict[tuple[int, int], SharedPath] = {}
