@@ -9,8 +9,7 @@ from pipesim import Topology, make_plan, uniform_profile
 from pipesim.engine.des import run_des
 from pipesim.engine.noise import draw_durations
 from pipesim.errors import ConfigError
-from pipesim.sampling import sample_program, simulate_samples
-from pipesim.simulation import prepare
+from pipesim.simulation import prepare, sample_program, simulate_samples
 
 
 def program(name: str = "1f1b", *, std: float | None = 1e-4, **plan: object):  # type: ignore[no-untyped-def]

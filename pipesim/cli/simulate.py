@@ -19,11 +19,10 @@ from pipesim.cli.options import (
 )
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.errors import ConfigError
-from pipesim.sampling import SampleSummary, simulate_samples
 from pipesim.schedule.csv_format import from_csv
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.simulation import Result, simulate, simulate_schedule
+from pipesim.simulation import Result, SampleSummary, simulate, simulate_samples, simulate_schedule
 from pipesim.spec.files import load_profile, load_topology, read_text
 
 
