@@ -1,4 +1,4 @@
-"""``simulate``: profile + topology + plan in, Trace and Metrics out (one run, or seeded samples); the API the CLI wraps."""
+"""``simulate``: profile + topology + plan in, Trace and Metrics out (or seeded samples); the API the CLI wraps."""
 
 from __future__ import annotations
 

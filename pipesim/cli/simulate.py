@@ -83,7 +83,8 @@ def simulate_command(
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
     if (schedule is None) == (schedule_csv is None):
-        raise ConfigError("schedule", schedule or schedule_csv, "give exactly one of --schedule NAME or --schedule-csv FILE")
+        raise ConfigError("schedule", schedule or schedule_csv,
+                          "give exactly one of --schedule NAME or --schedule-csv FILE")
     profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
     given: Schedule | None = None
     if schedule_csv is not None:
@@ -172,7 +173,8 @@ def print_table(result: Result) -> None:
     for stage in m.stages:
         start, end = result.plan.partition[stage.stage]
         table.add_row(
-            str(stage.stage), str(stage.device), f"{start}:{end}", f"{stage.utilization:.1%}", f"{stage.bubble_fraction:.1%}",
+            str(stage.stage), str(stage.device), f"{start}:{end}", f"{stage.utilization:.1%}",
+            f"{stage.bubble_fraction:.1%}",
             f"{stage.exposed_communication_s * 1e3:.3f}", _bytes(stage.peak_memory_bytes),
             str(stage.weight_versions_max), str(stage.max_inflight_microbatches),
             str(stage.forward_delay_steps), str(stage.discrepancy_max),

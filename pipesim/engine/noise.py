@@ -1,4 +1,4 @@
-"""Stochastic op durations: per-op draws around the lowered time, from the measured spread or a coefficient of variation."""
+"""Stochastic op durations: draws around each lowered time, from the measured spread or a cv."""
 
 from __future__ import annotations
 
