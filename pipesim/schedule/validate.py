@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipesim.errors import ScheduleError
-from pipesim.schedule.deps import dependencies, gradient_kind
+from pipesim.schedule.deps import backward_kinds, dependencies
 from pipesim.schedule.ir import Op, OpKind, Schedule, grid
 
 
@@ -117,7 +117,7 @@ def find_deadlock(schedule: Schedule) -> list[Violation]:
     Returns:
         one Violation per rank that is stuck (its next op and the op it waits for), or ``[]``.
     """
-    grad_kind = gradient_kind(schedule)
+    grad_kind = backward_kinds(schedule)
     p = schedule.num_stages
     done: set[Op] = set()
     next_position = [0] * schedule.num_ranks
