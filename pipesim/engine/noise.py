@@ -69,8 +69,8 @@ def _spread(program: Program, cv: float | None) -> FloatArray:
         forward = np.asarray(costs.forward_std_s, dtype=np.float64)[ops.stage]
         backward = np.asarray(costs.backward_std_s, dtype=np.float64)[ops.stage]
         full = np.asarray(costs.backward_s, dtype=np.float64)[ops.stage]
-        share = np.divide(duration, full, out=np.zeros_like(duration), where=full > 0)
-        spread = np.where(ops.kind == F_CODE, forward, np.where(ops.kind == B_CODE, backward, backward * share))
+        scaled = np.divide(backward * duration, full, out=np.zeros_like(duration), where=full > 0)
+        spread = np.where(ops.kind == F_CODE, forward, np.where(ops.kind == B_CODE, backward, scaled))
     return np.where(ops.kind == U_CODE, 0.0, spread)
 
 
