@@ -6,6 +6,8 @@ import math
 
 import pytest
 import simpy
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipesim import Topology, simulate, uniform_profile
 from pipesim.engine.network import Network
@@ -91,3 +93,41 @@ def test_shared_nics_slow_overlapping_sends_and_leave_lone_ones_alone() -> None:
     a = simulate(profile, shared(2, shared_nics=False), **lone).metrics  # type: ignore[arg-type]
     b = simulate(profile, shared(2, shared_nics=True), **lone).metrics  # type: ignore[arg-type]
     assert math.isclose(a.makespan_s, b.makespan_s, rel_tol=1e-12)
+
+
+def reference_rates(capacity: dict[str, float], nics_of_flows: list[tuple[str, ...]]) -> list[float]:
+    """Max-min fair rates by progressive filling, recounting every NIC's unfixed flows each round."""
+    left = {nic: capacity[nic] for nics in nics_of_flows for nic in nics}
+    rates = [0.0] * len(nics_of_flows)
+    unfixed = list(range(len(nics_of_flows)))
+    while unfixed:
+        best_nic, best_share = "", math.inf
+        for nic in sorted(left):
+            count = sum(1 for i in unfixed if nic in nics_of_flows[i])
+            if count and left[nic] / count < best_share:
+                best_nic, best_share = nic, left[nic] / count
+        for i in [i for i in unfixed if best_nic in nics_of_flows[i]]:
+            rates[i] = best_share
+            unfixed.remove(i)
+            for nic in nics_of_flows[i]:
+                left[nic] -= best_share
+    return rates
+
+
+NIC_NAMES = ("a", "b", "c", "d")
+
+
+@given(st.dictionaries(st.sampled_from(NIC_NAMES), st.floats(0.5, 100.0), min_size=len(NIC_NAMES)),
+       st.lists(st.lists(st.sampled_from(NIC_NAMES), min_size=1, max_size=2, unique=True).map(tuple),
+                min_size=1, max_size=12))
+def test_fair_rates_are_those_of_plain_progressive_filling(capacity: dict[str, float],
+                                                           nics_of_flows: list[tuple[str, ...]]) -> None:
+    env = simpy.Environment()
+    network = Network(env, capacity)
+    for nics in nics_of_flows:
+        env.process(network.transfer(1.0, 0.0, nics))
+    while env.peek() == 0:  # start every flow; none finishes at time 0
+        env.step()
+    assert [flow.rate for flow in network.flows] == reference_rates(capacity, nics_of_flows)
+    for nic in set(capacity):
+        assert sum(flow.rate for flow in network.flows if nic in flow.nics) <= capacity[nic] * (1 + 1e-12)

@@ -42,13 +42,20 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     # At most one activation event per op, in flat order: F stashes, B frees, I frees all but
     # what W keeps, W frees that.
     kind = ops.kind
-    keeps_less = (kept != stash)[ops.stage]
-    g = np.flatnonzero((kind == F_CODE) | (kind == B_CODE) | (kind == W_CODE) | ((kind == I_CODE) & keeps_less))
-    kind_g, stage_g = kind[g], ops.stage[g]
+    is_forward = kind == F_CODE
+    if bool((kind == W_CODE).any()):
+        keeps_less = (kept != stash)[ops.stage]
+        g = np.flatnonzero(is_forward | (kind == B_CODE) | (kind == W_CODE) | ((kind == I_CODE) & keeps_less))
+        kind_g, stage_g = kind[g], ops.stage[g]
+        delta = np.select([kind_g == F_CODE, kind_g == B_CODE, kind_g == I_CODE],
+                          [stash[stage_g], -stash[stage_g], kept[stage_g] - stash[stage_g]], -kept[stage_g])
+        count = np.select([kind_g == F_CODE, kind_g == I_CODE], [1, 0], -1).astype(np.int64)
+    else:  # no split backward: F stashes, B frees
+        g = np.flatnonzero(is_forward | (kind == B_CODE))
+        stashing = is_forward[g]
+        delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
+        count = np.where(stashing, 1, -1).astype(np.int64)
     category = np.full(g.size, ACTIVATIONS, np.int64)
-    delta = np.select([kind_g == F_CODE, kind_g == B_CODE, kind_g == I_CODE],
-                      [stash[stage_g], -stash[stage_g], kept[stage_g] - stash[stage_g]], -kept[stage_g])
-    count = np.select([kind_g == F_CODE, kind_g == I_CODE], [1, 0], -1).astype(np.int64)
     if program.keeps_versions and ops.num_ops:
         added, freed_at_update, freed_at_last_use = _version_events(program)
         g = np.concatenate([g, added, freed_at_update, freed_at_last_use])

@@ -12,7 +12,7 @@ import simpy
 _RESIDUE = 1e-9
 
 
-@dataclass
+@dataclass(eq=False)
 class _Flow:
     total: float
     remaining: float
@@ -84,16 +84,33 @@ class Network:
         self._reschedule()
 
     def _fair_rates(self) -> None:
+        """Progressive filling: fix the flows of the NIC with the smallest fair share, repeat.
+
+        Per-NIC counts of unfixed flows are kept up to date rather than recounted each round;
+        ties go to the first NIC in name order, and each NIC's capacity is reduced flow by
+        flow in the order the flows started.
+        """
         left = {nic: self.capacity[nic] for flow in self.flows for nic in flow.nics}
-        unfixed = list(self.flows)
+        count = dict.fromkeys(left, 0)
+        for flow in self.flows:
+            for nic in flow.nics:
+                count[nic] += 1
+        names = sorted(left)
+        unfixed = self.flows
         while unfixed:
             best_nic, best_share = "", float("inf")
-            for nic in sorted(left):
-                count = sum(1 for flow in unfixed if nic in flow.nics)
-                if count and left[nic] / count < best_share:
-                    best_nic, best_share = nic, left[nic] / count
-            for flow in [flow for flow in unfixed if best_nic in flow.nics]:
-                flow.rate = best_share
-                unfixed.remove(flow)
-                for nic in flow.nics:
-                    left[nic] -= best_share
+            for nic in names:
+                flows_left = count[nic]
+                if flows_left and left[nic] / flows_left < best_share:
+                    best_nic, best_share = nic, left[nic] / flows_left
+            assert best_nic, "every flow crosses at least one NIC"
+            still: list[_Flow] = []
+            for flow in unfixed:
+                if best_nic in flow.nics:
+                    flow.rate = best_share
+                    for nic in flow.nics:
+                        left[nic] -= best_share
+                        count[nic] -= 1
+                else:
+                    still.append(flow)
+            unfixed = still
