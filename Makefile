@@ -37,3 +37,10 @@ clean:
 # writes benchmarks/RESULTS.md (takes a few minutes).
 bench: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
+
+.PHONY: bench-planner
+# Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
+# then the long brute-force check of the partitioner.
+bench-planner: $(STAMP)
+	$(PY) benchmarks/bench_planner.py
+	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci

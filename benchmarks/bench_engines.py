@@ -28,7 +28,6 @@ from pipesim.metrics import compute_metrics
 from pipesim.schedule.registry import build_schedule
 from pipesim.schedule.validate import validate
 from pipesim.simulation import make_plan, prepare, simulate
-from pipesim.spec.files import write_text_atomic
 from pipesim.spec.stages import stage_costs
 
 HERE = Path(__file__).resolve().parent
@@ -206,7 +205,7 @@ def main() -> None:
     """Run everything and write RESULTS.md (or, with --point, one RSS point as JSON)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--point", nargs=4, metavar=("SCHEDULE", "P", "M", "ENGINE"))
-    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    parser.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the shared results file")
     args = parser.parse_args()
     if args.point:
         schedule, p, m, engine = args.point
@@ -218,8 +217,10 @@ def main() -> None:
     rss = rss_rows()
     profile = des_profile()
     sys.path.insert(0, str(HERE))
-    write_text_atomic(Path(args.out), report(engines, e2e, rss, profile, header))
-    print(f"wrote {args.out}")
+    from results_file import write_section
+
+    write_section("engines", report(engines, e2e, rss, profile, header), Path(args.out))
+    print(f"wrote the engines section of {args.out}")
 
 
 if __name__ == "__main__":

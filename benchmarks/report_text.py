@@ -39,13 +39,13 @@ def _rate(ops: int, seconds: float | None) -> str:
 def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[dict[str, Any]], profile: str,
            header: str) -> str:
     """The whole RESULTS.md."""
-    lines = ["# Engine benchmarks", "", "Written by `make bench` (benchmarks/bench_engines.py).", "", header, "",
+    lines = ["## Engine benchmarks (issue 4)", "", "Written by `make bench` (benchmarks/bench_engines.py).", "", header, "",
              "Every point: uniform stages (1 ms forward, 2 ms backward, 1 MB activations, 4 MB weights), links of "
              "25 Gbit/s and 5 us, memory and versions tracked; K = 1 for 1f1b and 4 for 2bw. Ops are compute ops "
              "(F, B and U). Engine time includes assembling the Trace (spans and memory events); best of a few "
              "repeats. The bare SimPy baseline runs one process per stage with a timeout per op, with as many "
              "stages and ops per stage as the point, in the same run.", "",
-             "## Engines against bare SimPy", "",
+             "### Engines against bare SimPy", "",
              "| schedule | p | m | K | ops | bare SimPy ops/s | DES ops/s | DES / bare | analytic ms | analytic ops/s "
              "| analytic / bare | analytic / DES |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -61,7 +61,7 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
     target = next(r for r in engines if (r["schedule"], r["p"], r["m"]) == ("1f1b", 64, 512))
     best = max(r["ops"] / r["analytic_s"] for r in engines)
     des_ratios = [r["ops"] / r["des_s"] / r["bare_ops_per_s"] for r in engines if r["des_s"]]
-    lines += ["", "## Against the targets", "",
+    lines += ["", "### Against the targets", "",
               f"- analytic, 1f1b p=64 m=512 ({target['ops']:,} ops): {target['analytic_s'] * 1e3:.1f} ms of engine "
               f"time (target < 20 ms): {'met' if target['analytic_s'] < 0.020 else 'NOT met'} in this run.",
               f"- analytic >= 5,000,000 ops/s: best {best / 1e6:.2f} M ops/s here "
@@ -78,7 +78,7 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
               "average above): absolute times here are inflated and vary by 2x or more between runs; ratios "
               "taken in the same run hold better. Earlier runs on the same code measured the analytic pass "
               "alone (`_solve_rounds`) at about 11 ms and the whole engine at about 20 ms for 1f1b p=64 m=512.",
-              "", "## simulate() end to end, per point", "",
+              "", "### simulate() end to end, per point", "",
               "`simulate(..., engine=\"auto\")`, best of up to 3; the split below it times each step once.", "",
               "| schedule | p | m | ops | simulate() s | build schedule s | validate s | lower s | engine s | metrics s |",
               "|---|---|---|---|---|---|---|---|---|---|"]
@@ -89,13 +89,13 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
     lines += ["", "Building the schedule (one `Op` object per op) and `validate()` (a Python walk with a "
               "deadlock search) are the largest parts at p=64; they belong to the schedule layer and were "
               "left as they are.", "",
-              "## Peak memory (fresh process per point)", "",
+              "### Peak memory (fresh process per point)", "",
               "| schedule | p | m | engine | ops | simulate() s | engine s | peak RSS MiB | < 1 GiB |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in rss:
         lines.append(f"| {row['schedule']} | {row['p']} | {row['m']} | {row['engine']} | {row['ops']:,} | "
                      f"{row['simulate_s']:.1f} | {row['engine_s']:.2f} | {row['peak_rss_mib']:.0f} | "
                      f"{'yes' if row['peak_rss_mib'] < 1024 else 'NO'} |")
-    lines += ["", "## DES profile", "", BEFORE, "", "cProfile of the DES now (1f1b p=32 m=256):", "", "```",
+    lines += ["", "### DES profile", "", BEFORE, "", "cProfile of the DES now (1f1b p=32 m=256):", "", "```",
               profile, "```", ""]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "schedule": BASE | {"spec"},
     "engine": BASE | {"spec", "schedule"},
     "metrics": BASE | {"spec", "schedule", "engine"},
+    "trace_invariants": BASE | {"spec", "schedule", "engine", "metrics"},
     "simulation": BASE | {"spec", "schedule", "engine", "metrics"},
     "plan": BASE | {"spec", "schedule", "engine", "metrics", "simulation"},
     "sweep": BASE | {"spec", "schedule", "engine", "metrics", "simulation", "plan"},

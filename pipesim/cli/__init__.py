@@ -51,9 +51,13 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from pipesim.cli.check import check_command
+    from pipesim.cli.plan import plan_command
     from pipesim.cli.schedule import schedule_command
     from pipesim.cli.simulate import simulate_command
 
+    cli.add_command(check_command)
+    cli.add_command(plan_command)
     cli.add_command(schedule_command)
     cli.add_command(simulate_command)
 

@@ -22,15 +22,17 @@ from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
+from pipesim.spec.plan import Plan
 from pipesim.simulation import (
     EngineName,
     Result,
     SampleSummary,
     simulate,
+    simulate_plan,
     simulate_samples,
     simulate_schedule,
 )
-from pipesim.spec.files import load_profile, load_topology, read_text
+from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 
 
 @click.command("simulate")
@@ -39,6 +41,8 @@ from pipesim.spec.files import load_profile, load_topology, read_text
 @click.option("--uniform", type=str, default=None,
               help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W "
                    "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=].")
+@click.option("--plan", "plan_path", type=str, default=None,
+              help="A plan file (pipesim.plan/1, or the output of pipesim plan) instead of --stages ... --schedule.")
 @click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P, one per device.")
 @click.option("--ranks", "num_ranks", type=int, default=None, help="Ranks (devices) R.")
 @click.option("--stages-per-rank", "stages_per_rank", type=int, default=None,
@@ -79,8 +83,9 @@ from pipesim.spec.files import load_profile, load_topology, read_text
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
 def simulate_command(
-    profile_path: str | None, uniform: str | None, num_stages: int | None, num_ranks: int | None,
-    stages_per_rank: int | None, num_microbatches: int | None, schedule: str | None, schedule_csv: str | None,
+    profile_path: str | None, uniform: str | None, plan_path: str | None, num_stages: int | None,
+    num_ranks: int | None, stages_per_rank: int | None, num_microbatches: int | None, schedule: str | None,
+    schedule_csv: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
     recompute_stages: str | None, optimizer_state_multiplier: float, jitter: float, seed: int,
@@ -93,39 +98,50 @@ def simulate_command(
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
-    if (schedule is None) == (schedule_csv is None):
-        raise ConfigError("schedule", schedule or schedule_csv,
-                          "give exactly one of --schedule NAME or --schedule-csv FILE")
     profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
     given: Schedule | None = None
-    if schedule_csv is not None:
-        given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom", num_microbatches=num_microbatches,
-                         source=schedule_csv)
-        if num_stages is not None or num_ranks is not None:
-            raise ConfigError("schedule_csv", schedule_csv, "sets the stages and ranks; drop --stages/--ranks")
-        total, per_rank, ranks = given.num_stages, 1, given.num_ranks
-    else:
-        total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
-        ranks = total // per_rank
-        if num_microbatches is None:
-            raise ConfigError("microbatches", None, "give --microbatches M")
-    topology = load_topology(topology_path) if topology_path else build_topology(
-        ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
-    options: dict[str, Any] = {
-        "partition": parse_partition(partition) if partition else None,
-        "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
-    }
-    if recompute_stages is not None:
-        options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
     chosen = cast(EngineName, engine)  # click.Choice checked it
-    if given is not None:
-        result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed, **options)
+    if plan_path is not None:
+        _check_plan_flags(click.get_current_context())
+        plan = load_plan(plan_path)
+        topology = load_topology(topology_path) if topology_path else build_topology(
+            _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
+        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen)
     else:
-        result = simulate(
-            profile, topology, schedule=schedule or "", num_stages=total, num_microbatches=num_microbatches or 0,
-            num_minibatches=num_minibatches, stages_per_rank=per_rank, engine=chosen, jitter=jitter, seed=seed,
-            **options,
-        )
+        if schedule is not None and schedule_csv is not None:
+            raise ConfigError("schedule", schedule, "give exactly one of --schedule NAME or --schedule-csv FILE")
+        if schedule is None and schedule_csv is None:
+            raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).", click.get_current_context())
+        if schedule_csv is not None:
+            given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom",
+                             num_microbatches=num_microbatches, source=schedule_csv)
+            if num_stages is not None or num_ranks is not None:
+                raise ConfigError("schedule_csv", schedule_csv, "sets the stages and ranks; drop --stages/--ranks")
+            total, per_rank, ranks = given.num_stages, 1, given.num_ranks
+        else:
+            for flag, value in (("--stages", num_stages if num_ranks is None else num_ranks),
+                                ("--microbatches", num_microbatches)):
+                if value is None:
+                    hint = " (or --ranks R [--stages-per-rank V])" if flag == "--stages" else ""
+                    raise click.UsageError(f"Missing option '{flag}'{hint}.", click.get_current_context())
+            total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
+            ranks = total // per_rank
+        topology = load_topology(topology_path) if topology_path else build_topology(
+            ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        options: dict[str, Any] = {
+            "partition": parse_partition(partition) if partition else None,
+            "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
+        }
+        if recompute_stages is not None:
+            options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
+        if given is not None:
+            result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed, **options)
+        else:
+            result = simulate(
+                profile, topology, schedule=schedule or "", num_stages=total, num_microbatches=num_microbatches or 0,
+                num_minibatches=num_minibatches, stages_per_rank=per_rank, engine=chosen, jitter=jitter, seed=seed,
+                **options,
+            )
     summary = None
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
@@ -143,6 +159,22 @@ def simulate_command(
             print_samples(summary)
         if out_dir:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
+
+
+def _devices_needed(plan: Plan) -> int:
+    """Devices a plan runs on: its ranks, or as many as its placement and replicas reach."""
+    if plan.stages_per_rank > 1:
+        return max([plan.num_ranks, *(device + 1 for device in plan.placement)])
+    return max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
+
+
+def _check_plan_flags(context: click.Context) -> None:
+    """With --plan, the options a plan holds must not be given too."""
+    for name in ("num_stages", "num_ranks", "stages_per_rank", "num_microbatches", "schedule", "schedule_csv",
+                 "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier"):
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            flag = next(param.opts[0] for param in context.command.params if param.name == name)
+            raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
 def write_outputs(result: Result, out_dir: Path) -> list[Path]:

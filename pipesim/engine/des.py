@@ -63,20 +63,86 @@ def run_des(
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
         ConfigError: a negative jitter, jitter with durations, or durations of the wrong length.
     """
-    if jitter < 0:
-        raise ConfigError("jitter", jitter, "must be >= 0")
-    if durations is not None and jitter:
-        raise ConfigError("jitter", jitter, "must be 0 when durations are given")
-    env = simpy.Environment()
-    chosen = _durations(program, jitter, seed) if durations is None else _given_durations(program, durations)
-    run = _Run(env, program, chosen)
-    for rank_index in range(program.ops.num_ranks):
-        run.start_next(rank_index, 0.0)
-    env.run()
-    run.check_finished()
-    meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
-    return build_trace(program, np.asarray(run.end), np.asarray(run.arrival), meta,
-                       start_s=np.asarray(run.start), send_start_s=np.asarray(run.send_start))
+    return DesRun(program, jitter=jitter, seed=seed, durations=durations).finish()
+
+
+class DesRun:
+    """A DES run that can be advanced one SimPy event at a time (an op's end; with shared NICs also
+    a step of a transfer).
+
+    ``run_des`` is ``DesRun(...).finish()``; stepping is for tests that compare the engine
+    with a model after every event, and for tools that watch a run unfold.
+
+    Args:
+        program, jitter, seed, durations: as for ``run_des``.
+
+    Raises:
+        ConfigError: a negative jitter, jitter with durations, or durations of the wrong length.
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        jitter: float = 0.0,
+        seed: int = 0,
+        durations: Sequence[Sequence[float]] | npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        if jitter < 0:
+            raise ConfigError("jitter", jitter, "must be >= 0")
+        if durations is not None and jitter:
+            raise ConfigError("jitter", jitter, "must be 0 when durations are given")
+        self.program = program
+        self.env = simpy.Environment()
+        self._meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
+        chosen = _durations(program, jitter, seed) if durations is None else _given_durations(program, durations)
+        self._run = _Run(self.env, program, chosen)
+        for rank_index in range(program.ops.num_ranks):
+            self._run.start_next(rank_index, 0.0)
+        self._trace: Trace | None = None
+
+    def next_event_s(self) -> float:
+        """Time of the next pending event, seconds (``inf`` when none is left)."""
+        return float(self.env.peek())
+
+    def step(self) -> None:
+        """Process the next event (raises ``simpy.core.EmptySchedule`` when none is left)."""
+        self.env.step()
+
+    def completed(self) -> tuple[list[tuple[int, int, float, float]], list[tuple[int, int, float, float, int]]]:
+        """The spans of every op whose end has been processed so far.
+
+        Returns:
+            compute spans as ``(rank, position, start_s, end_s)``, and the sends of those ops
+            to other ranks as ``(rank, position, start_s, end_s, peer)`` (a send over a
+            dedicated link may end later than the current time: its times follow from the op's
+            end; one over shared NICs is listed once it has arrived).
+        """
+        run, ops = self._run, self.program.ops
+        offsets = ops.rank_offsets.tolist()
+        compute, sends = [], []
+        for rank_index in range(ops.num_ranks):
+            for g in range(offsets[rank_index], run.next[rank_index]):
+                position = g - offsets[rank_index]
+                compute.append((rank_index, position, run.start[g], run.end[g]))
+                arrival = run.arrival[g]
+                if ops.is_remote_send[g] and arrival is not None:
+                    sends.append((rank_index, position, run.send_start[g], arrival, int(ops.send_rank[g])))
+        return compute, sends
+
+    def finish(self) -> Trace:
+        """Run the remaining events and return the Trace; calling it again returns the same Trace.
+
+        Raises:
+            DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
+        """
+        if self._trace is None:
+            run = self._run
+            self.env.run()
+            run.check_finished()
+            self._trace = build_trace(self.program, np.asarray(run.end), np.asarray(run.arrival), self._meta,
+                                      start_s=np.asarray(run.start), send_start_s=np.asarray(run.send_start))
+        return self._trace
 
 
 def _durations(program: Program, jitter: float, seed: int) -> list[float]:

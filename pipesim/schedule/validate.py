@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from pipesim.errors import ScheduleError
-from pipesim.schedule.deps import backward_kinds, dependencies
+from pipesim.schedule.deps import dependencies, gradient_kind, split_backwards
 from pipesim.schedule.ir import Op, OpKind, Schedule, grid
 
 
@@ -25,7 +25,7 @@ class Violation:
 
 def find_violations(schedule: Schedule) -> list[Violation]:
     """Every structural violation, then (if there are none) the first deadlock found."""
-    violations = _structure(schedule)
+    violations = find_completeness_violations(schedule) + find_local_order_violations(schedule)
     if not violations:
         violations = find_deadlock(schedule)
     return violations
@@ -46,12 +46,17 @@ def validate(schedule: Schedule) -> Schedule:
     return schedule
 
 
-def _structure(schedule: Schedule) -> list[Violation]:
+def find_completeness_violations(schedule: Schedule) -> list[Violation]:
+    """Every (stage, microbatch) has exactly one F and one B (or one I and one W), on its rank.
+
+    Reports, in this order: ops that appear twice (at the second cell), stages or microbatches
+    out of range, ops on a rank that does not hold their stage, U ops out of sequence, a stage
+    without any op, then each missing op (at position -1: it has no cell).
+    """
     found: list[Violation] = []
     p = schedule.num_stages
     total = schedule.total_microbatches
     counts: Counter[Op] = Counter()
-    where: dict[Op, tuple[int, int]] = {}
     for rank_index, ops in enumerate(schedule.ranks):
         updates_seen: dict[int, int] = {}
         for position, op in enumerate(ops):
@@ -61,7 +66,6 @@ def _structure(schedule: Schedule) -> list[Violation]:
             counts[op] += 1
             if counts[op] == 2:
                 bad("appears more than once")
-            where.setdefault(op, (rank_index, position))
             if not 0 <= op.stage < p:
                 bad(f"stage {op.stage} is outside 0..{p - 1}")
                 continue
@@ -75,18 +79,11 @@ def _structure(schedule: Schedule) -> list[Violation]:
                 continue
             if not 0 <= op.microbatch < total:
                 bad(f"microbatch {op.microbatch} is outside 0..{total - 1}")
-                continue
-    for rank_index, ops in enumerate(schedule.ranks):
-        for position, op in enumerate(ops):
-            before = _MUST_FOLLOW.get(op.kind)
-            if before is None:
-                continue
-            need = Op(op.stage, before, op.microbatch)
-            need_rank, need_position = where.get(need, (-1, -1))
-            if need_rank == rank_index and need_position > position:
-                found.append(Violation(rank_index, position, str(op), f"runs before {need}"))
     for stage in range(p):
         rank_index = schedule.stage_to_rank[stage]
+        if rank_index < 0:
+            found.append(Violation(rank_index, -1, f"{stage}F*", f"stage {stage} has no ops on any rank"))
+            continue
         for microbatch in range(total):
             has_b = counts[Op(stage, OpKind.B, microbatch)] > 0
             has_i = counts[Op(stage, OpKind.I, microbatch)] > 0
@@ -98,12 +95,33 @@ def _structure(schedule: Schedule) -> list[Violation]:
                 found.append(Violation(rank_index, -1, str(Op(stage, OpKind.B, microbatch)),
                                        "both a full backward and a split one"))
             elif not has_b:
-                if not has_i:
+                if not has_i and not has_w:
                     missing.append(f"{Op(stage, OpKind.B, microbatch)} (or I/W)")
                 if has_i and not has_w:
                     missing.append(str(Op(stage, OpKind.W, microbatch)))
+                if has_w and not has_i:
+                    missing.append(str(Op(stage, OpKind.I, microbatch)))
             for text in missing:
                 found.append(Violation(rank_index, -1, text, "is missing"))
+    return found
+
+
+def find_local_order_violations(schedule: Schedule) -> list[Violation]:
+    """On each rank, F before the B or I of its microbatch, and I before its W."""
+    found: list[Violation] = []
+    where: dict[Op, tuple[int, int]] = {}
+    for rank_index, ops in enumerate(schedule.ranks):
+        for position, op in enumerate(ops):
+            where.setdefault(op, (rank_index, position))
+    for rank_index, ops in enumerate(schedule.ranks):
+        for position, op in enumerate(ops):
+            before = _MUST_FOLLOW.get(op.kind)
+            if before is None:
+                continue
+            need = Op(op.stage, before, op.microbatch)
+            need_rank, need_position = where.get(need, (-1, -1))
+            if need_rank == rank_index and need_position > position:
+                found.append(Violation(rank_index, position, str(op), f"runs before {need}"))
     return found
 
 
@@ -117,7 +135,8 @@ def find_deadlock(schedule: Schedule) -> list[Violation]:
     Returns:
         one Violation per rank that is stuck (its next op and the op it waits for), or ``[]``.
     """
-    grad_kind = backward_kinds(schedule)
+    grad_kind = gradient_kind(schedule)
+    split = split_backwards(schedule)
     p = schedule.num_stages
     done: set[Op] = set()
     next_position = [0] * schedule.num_ranks
@@ -129,7 +148,7 @@ def find_deadlock(schedule: Schedule) -> list[Violation]:
             position = next_position[rank_index]
             while position < len(ops):
                 op = ops[position]
-                if any(dep not in done for dep in dependencies(op, p, grad_kind)):
+                if any(dep not in done for dep in dependencies(op, p, grad_kind, split=split)):
                     break
                 done.add(op)
                 position += 1
@@ -143,6 +162,6 @@ def find_deadlock(schedule: Schedule) -> list[Violation]:
         position = next_position[rank_index]
         if position < len(ops):
             op = ops[position]
-            waits = [str(dep) for dep in dependencies(op, p, grad_kind) if dep not in done]
+            waits = [str(dep) for dep in dependencies(op, p, grad_kind, split=split) if dep not in done]
             stuck.append(Violation(rank_index, position, str(op), f"deadlock: waits for {', '.join(waits)}"))
     return stuck
