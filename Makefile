@@ -44,3 +44,10 @@ bench: $(STAMP)
 bench-planner: $(STAMP)
 	$(PY) benchmarks/bench_planner.py
 	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
+
+.PHONY: bench-schedules
+# Speed on several stages per rank, split backward and shared NICs into its section of
+# benchmarks/RESULTS.md; BASELINE=TREE adds an A/B of lowering, engines and metrics against
+# another source tree (e.g. git archive main | tar -x -C /tmp/main).
+bench-schedules: $(STAMP)
+	$(PY) benchmarks/bench_schedules.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)")

@@ -332,7 +332,9 @@ def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int,
                   stages: list[StageMetrics]) -> tuple[float, ...]:
     """Per device, the peak of the summed levels of its stages (its one stage's peak when it
     holds one)."""
-    held = [[s for s, rank in enumerate(stage_to_rank) if rank == device] for device in range(num_ranks)]
+    held: list[list[int]] = [[] for _ in range(num_ranks)]
+    for stage, rank in enumerate(stage_to_rank):
+        held[rank].append(stage)
     several = [device for device in range(num_ranks) if len(held[device]) > 1]
     rows = _groups(trace.memory["device"], num_ranks) if several else []
     return tuple(

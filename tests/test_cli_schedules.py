@@ -73,3 +73,22 @@ def test_simulate_options_refuse_bad_combinations() -> None:
         done = pipesim("simulate", "--uniform", UNIFORM, "--microbatches", "8", *extra)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert expected in done.stderr
+
+
+def test_a_plan_file_with_several_stages_per_rank_runs_as_the_options_do(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema": "pipesim.plan/1", "schedule": "zbv", "num_stages": 8, "num_microbatches": 8,
+                                "stages_per_rank": 2, "recompute_stages": ["selective"] * 8}))
+    common = ("--uniform", UNIFORM, "--bandwidth", "1GB/s", "--latency", "5us", "--json")
+    from_plan = pipesim("simulate", "--plan", str(plan), *common)
+    from_options = pipesim("simulate", "--schedule", "zbv", "--ranks", "4", "--stages-per-rank", "2",
+                           "--microbatches", "8", "--recompute-stages", "selective", *common)
+    assert from_plan.returncode == 0 and from_options.returncode == 0, from_plan.stderr + from_options.stderr
+    a, b = json.loads(from_plan.stdout), json.loads(from_options.stdout)
+    assert a["num_ranks"] == 4 and a["engine"] == "analytic"
+    assert (a["makespan_s"], a["device_peak_memory_bytes"]) == (b["makespan_s"], b["device_peak_memory_bytes"])
+    shared = pipesim("simulate", "--plan", str(plan), "--shared-nics", *common)
+    assert shared.returncode == 0, shared.stderr
+    assert json.loads(shared.stdout)["engine"] == "des"
+    refused = pipesim("simulate", "--plan", str(plan), "--ranks", "4", *common)
+    assert refused.returncode == 2 and "ranks=4: comes from the plan file" in refused.stderr
