@@ -24,6 +24,43 @@ from pipesim.spec.topology import Topology
 
 EngineName = Literal["des", "analytic", "auto"]
 
+# A run holds about 1 KiB per op (op table, trace columns, memory events and the engine's own
+# state: 2bw at p=128, m=1024, K=4 -- 1.05 M ops -- peaked at 0.84 GiB analytic and 1.06 GiB DES,
+# benchmarks/RESULTS.md), so the default refuses runs that would need more than about 4 GiB.
+BYTES_PER_OP = 1024
+DEFAULT_MAX_OPS = 4_000_000
+
+
+def estimate_num_ops(plan: Plan, profile: Profile) -> int:
+    """Ops a plan's schedule will have: F and B (or F, I and W) per stage and microbatch, plus updates."""
+    from pipesim.schedule.registry import SPLIT_BACKWARD
+
+    per_microbatch = 3 if plan.schedule in SPLIT_BACKWARD or profile.has_split_backward else 2
+    microbatches = plan.num_minibatches * plan.num_microbatches
+    per_update = plan.schedule == "pipedream" or (plan.schedule == "pipemare" and plan.pipemare_update == "microbatch")
+    updates = microbatches if per_update else plan.num_minibatches
+    return plan.num_stages * (per_microbatch * microbatches + updates)
+
+
+def check_size(plan: Plan, profile: Profile, max_ops: int = DEFAULT_MAX_OPS) -> int:
+    """Refuse, before building anything, a run whose op count would exceed ``max_ops``.
+
+    Returns:
+        the estimated op count.
+
+    Raises:
+        ConfigError: naming the estimate, the memory it would take and how to raise the limit.
+    """
+    estimate = estimate_num_ops(plan, profile)
+    if estimate > max_ops:
+        gib = estimate * BYTES_PER_OP / 2**30
+        raise ConfigError(
+            "num_ops", estimate,
+            f"the run would need about {gib:.1f} GiB, more than the limit of {max_ops:,} ops allows; "
+            "use fewer stages, microbatches or minibatches, or raise --max-ops",
+        )
+    return estimate
+
 
 @dataclass(frozen=True)
 class Result:
@@ -101,14 +138,27 @@ def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:
     return tuple(devices[rank] for rank in range(schedule.num_ranks))
 
 
-def prepare(profile: Profile, topology: Topology, plan: Plan, *, schedule: Schedule | None = None) -> Program:
+def prepare(
+    profile: Profile,
+    topology: Topology,
+    plan: Plan,
+    *,
+    schedule: Schedule | None = None,
+    max_ops: int = DEFAULT_MAX_OPS,
+) -> Program:
     """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
     and the topology.
 
+    A schedule built here comes from the registry, whose generators are held valid by the
+    property tests, so it is lowered without re-validating it (validation is O(ops) in Python
+    and dominated simulate() at large p); a schedule passed in is validated.
+
     Raises:
-        ConfigError: a given schedule disagrees with the plan's counts, too few devices, or an
-            input breaks a rule.
+        ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
+            larger than ``max_ops``, or an input breaks a rule.
     """
+    check_size(plan, profile, max_ops)
+    trusted = schedule is None
     if schedule is None:
         options: dict[str, Any] = {}
         if plan.schedule == "pipemare":
@@ -134,6 +184,7 @@ def prepare(profile: Profile, topology: Topology, plan: Plan, *, schedule: Sched
         rank_devices=devices,
         microbatch_size=profile.microbatch_size,
         optimizer_state_multiplier=plan.optimizer_state_multiplier,
+        check=not trusted,
     )
 
 
@@ -146,15 +197,18 @@ def simulate_plan(
     jitter: float = 0.0,
     seed: int = 0,
     schedule: Schedule | None = None,
+    max_ops: int = DEFAULT_MAX_OPS,
 ) -> Result:
     """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
+
+    ``max_ops`` bounds the run's size (see ``check_size``).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
-    program = prepare(profile, topology, plan, schedule=schedule)
+    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops)
     started = time.perf_counter()
     trace = _run(program, engine, jitter, seed)
     wall = time.perf_counter() - started
@@ -186,6 +240,7 @@ def simulate(
     engine: EngineName = "des",
     jitter: float = 0.0,
     seed: int = 0,
+    max_ops: int = DEFAULT_MAX_OPS,
     **plan_options: Any,
 ) -> Result:
     """Simulate ``schedule`` on ``profile`` cut into ``num_stages`` stages.
@@ -200,6 +255,7 @@ def simulate(
         partition: per stage ``(start, end)`` layer ranges; default balances compute.
         engine: ``"des"`` (SimPy), ``"analytic"`` or ``"auto"``.
         jitter, seed: per-op duration noise for the DES engine (coefficient of variation).
+        max_ops: refuse runs estimated to have more ops than this (see ``check_size``).
         plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
             replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
 
@@ -215,7 +271,7 @@ def simulate(
         num_minibatches=num_minibatches, partition=partition, **plan_options,
     )
     topology = topology or Topology.uniform(num_devices=plan.num_ranks)
-    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, max_ops=max_ops)
 
 
 def simulate_schedule(
@@ -227,6 +283,7 @@ def simulate_schedule(
     engine: EngineName = "des",
     jitter: float = 0.0,
     seed: int = 0,
+    max_ops: int = DEFAULT_MAX_OPS,
     **plan_options: Any,
 ) -> Result:
     """Simulate a given Schedule (e.g. read with ``from_csv``) instead of a registry one.
@@ -244,7 +301,8 @@ def simulate_schedule(
         partition=partition, stages_per_rank=per_rank if not uneven else 1, **plan_options,
     )
     topology = topology or Topology.uniform(num_devices=schedule.num_ranks)
-    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, schedule=schedule)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, schedule=schedule,
+                         max_ops=max_ops)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.plan import Plan
 from pipesim.simulation import (
+    DEFAULT_MAX_OPS,
     EngineName,
     Result,
     SampleSummary,
@@ -79,6 +80,8 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
               help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
                    "auto: analytic where it applies.")
+@click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
+              help="Refuse runs estimated to have more ops than this (about 1 KiB of memory each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
@@ -89,8 +92,8 @@ def simulate_command(
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
     recompute_stages: str | None, optimizer_state_multiplier: float, jitter: float, seed: int,
-    num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, as_json: bool,
-    out_dir: str | None,
+    num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
+    as_json: bool, out_dir: str | None,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
     if (profile_path is None) == (uniform is None):
@@ -106,7 +109,7 @@ def simulate_command(
         plan = load_plan(plan_path)
         topology = load_topology(topology_path) if topology_path else build_topology(
             _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
-        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen)
+        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)
     else:
         if schedule is not None and schedule_csv is not None:
             raise ConfigError("schedule", schedule, "give exactly one of --schedule NAME or --schedule-csv FILE")
@@ -135,12 +138,13 @@ def simulate_command(
         if recompute_stages is not None:
             options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
         if given is not None:
-            result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed, **options)
+            result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed,
+                                       max_ops=max_ops, **options)
         else:
             result = simulate(
                 profile, topology, schedule=schedule or "", num_stages=total, num_microbatches=num_microbatches or 0,
                 num_minibatches=num_minibatches, stages_per_rank=per_rank, engine=chosen, jitter=jitter, seed=seed,
-                **options,
+                max_ops=max_ops, **options,
             )
     summary = None
     if num_samples is not None:

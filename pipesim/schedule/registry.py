@@ -43,6 +43,9 @@ TAKES_RANKS = frozenset({"interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb
 # Schedules without a flush need several minibatches to reach and show a steady state.
 ASYNCHRONOUS = frozenset({"pipedream", "2bw", "pipemare"})
 
+# Schedules that split every backward into I and W (three compute ops per stage and microbatch).
+SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2"})
+
 
 def default_num_minibatches(name: str) -> int:
     """Minibatches run when none is asked for: 1 for flush schedules, 4 for asynchronous ones."""
