@@ -46,7 +46,16 @@ bench-planner: $(STAMP)
 	$(PY) benchmarks/bench_planner.py
 	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
 
+<<<<<<< HEAD
 # The sweep benchmark of issue 7 (10,080 points) into its section of benchmarks/RESULTS.md.
 .PHONY: bench-sweep
 bench-sweep: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py
+=======
+.PHONY: bench-schedules
+# Speed on several stages per rank, split backward and shared NICs into its section of
+# benchmarks/RESULTS.md; BASELINE=TREE adds an A/B of lowering, engines and metrics against
+# another source tree (e.g. git archive main | tar -x -C /tmp/main).
+bench-schedules: $(STAMP)
+	$(PY) benchmarks/bench_schedules.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)")
+>>>>>>> main

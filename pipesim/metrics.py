@@ -23,8 +23,8 @@ class StageMetrics:
         stage: stage index; device: rank it ran on.
         utilization: busy fraction of its device's compute stream in the steady-state window.
         bubble_fraction: ``1 - utilization``.
-        exposed_communication_s: idle time of the device spent waiting for this stage's inputs
-            in flight, inside the window.
+        exposed_communication_s: idle time of the device before this stage's ops spent waiting
+            for their inputs in flight, inside the window.
         peak_memory_bytes: peak of weights + gradients + optimizer state + stashed activations.
         peak_breakdown_bytes: that peak by category.
         weight_versions_max: most weight versions held at once.
@@ -61,6 +61,9 @@ class Metrics:
             (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
             or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
         stages: per-stage metrics.
+        num_ranks: devices of the pipeline (several stages per rank when fewer than stages).
+        device_utilization: per device (rank), busy fraction of its compute stream in the window.
+        device_peak_memory_bytes: per device, the peak of the sum over the stages it holds.
     """
 
     schedule: str
@@ -79,6 +82,9 @@ class Metrics:
     cooldown_minibatches: int
     peak_memory_bytes: float
     stages: tuple[StageMetrics, ...]
+    num_ranks: int = 1
+    device_utilization: tuple[float, ...] = ()
+    device_peak_memory_bytes: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -187,18 +193,28 @@ def _staleness_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[int, float,
     )
 
 
-def _exposed_communication(trace: Trace, device: int, low: float, high: float) -> float:
-    """Idle time on ``device`` before an op, overlapping the arrival of the send it waited for."""
-    return _exposed_communication_all(trace, device + 1, low, high)[device]
+def _exposed_communication(trace: Trace, device: int, low: float, high: float, stage: int | None = None) -> float:
+    """Idle time on ``device`` before an op (of ``stage``, when given), overlapping the arrival of
+    the send it waited for: an activation for F, a gradient (from B or I) for B or I."""
+    num_devices, num_stages = int(trace.meta["num_ranks"]), int(trace.meta["num_stages"])
+    if stage is None:
+        return _exposed_communication_all(trace, num_devices, num_stages, low, high, per_stage=False)[device]
+    if int(trace.meta["stage_to_rank"][stage]) != device:
+        return 0.0
+    return _exposed_communication_all(trace, num_devices, num_stages, low, high)[stage]
 
 
-def _exposed_communication_all(trace: Trace, num_devices: int, low: float, high: float) -> list[float]:
-    """Per device, idle time before an op overlapping the arrival of the send it waited for.
+def _exposed_communication_all(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
+                               per_stage: bool = True) -> list[float]:
+    """Per stage (or per device), idle time before an op overlapping the arrival of the send it
+    waited for.
 
     A gap is the idle time before a compute op (after the previous op of its device in
-    position order, or 0). A send to the device is matched to the gap of the op it feeds
+    position order, or 0). A send to a device is matched to the gap of the op it feeds
     (an activation to the F of the next stage, a gradient to the B or I of the one before),
-    and their overlap inside [low, high] counts. Sums run in send order, as a loop would.
+    and their overlap inside [low, high] is charged to the stage of that op (so a device
+    holding several stages counts each wait once, for the stage that waited), or with
+    ``per_stage=False`` summed per device. Sums run in send order, as a loop would.
     """
     s = trace.spans
     rows = np.flatnonzero(s["stream"] == _COMPUTE)
@@ -241,7 +257,9 @@ def _exposed_communication_all(trace: Trace, num_devices: int, low: float, high:
     else:
         overlap = np.zeros(cand_send.size)
     exposed = []
-    for group in _groups(peer[cand_send], num_devices):
+    keys, num_groups = (np.clip(cand_stage, 0, max(num_stages - 1, 0)), num_stages) if per_stage else (
+        peer[cand_send], num_devices)
+    for group in _groups(keys, num_groups):
         exposed.append(float(np.cumsum(overlap[group])[-1]) if group.size else 0.0)
     return exposed
 
@@ -263,7 +281,7 @@ def compute_metrics(trace: Trace) -> Metrics:
         mine = compute_rows[rows]
         busy = _overlap(s["start_s"][mine], s["end_s"][mine], low, high)
         utilization_by_device.append(busy / width if width > 0 else 1.0)
-    exposed = _exposed_communication_all(trace, num_ranks, low, high)
+    exposed = _exposed_communication_all(trace, num_ranks, len(stage_to_rank), low, high)
     memory_rows = _groups(trace.memory["stage"], len(stage_to_rank))
     span_rows = [compute_rows[rows] for rows in _groups(s["stage"][compute_rows], len(stage_to_rank))]
     stages = []
@@ -276,7 +294,7 @@ def compute_metrics(trace: Trace) -> Metrics:
             device=device,
             utilization=utilization,
             bubble_fraction=1.0 - utilization,
-            exposed_communication_s=exposed[device],
+            exposed_communication_s=exposed[stage],
             peak_memory_bytes=peak,
             peak_breakdown_bytes=breakdown,
             weight_versions_max=versions,
@@ -285,6 +303,7 @@ def compute_metrics(trace: Trace) -> Metrics:
             forward_delay_mean=delay_mean,
             discrepancy_max=discrepancy,
         ))
+    device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages)
     samples = int(meta["num_microbatches"]) * int(meta.get("microbatch_size", 1))
     return Metrics(
         schedule=str(meta["schedule"]),
@@ -303,6 +322,25 @@ def compute_metrics(trace: Trace) -> Metrics:
         cooldown_minibatches=cooldown,
         peak_memory_bytes=max((stage.peak_memory_bytes for stage in stages), default=0.0),
         stages=tuple(stages),
+        num_ranks=num_ranks,
+        device_utilization=tuple(utilization_by_device),
+        device_peak_memory_bytes=device_peaks,
+    )
+
+
+def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int,
+                  stages: list[StageMetrics]) -> tuple[float, ...]:
+    """Per device, the peak of the summed levels of its stages (its one stage's peak when it
+    holds one)."""
+    held: list[list[int]] = [[] for _ in range(num_ranks)]
+    for stage, rank in enumerate(stage_to_rank):
+        held[rank].append(stage)
+    several = [device for device in range(num_ranks) if len(held[device]) > 1]
+    rows = _groups(trace.memory["device"], num_ranks) if several else []
+    return tuple(
+        stages[held[device][0]].peak_memory_bytes if len(held[device]) == 1
+        else _level_peak_of(trace, rows[device])[0] if held[device] else 0.0
+        for device in range(num_ranks)
     )
 
 

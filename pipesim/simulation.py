@@ -1,14 +1,17 @@
-"""``simulate``: profile + topology + plan in, Trace and Metrics out; the API the CLI wraps."""
+"""``simulate``: profile + topology + plan in, Trace and Metrics out (or seeded samples); the API the CLI wraps."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+import numpy as np
 
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
+from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics
@@ -20,6 +23,43 @@ from pipesim.spec.stages import balance_partition, stage_costs
 from pipesim.spec.topology import Topology
 
 EngineName = Literal["des", "analytic", "auto"]
+
+# A run holds about 1 KiB per op (op table, trace columns, memory events and the engine's own
+# state: 2bw at p=128, m=1024, K=4 -- 1.05 M ops -- peaked at 0.84 GiB analytic and 1.06 GiB DES,
+# benchmarks/RESULTS.md), so the default refuses runs that would need more than about 4 GiB.
+BYTES_PER_OP = 1024
+DEFAULT_MAX_OPS = 4_000_000
+
+
+def estimate_num_ops(plan: Plan, profile: Profile) -> int:
+    """Ops a plan's schedule will have: F and B (or F, I and W) per stage and microbatch, plus updates."""
+    from pipesim.schedule.registry import SPLIT_BACKWARD
+
+    per_microbatch = 3 if plan.schedule in SPLIT_BACKWARD or profile.has_split_backward else 2
+    microbatches = plan.num_minibatches * plan.num_microbatches
+    per_update = plan.schedule == "pipedream" or (plan.schedule == "pipemare" and plan.pipemare_update == "microbatch")
+    updates = microbatches if per_update else plan.num_minibatches
+    return plan.num_stages * (per_microbatch * microbatches + updates)
+
+
+def check_size(plan: Plan, profile: Profile, max_ops: int = DEFAULT_MAX_OPS) -> int:
+    """Refuse, before building anything, a run whose op count would exceed ``max_ops``.
+
+    Returns:
+        the estimated op count.
+
+    Raises:
+        ConfigError: naming the estimate, the memory it would take and how to raise the limit.
+    """
+    estimate = estimate_num_ops(plan, profile)
+    if estimate > max_ops:
+        gib = estimate * BYTES_PER_OP / 2**30
+        raise ConfigError(
+            "num_ops", estimate,
+            f"the run would need about {gib:.1f} GiB, more than the limit of {max_ops:,} ops allows; "
+            "use fewer stages, microbatches or minibatches, or raise --max-ops",
+        )
+    return estimate
 
 
 @dataclass(frozen=True)
@@ -80,43 +120,71 @@ def make_plan(
     return build(Plan, data)
 
 
-def plan_schedule(plan: Plan) -> Schedule:
-    """The schedule a plan runs: its registry generator at the plan's counts and options."""
-    options: dict[str, Any] = {}
-    if plan.schedule == "pipemare":
-        options["update"] = plan.pipemare_update
-    return build_schedule(
-        plan.schedule, plan.num_stages, plan.num_microbatches,
-        num_minibatches=plan.num_minibatches, **options,
-    )
+def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:
+    """The device of each rank: from the plan's per-stage placement, else rank r on device r.
 
-
-def prepare(profile: Profile, topology: Topology, plan: Plan, *, schedule: Schedule | None = None) -> Program:
-    """Build the plan's schedule and lower it onto the profile's costs and the topology.
-
-    Args:
-        schedule: ``plan_schedule(plan)`` built and validated earlier; it is then neither built
-            nor validated again (sweeps share one across points that differ only in costs).
+    Raises:
+        ConfigError: the placement puts two stages of one rank on different devices.
     """
-    checked = schedule is not None
+    if not plan.placement:
+        return tuple(range(schedule.num_ranks))
+    devices: dict[int, int] = {}
+    for stage, rank in enumerate(schedule.stage_to_rank):
+        device = devices.setdefault(rank, plan.placement[stage])
+        if device != plan.placement[stage]:
+            raise ConfigError("placement", list(plan.placement),
+                              f"stages on rank {rank} of {schedule.name} must share a device "
+                              f"(stage {stage} is on {plan.placement[stage]}, another on {device})")
+    return tuple(devices[rank] for rank in range(schedule.num_ranks))
+
+
+def prepare(
+    profile: Profile,
+    topology: Topology,
+    plan: Plan,
+    *,
+    schedule: Schedule | None = None,
+    max_ops: int = DEFAULT_MAX_OPS,
+) -> Program:
+    """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
+    and the topology.
+
+    A schedule built here comes from the registry, whose generators are held valid by the
+    property tests, so it is lowered without re-validating it (validation is O(ops) in Python
+    and dominated simulate() at large p); a schedule passed in is validated.
+
+    Raises:
+        ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
+            larger than ``max_ops``, or an input breaks a rule.
+    """
+    check_size(plan, profile, max_ops)
+    trusted = schedule is None
     if schedule is None:
-        schedule = plan_schedule(plan)
-    elif (schedule.name, schedule.num_stages, schedule.num_microbatches, schedule.num_minibatches) != (
-            plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches):
-        raise ConfigError("schedule", str(schedule.name), "the schedule given was built for another plan")
-    if plan.num_stages > topology.num_devices and not plan.placement:
-        raise ConfigError(
-            "num_stages", plan.num_stages,
-            f"needs a device per stage but the topology has {topology.num_devices}",
+        options: dict[str, Any] = {}
+        if plan.schedule == "pipemare":
+            options["update"] = plan.pipemare_update
+        schedule = build_schedule(
+            plan.schedule, plan.num_stages, plan.num_microbatches,
+            num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options,
         )
-    costs = stage_costs(profile, plan, topology)
-    rank_devices = tuple(plan.device_of(stage) for stage in range(plan.num_stages))
+    elif (schedule.num_stages, schedule.num_microbatches) != (plan.num_stages, plan.num_microbatches):
+        raise ConfigError("schedule", schedule.name, f"has {schedule.num_stages} stages and "
+                          f"{schedule.num_microbatches} microbatches but the plan {plan.num_stages} and "
+                          f"{plan.num_microbatches}")
+    if schedule.num_ranks > topology.num_devices and not plan.placement:
+        raise ConfigError(
+            "num_ranks", schedule.num_ranks,
+            f"needs a device per rank but the topology has {topology.num_devices}",
+        )
+    devices = rank_devices(schedule, plan)
+    stage_devices = tuple(devices[rank] for rank in schedule.stage_to_rank)
+    costs = stage_costs(profile, plan, topology, stage_devices=stage_devices)
     return lower(
         schedule, costs, topology,
-        rank_devices=rank_devices,
+        rank_devices=devices,
         microbatch_size=profile.microbatch_size,
         optimizer_state_multiplier=plan.optimizer_state_multiplier,
-        check=not checked,
+        check=not trusted,
     )
 
 
@@ -129,15 +197,18 @@ def simulate_plan(
     jitter: float = 0.0,
     seed: int = 0,
     schedule: Schedule | None = None,
+    max_ops: int = DEFAULT_MAX_OPS,
 ) -> Result:
-    """Simulate a complete Plan (``schedule``: see ``prepare``).
+    """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
+
+    ``max_ops`` bounds the run's size (see ``check_size``).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
-    program = prepare(profile, topology, plan, schedule=schedule)
+    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops)
     started = time.perf_counter()
     trace = _run(program, engine, jitter, seed)
     wall = time.perf_counter() - started
@@ -169,6 +240,7 @@ def simulate(
     engine: EngineName = "des",
     jitter: float = 0.0,
     seed: int = 0,
+    max_ops: int = DEFAULT_MAX_OPS,
     **plan_options: Any,
 ) -> Result:
     """Simulate ``schedule`` on ``profile`` cut into ``num_stages`` stages.
@@ -176,13 +248,16 @@ def simulate(
     Args:
         profile: the model's measured layers.
         topology: devices and links; default: ``num_stages`` devices with free communication.
-        schedule: registry key: gpipe, 1f1b, pipedream, 2bw or pipemare.
-        num_stages, num_microbatches: p and m.
+        schedule: registry key: gpipe, 1f1b, pipedream, 2bw, pipemare, interleaved-1f1b,
+            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1 or zb-h2.
+        num_stages, num_microbatches: p (all model stages) and m.
         num_minibatches: K; default 1 for flush schedules and 4 for asynchronous ones.
         partition: per stage ``(start, end)`` layer ranges; default balances compute.
         engine: ``"des"`` (SimPy), ``"analytic"`` or ``"auto"``.
         jitter, seed: per-op duration noise for the DES engine (coefficient of variation).
-        plan_options: further Plan fields (recompute, replicas, placement, ...).
+        max_ops: refuse runs estimated to have more ops than this (see ``check_size``).
+        plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
+            replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
 
     Returns:
         a Result with the trace and the metrics.
@@ -195,5 +270,141 @@ def simulate(
         profile, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
         num_minibatches=num_minibatches, partition=partition, **plan_options,
     )
-    topology = topology or Topology.uniform(num_devices=num_stages)
-    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed)
+    topology = topology or Topology.uniform(num_devices=plan.num_ranks)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, max_ops=max_ops)
+
+
+def simulate_schedule(
+    profile: Profile,
+    topology: Topology | None,
+    schedule: Schedule,
+    *,
+    partition: tuple[tuple[int, int], ...] | None = None,
+    engine: EngineName = "des",
+    jitter: float = 0.0,
+    seed: int = 0,
+    max_ops: int = DEFAULT_MAX_OPS,
+    **plan_options: Any,
+) -> Result:
+    """Simulate a given Schedule (e.g. read with ``from_csv``) instead of a registry one.
+
+    The profile is cut into ``schedule.num_stages`` stages; rank r runs on device r unless
+    ``placement`` says otherwise.
+
+    Raises:
+        ConfigError: an input breaks a rule; ScheduleError: the schedule is invalid or deadlocks.
+    """
+    per_rank, uneven = divmod(schedule.num_stages, schedule.num_ranks)
+    plan = make_plan(
+        profile, schedule=schedule.name, num_stages=schedule.num_stages,
+        num_microbatches=schedule.num_microbatches, num_minibatches=schedule.num_minibatches,
+        partition=partition, stages_per_rank=per_rank if not uneven else 1, **plan_options,
+    )
+    topology = topology or Topology.uniform(num_devices=schedule.num_ranks)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, schedule=schedule,
+                         max_ops=max_ops)
+
+
+@dataclass(frozen=True)
+class SampleSummary:
+    """Iteration time over ``num_samples`` seeded stochastic runs of one Program.
+
+    Attributes:
+        num_samples, seed, distribution: how the samples were drawn; ``cv`` is the coefficient
+            of variation used for every op, or None for the profile's measured spread.
+        deterministic_iteration_time_s: the run with every op at its mean duration.
+        iteration_times_s: one steady-state iteration time per sample, in sample order.
+        median_s, p5_s, p95_s, mean_s: their median, 5th and 95th percentiles (linear
+            interpolation) and mean.
+        straggler_slowdown: the relative slow-down given to one device at a time.
+        straggler_sensitivity: per device, ``(T_slow / T - 1) / straggler_slowdown`` of the
+            deterministic iteration time T: 1 when the whole pipeline waits for that device,
+            0 when its slack hides it.
+    """
+
+    num_samples: int
+    seed: int
+    distribution: str
+    cv: float | None
+    deterministic_iteration_time_s: float
+    iteration_times_s: tuple[float, ...]
+    median_s: float
+    p5_s: float
+    p95_s: float
+    mean_s: float
+    straggler_slowdown: float
+    straggler_sensitivity: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+def sample_program(
+    program: Program,
+    *,
+    num_samples: int,
+    seed: int = 0,
+    distribution: Distribution = "normal",
+    cv: float | None = None,
+    straggler_slowdown: float = 0.1,
+) -> SampleSummary:
+    """Run ``program`` ``num_samples`` times on the DES engine with drawn op durations.
+
+    Sample i draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(N)[i])``, so a
+    sample does not depend on how many are taken, and the same seed gives the same numbers.
+    With no spread every sample equals the deterministic run exactly.
+
+    Raises:
+        ConfigError: ``num_samples < 1``, a slow-down <= 0, or a bad distribution or cv.
+    """
+    if num_samples < 1:
+        raise ConfigError("samples", num_samples, "must be >= 1")
+    if not straggler_slowdown > 0:
+        raise ConfigError("straggler_slowdown", straggler_slowdown, "must be > 0")
+    base = program.ops.duration_s
+    deterministic = compute_metrics(run_des(program, durations=base)).iteration_time_s
+    times = []
+    for child in np.random.SeedSequence(seed).spawn(num_samples):
+        durations = draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv)
+        times.append(compute_metrics(run_des(program, durations=durations)).iteration_time_s)
+    sensitivity = []
+    for rank in range(program.ops.num_ranks):
+        slowed = np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base)
+        slow = compute_metrics(run_des(program, durations=slowed)).iteration_time_s
+        sensitivity.append((slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0)
+    values = np.asarray(times)
+    return SampleSummary(
+        num_samples=num_samples,
+        seed=seed,
+        distribution=distribution,
+        cv=cv,
+        deterministic_iteration_time_s=deterministic,
+        iteration_times_s=tuple(times),
+        median_s=float(np.median(values)),
+        p5_s=float(np.percentile(values, 5)),
+        p95_s=float(np.percentile(values, 95)),
+        mean_s=float(values.mean()),
+        straggler_slowdown=straggler_slowdown,
+        straggler_sensitivity=tuple(sensitivity),
+    )
+
+
+def simulate_samples(
+    profile: Profile,
+    topology: Topology,
+    plan: Plan,
+    *,
+    num_samples: int,
+    seed: int = 0,
+    distribution: Distribution = "normal",
+    cv: float | None = None,
+    schedule: Schedule | None = None,
+) -> SampleSummary:
+    """Build and lower the plan's schedule (or ``schedule``), then ``sample_program`` it.
+
+    Raises:
+        ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
+    """
+    program = prepare(profile, topology, plan, schedule=schedule)
+    return sample_program(program, num_samples=num_samples, seed=seed, distribution=distribution, cv=cv)

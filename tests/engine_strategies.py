@@ -9,9 +9,14 @@ from typing import Any
 from hypothesis import strategies as st
 
 from pipesim import Profile, Topology
+from pipesim.schedule.registry import build_schedule
 from pipesim.spec.validation import build
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare")
+# One stage per rank, the five of issue 2 and the zero-bubble ones; then several stages per rank.
+SCHEDULE_NAMES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare", "zb-h1", "zb-h2")
+MULTI_STAGE_NAMES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+ALL_SCHEDULE_NAMES = SCHEDULE_NAMES + MULTI_STAGE_NAMES
+RECOMPUTE_MODES = ("none", "full", "selective")
 
 # Times in seconds and sizes in bytes, zero included so that ties between ends occur.
 seconds = st.one_of(st.just(0.0), st.floats(1e-6, 1e-2, allow_nan=False, allow_infinity=False))
@@ -30,21 +35,35 @@ class Case:
 
 
 @st.composite
+def layers(draw: st.DrawFn, index: int, split: bool) -> dict[str, Any]:
+    """One layer; with ``split`` its backward is given as I + W. It may keep part of its stash
+    for W (``weight_stash_bytes``) and be marked for selective recomputation."""
+    layer: dict[str, Any] = {
+        "name": f"layer{index}",
+        "forward_s": draw(seconds),
+        "activation_bytes": draw(sizes),
+        "param_bytes": draw(sizes),
+        "stash_bytes": draw(st.none() | sizes),
+        "selective_recompute": draw(st.none() | st.booleans()),
+    }
+    if split:
+        layer["backward_input_s"], layer["backward_weight_s"] = draw(seconds), draw(seconds)
+        layer["backward_s"] = layer["backward_input_s"] + layer["backward_weight_s"]
+    else:
+        layer["backward_s"] = draw(seconds)
+    stashed = layer["activation_bytes"] if layer["stash_bytes"] is None else layer["stash_bytes"]
+    layer["weight_stash_bytes"] = draw(st.none() | st.floats(0.0, 1.0).map(lambda share: share * stashed))
+    return layer
+
+
+@st.composite
 def profiles(draw: st.DrawFn, num_stages: int) -> Profile:
-    """A profile of ``num_stages`` to ``num_stages + 3`` layers with random times and sizes."""
+    """A profile of ``num_stages`` to ``num_stages + 3`` layers with random times and sizes,
+    with a measured split backward or without one."""
     num_layers = draw(st.integers(num_stages, num_stages + 3))
-    layers = [
-        {
-            "name": f"layer{index}",
-            "forward_s": draw(seconds),
-            "backward_s": draw(seconds),
-            "activation_bytes": draw(sizes),
-            "param_bytes": draw(sizes),
-            "stash_bytes": draw(st.none() | sizes),
-        }
-        for index in range(num_layers)
-    ]
-    return build(Profile, {"name": "random", "layers": layers, "microbatch_size": draw(st.integers(1, 4))})
+    split = draw(st.booleans())
+    drawn = [draw(layers(index, split)) for index in range(num_layers)]
+    return build(Profile, {"name": "random", "layers": drawn, "microbatch_size": draw(st.integers(1, 4))})
 
 
 @st.composite
@@ -62,22 +81,54 @@ def topologies(draw: st.DrawFn, num_devices: int) -> Topology:
 
 
 @st.composite
-def cases(draw: st.DrawFn, max_stages: int = 6, max_microbatches: int = 8, max_minibatches: int = 3) -> Case:
-    """A random run of one of the five schedules: p <= 6, m <= 8, K <= 3 by default."""
-    name = draw(st.sampled_from(SCHEDULE_NAMES))
-    p = draw(st.integers(1, max_stages))
-    low = p if name == "2bw" else 1  # 2bw needs m >= p
-    m = draw(st.integers(low, max(low, max_microbatches)))
+def shapes(draw: st.DrawFn, name: str, max_stages: int = 6, max_microbatches: int = 8) -> tuple[int, int, int]:
+    """``(num_stages, stages_per_rank, num_microbatches)`` that schedule ``name`` accepts, by
+    construction: V = 2 for the V schedules, m >= p for 2bw and dualpipev, and for the
+    interleaved ones m a multiple of its rounds max(1, m // R), as torch requires."""
+    if name in ("zbv", "dualpipev"):
+        per_rank = 2
+    elif name in MULTI_STAGE_NAMES:
+        per_rank = draw(st.integers(1, 3))
+    else:
+        per_rank = 1
+    num_ranks = draw(st.integers(1, max(1, max_stages // per_rank)))
+    p = num_ranks * per_rank
+    low = p if name in ("2bw", "dualpipev") else 1
+    high = max(low, max_microbatches)
+    if name.startswith("interleaved"):
+        m = draw(st.sampled_from([m for m in range(low, high + 1) if m % max(1, m // num_ranks) == 0]))
+    else:
+        m = draw(st.integers(low, high))
+    return p, per_rank, m
+
+
+@st.composite
+def cases(draw: st.DrawFn, max_stages: int = 6, max_microbatches: int = 8, max_minibatches: int = 3,
+          names: tuple[str, ...] = ALL_SCHEDULE_NAMES) -> Case:
+    """A random run of one of ``names`` (all twelve schedules by default): p <= 6 stages in all,
+    m <= 8, K <= 3 by default; recomputation full, selective or none per stage; ranks placed on
+    a random permutation of the devices."""
+    name = draw(st.sampled_from(names))
+    p, per_rank, m = draw(shapes(name, max_stages, max_microbatches))
+    num_ranks = p // per_rank
     kwargs: dict[str, Any] = {
         "schedule": name,
         "num_stages": p,
         "num_microbatches": m,
         "num_minibatches": draw(st.integers(1, max_minibatches)),
-        "recompute": draw(st.booleans()),
         "optimizer_state_multiplier": draw(st.sampled_from([0.0, 1.0, 2.0])),
         "replicas": tuple(draw(st.lists(st.integers(1, 3), min_size=p, max_size=p))),
-        "placement": tuple(draw(st.permutations(range(p)))),
     }
+    if per_rank > 1:
+        kwargs["stages_per_rank"] = per_rank
+    if draw(st.booleans()):
+        kwargs["recompute"] = draw(st.booleans())
+    else:
+        kwargs["recompute_stages"] = tuple(draw(st.lists(st.sampled_from(RECOMPUTE_MODES), min_size=p, max_size=p)))
+    # The devices of the ranks, written per stage (stages of one rank share its device).
+    stage_to_rank = build_schedule(name, p, m, num_ranks=num_ranks).stage_to_rank if per_rank > 1 else range(p)
+    devices = draw(st.permutations(range(num_ranks)))
+    kwargs["placement"] = tuple(devices[rank] for rank in stage_to_rank)
     if name == "pipemare":
         kwargs["pipemare_update"] = draw(st.sampled_from(["minibatch", "microbatch"]))
-    return Case(profile=draw(profiles(p)), topology=draw(topologies(p)), kwargs=kwargs)
+    return Case(profile=draw(profiles(p)), topology=draw(topologies(num_ranks)), kwargs=kwargs)

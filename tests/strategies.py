@@ -23,6 +23,8 @@ from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 
 UNIT_S = 2.0 ** -10
+# Schedules that place several stages on a rank (``build_schedule(..., num_ranks=R)``).
+MULTI_STAGE = frozenset({"interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev"})
 MAX_STAGES, MAX_MICROBATCHES, MAX_MINIBATCHES = 6, 8, 3
 
 
@@ -41,6 +43,11 @@ class ScheduleParams:
     num_minibatches: int
     options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stages_per_rank(self) -> int:
+        """Model stages on each rank (``options["num_ranks"]`` for the multi-stage schedules)."""
+        return self.num_stages // int(self.options.get("num_ranks", self.num_stages))
+
     def build(self) -> Schedule:
         """The schedule these parameters name."""
         return build_schedule(self.name, self.num_stages, self.num_microbatches,
@@ -55,13 +62,29 @@ def schedule_params(
     max_microbatches: int = MAX_MICROBATCHES,
     max_minibatches: int = MAX_MINIBATCHES,
 ) -> ScheduleParams:
-    """Any registered schedule with p, m and K small; 2bw's m >= p is met by construction."""
+    """Any registered schedule with p, m and K small, its rules met by construction: m >= p for
+    2bw and dualpipev; for the multi-stage schedules R ranks of V stages (V = 2 for zbv and
+    dualpipev, up to 3 for the interleaved ones), p = R * V <= ``max_stages``, and for the
+    interleaved ones m a multiple of max(1, m // R)."""
     name = draw(st.sampled_from(names))
-    p = draw(st.integers(1, max_stages))
-    low = p if name == "2bw" else 1
-    m = draw(st.integers(low, max(low, max_microbatches)))
+    options: dict[str, Any] = {}
+    if name in MULTI_STAGE:
+        per_rank = 2 if name in ("zbv", "dualpipev") else draw(st.integers(1, 3))
+        num_ranks = draw(st.integers(1, max(1, max_stages // per_rank)))
+        p = num_ranks * per_rank
+        options["num_ranks"] = num_ranks
+    else:
+        p = draw(st.integers(1, max_stages))
+    low = p if name in ("2bw", "dualpipev") else 1
+    high = max(low, max_microbatches)
+    if name.startswith("interleaved"):
+        rounds = options["num_ranks"]
+        m = draw(st.sampled_from([m for m in range(low, high + 1) if m % max(1, m // rounds) == 0]))
+    else:
+        m = draw(st.integers(low, high))
     k = draw(st.integers(1, max_minibatches))
-    options = {"update": draw(st.sampled_from(["minibatch", "microbatch"]))} if name == "pipemare" else {}
+    if name == "pipemare":
+        options["update"] = draw(st.sampled_from(["minibatch", "microbatch"]))
     return ScheduleParams(name, p, m, k, options)
 
 
@@ -142,6 +165,7 @@ def plans(draw: st.DrawFn, params: ScheduleParams, num_layers: int) -> Plan:
         "recompute": draw(st.booleans()),
         "optimizer_state_multiplier": draw(st.sampled_from([0.0, 1.0, 2.0])),
         "pipemare_update": params.options.get("update", "minibatch"),
+        "stages_per_rank": params.stages_per_rank,
     })
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine_strategies import SCHEDULE_NAMES, Case, cases
+from engine_strategies import ALL_SCHEDULE_NAMES, Case, cases, shapes
 from pipesim import ConfigError, ScheduleError, Topology, build_schedule, simulate, uniform_profile
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
@@ -18,7 +18,7 @@ from pipesim.engine.lowering import lower
 from pipesim.engine.trace import MEMORY_COLUMNS, SPAN_COLUMNS, Trace
 from pipesim.errors import DeadlockError
 from pipesim.metrics import compute_metrics
-from pipesim.schedule.deps import dependencies, gradient_kind
+from pipesim.schedule.deps import backward_kinds, dependencies
 from pipesim.schedule.ir import OpKind, Schedule
 from pipesim.schedule.versions import assign_versions
 from pipesim.simulation import make_plan, prepare
@@ -80,23 +80,30 @@ def test_both_engines_give_the_same_spans_and_metrics(case: Case) -> None:
     assert_same_values(metrics_des, metrics_analytic)
 
 
-@given(st.sampled_from(SCHEDULE_NAMES), st.integers(1, 6), st.integers(1, 8), st.integers(1, 3))
-def test_columns_match_the_per_op_rules(name: str, p: int, m: int, k: int) -> None:
-    """The OpTable's versions and inputs are those of assign_versions and dependencies."""
-    schedule = build_schedule(name, p, max(m, p) if name == "2bw" else m, num_minibatches=k)
+@given(st.sampled_from(ALL_SCHEDULE_NAMES).flatmap(lambda name: st.tuples(st.just(name), shapes(name))),
+       st.integers(1, 3))
+def test_columns_match_the_per_op_rules(shape: tuple[str, tuple[int, int, int]], k: int) -> None:
+    """The OpTable's versions, inputs and send targets are those of assign_versions,
+    dependencies and sends_to (several stages per rank and mixed B and I/W included)."""
+    from pipesim.schedule.deps import sends_to
+
+    name, (p, per_rank, m) = shape
+    schedule = build_schedule(name, p, m, num_minibatches=k, num_ranks=p // per_rank)
     profile = uniform_profile(num_layers=p, forward_s=1e-3, backward_s=2e-3)
-    topology = Topology.uniform(num_devices=p)
-    plan = make_plan(profile, schedule=name, num_stages=p, num_microbatches=schedule.num_microbatches,
-                     num_minibatches=k)
-    program = lower(schedule, stage_costs(profile, plan, topology), topology)
+    topology = Topology.uniform(num_devices=schedule.num_ranks)
+    plan = make_plan(profile, schedule=name, num_stages=p, num_microbatches=m, num_minibatches=k,
+                     stages_per_rank=per_rank)
+    program = lower(schedule, stage_costs(profile, plan, topology, stage_devices=schedule.stage_to_rank), topology)
     versions = assign_versions(schedule).version_of
-    grad = gradient_kind(schedule)
+    grad = backward_kinds(schedule)
     flat = [op for ops in schedule.ranks for op in ops]
     table = program.ops
     for g, op in enumerate(flat):
         assert table.version[g] == versions[op], op
         waits = [dep for dep in dependencies(op, p, grad) if dep.stage != op.stage]
         assert ([flat[table.wait[g]]] if table.wait[g] >= 0 else []) == waits, op
+        target = sends_to(op, p, grad)
+        assert table.send_rank[g] == (-1 if target is None else schedule.stage_to_rank[target]), op
     assert [row.op for ops in program.ranks for row in ops] == flat
 
 
@@ -163,17 +170,22 @@ def reference_memory(program, end_s: list[list[float]]) -> list[tuple[float, int
         rows += [(0.0, device, stage, 0, params, 1), (0.0, device, stage, 1, params, 1),
                  (0.0, device, stage, 2, params * program.meta["optimizer_state_multiplier"], 1)]
     order = sorted((end, r, j) for r, ends in enumerate(end_s) for j, end in enumerate(ends))
-    frees = OpKind.W if schedule.has_split_backward else OpKind.B
+    kept = costs.weight_stash_bytes or costs.stash_bytes
     last_use = program.versions.last_use
     latest = [0] * schedule.num_stages
     ended: set[tuple[int, int]] = set()
     for end, r, j in order:
         row = program.ranks[r][j]
         op, stage = row.op, row.op.stage
+        stash = costs.stash_bytes[stage]
         if op.kind is OpKind.F:
-            rows.append((end, r, stage, 3, costs.stash_bytes[stage], 1))
-        elif op.kind is frees:
-            rows.append((end, r, stage, 3, -costs.stash_bytes[stage], -1))
+            rows.append((end, r, stage, 3, stash, 1))
+        elif op.kind is OpKind.B:
+            rows.append((end, r, stage, 3, -stash, -1))
+        elif op.kind is OpKind.I and kept[stage] != stash:  # W frees what I keeps
+            rows.append((end, r, stage, 3, kept[stage] - stash, 0))
+        elif op.kind is OpKind.W:
+            rows.append((end, r, stage, 3, -kept[stage], -1))
         if not program.keeps_versions:
             continue
         if op.kind is OpKind.U:

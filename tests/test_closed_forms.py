@@ -100,3 +100,13 @@ def test_communication_adds_latency_plus_bytes_over_bandwidth() -> None:
     result = simulate(profile, topology, schedule="gpipe", num_stages=2, num_microbatches=1)
     transfer = 10e-6 + 1e6 / 1e9
     assert close(result.metrics.makespan_s, 2 * TF + 2 * TB + 2 * transfer)
+
+
+def test_op_count_estimate_is_exact_for_every_seed_schedule() -> None:
+    from pipesim.simulation import estimate_num_ops
+
+    for name in ("gpipe", "1f1b", "pipedream", "2bw", "pipemare"):
+        for p, m, k in ((1, 1, 1), (3, 4, 2), (4, 8, 3)):
+            result = run(name, p, m, k)
+            assert estimate_num_ops(result.plan, uniform_profile(num_layers=p, forward_s=TF, backward_s=TB)) == \
+                result.schedule.num_ops, (name, p, m, k)

@@ -1,4 +1,5 @@
-"""Golden wavefront tables of every schedule for the smallest cases (p = 2..3, m = 3..4).
+"""Golden wavefront tables of every schedule for the smallest cases (p = 2..3, m = 3..4; the
+schedules with several stages per rank on R = 2..3 ranks of 2 stages).
 
 The files under tests/golden/wavefronts/ change only on purpose: run
 ``PIPESIM_REGEN_GOLDEN=1 pytest tests/test_golden_wavefronts.py`` and review the diff.
@@ -22,6 +23,17 @@ REGENERATE = os.environ.get("PIPESIM_REGEN_GOLDEN") == "1"
 # Asynchronous schedules run 2 minibatches, enough to show one crossing into the next.
 VARIANTS: dict[str, list[dict[str, Any]]] = {name: [{}] for name in SCHEDULES}
 VARIANTS["pipemare"].append({"update": "microbatch"})
+# Schedules with several stages per rank: drawn on R ranks of two stages each.
+MULTI_STAGE = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+
+
+def shapes(name: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """``(num_stages, num_microbatches, extra options)`` of the tables drawn for ``name``."""
+    if name not in MULTI_STAGE:
+        return [(p, m, {}) for p in (2, 3) for m in (3, 4)]
+    # DualPipeV needs m >= its number of stages.
+    return [(2 * r, m, {"num_ranks": r}) for r in (2, 3)
+            for m in ((2 * r, 2 * r + 1) if name == "dualpipev" else (3, 4))]
 
 
 def render(name: str) -> str:
@@ -31,11 +43,10 @@ def render(name: str) -> str:
         "# Every op, U included, takes one step after the op before it and the ops it needs; blanks are idle.",
     ]
     for options in VARIANTS[name]:
-        for p in (2, 3):
-            for m in (3, 4):
-                shown = "".join(f" {key}={value}" for key, value in options.items())
-                lines += ["", f"## p={p} m={m} K={k}{shown}"]
-                lines.append(draw_wavefront(build_schedule(name, p, m, num_minibatches=k, **options)))
+        for p, m, extra in shapes(name):
+            shown = "".join(f" {key}={value}" for key, value in {**extra, **options}.items())
+            lines += ["", f"## p={p} m={m} K={k}{shown}"]
+            lines.append(draw_wavefront(build_schedule(name, p, m, num_minibatches=k, **extra, **options)))
     return "\n".join(lines) + "\n"
 
 

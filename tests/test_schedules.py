@@ -57,7 +57,12 @@ def test_pipemare_has_the_2bw_order_and_a_per_microbatch_option() -> None:
 def test_every_generated_schedule_validates(name: str) -> None:
     for p in range(1, 6):
         for m in range(p, p + 4):
-            validate(build_schedule(name, p, m, num_minibatches=3))
+            if name.startswith("interleaved") and m % max(1, m // p):
+                continue  # m must split into whole rounds of max(1, m // p), as in torch
+            if name in ("zbv", "dualpipev"):  # exactly two stages per rank, in a V
+                validate(build_schedule(name, 2 * p, max(m, 2 * p), num_ranks=p, num_minibatches=3))
+            else:
+                validate(build_schedule(name, p, m, num_minibatches=3))
 
 
 def test_text_form_round_trips() -> None:

@@ -6,26 +6,36 @@ import json
 
 import click
 
+from pipesim.cli.options import resolve_stages
 from pipesim.schedule.csv_format import to_csv
 from pipesim.schedule.registry import SCHEDULES, build_schedule
 
 
 @click.command("schedule")
 @click.option("--schedule", "name", required=True, help=f"One of: {', '.join(SCHEDULES)}.")
-@click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P.")
+@click.option("--stages", "num_stages", type=int, default=None,
+              help="Pipeline stages P, one per rank (or give --ranks).")
+@click.option("--ranks", "num_ranks", type=int, default=None, help="Ranks (devices) R.")
+@click.option("--stages-per-rank", "stages_per_rank", type=int, default=None,
+              help="Model stages V on each rank, R x V in all (interleaved and V schedules); default 1.")
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
-              help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
+              help="Minibatches K (default 1 for flush schedules, 4 for asynchronous schedules).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "csv"]), default="text",
               show_default=True, help="text: one row per rank; csv: PyTorch's pipelining format (no U cells).")
-def schedule_command(name: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
-                     output_format: str) -> None:
-    """Print the order of ops on every rank, in the "1F0" text form."""
-    schedule = build_schedule(name, num_stages, num_microbatches, num_minibatches=num_minibatches)
+def schedule_command(name: str, num_stages: int | None, num_ranks: int | None, stages_per_rank: int | None,
+                     num_microbatches: int, num_minibatches: int | None, output_format: str) -> None:
+    """Print the order of ops on every rank, in the "1F0" text form (global stage indices)."""
+    total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
+    schedule = build_schedule(name, total, num_microbatches, num_minibatches=num_minibatches,
+                              num_ranks=total // per_rank)
     if output_format == "json":
         data = schedule.to_dict()
-        click.echo(json.dumps({key: data[key] for key in
-                               ("schedule", "num_stages", "num_microbatches", "num_minibatches", "ranks")}))
+        keys = ["schedule", "num_stages", "num_microbatches", "num_minibatches", "ranks"]
+        if schedule.num_ranks != schedule.num_stages:
+            keys[2:2] = ["num_ranks", "stage_to_rank"]
+            data["num_ranks"] = schedule.num_ranks
+        click.echo(json.dumps({key: data[key] for key in keys}))
     elif output_format == "csv":
         click.echo(to_csv(schedule), nl=False)
     else:

@@ -4,94 +4,178 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from pipesim.cli.options import build_topology, parse_partition, parse_uniform
+from pipesim.cli.options import (
+    build_topology,
+    parse_partition,
+    parse_recompute_stages,
+    parse_uniform,
+    resolve_stages,
+)
+from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.errors import ConfigError
+from pipesim.schedule.csv_format import from_csv
+from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.simulation import EngineName, Result, simulate, simulate_plan
-from pipesim.spec.files import load_plan, load_profile, load_topology
+from pipesim.spec.plan import Plan
+from pipesim.simulation import (
+    DEFAULT_MAX_OPS,
+    EngineName,
+    Result,
+    SampleSummary,
+    simulate,
+    simulate_plan,
+    simulate_samples,
+    simulate_schedule,
+)
+from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 
 
 @click.command("simulate")
 @click.option("--profile", "profile_path", type=str, default=None,
               help="Profile file: pipesim JSON or PipeDream graph.txt (told apart by content).")
 @click.option("--uniform", type=str, default=None,
-              help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W.")
+              help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W "
+                   "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=].")
 @click.option("--plan", "plan_path", type=str, default=None,
               help="A plan file (pipesim.plan/1, or the output of pipesim plan) instead of --stages ... --schedule.")
-@click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P (one device each).")
-@click.option("--microbatches", "num_microbatches", type=int, default=None, help="Microbatches per minibatch M.")
+@click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P, one per device.")
+@click.option("--ranks", "num_ranks", type=int, default=None, help="Ranks (devices) R.")
+@click.option("--stages-per-rank", "stages_per_rank", type=int, default=None,
+              help="Model stages V on each rank, R x V in all; default 1.")
+@click.option("--microbatches", "num_microbatches", type=int, default=None,
+              help="Microbatches per minibatch M (with --schedule-csv: default the largest index + 1).")
 @click.option("--schedule", "schedule", default=None, help=f"One of: {', '.join(SCHEDULES)}.")
+@click.option("--schedule-csv", "schedule_csv", type=str, default=None,
+              help="Simulate the schedule in this file (PyTorch's pipelining CSV) instead of --schedule.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
-              help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
+              help="Minibatches K (default 1 for flush schedules, 4 for asynchronous schedules).")
 @click.option("--partition", type=str, default=None,
               help="Layer ranges per stage, START:END,... (default: balance forward+backward time).")
 @click.option("--bandwidth", type=str, default=None, help="Link bandwidth with a unit, e.g. 25Gbit/s or 300GB/s.")
 @click.option("--latency", type=str, default=None, help="Link latency with a unit, e.g. 5us.")
+@click.option("--speeds", type=str, default=None, help="Relative speed per device, e.g. 1,1,0.5,1.")
+@click.option("--shared-nics", is_flag=True,
+              help="Flows leaving or entering a device share its NIC's bandwidth (des engine only).")
 @click.option("--topology", "topology_path", type=str, default=None, help="Topology JSON (instead of --bandwidth).")
-@click.option("--recompute/--no-recompute", default=False, help="Activation recomputation.")
+@click.option("--recompute/--no-recompute", default=False, help="Full activation recomputation on every stage.")
+@click.option("--recompute-stages", "recompute_stages", type=str, default=None,
+              help="Recomputation per stage: one of none|full|selective, or one per stage (full,none,...).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
               help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")
+@click.option("--samples", "num_samples", type=int, default=None,
+              help="Stochastic DES runs: iteration time median, p5, p95 and straggler sensitivity.")
+@click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="normal", show_default=True,
+              help="Distribution of each op's duration in --samples runs.")
+@click.option("--cv", type=float, default=None,
+              help="Coefficient of variation of every op in --samples runs (default: the profile's measured spread).")
 @click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
               help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
                    "auto: analytic where it applies.")
+@click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
+              help="Refuse runs estimated to have more ops than this (about 1 KiB of memory each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
 def simulate_command(
     profile_path: str | None, uniform: str | None, plan_path: str | None, num_stages: int | None,
-    num_microbatches: int | None, schedule: str | None,
+    num_ranks: int | None, stages_per_rank: int | None, num_microbatches: int | None, schedule: str | None,
+    schedule_csv: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
-    topology_path: str | None, recompute: bool, optimizer_state_multiplier: float, jitter: float, seed: int,
-    engine: str, as_json: bool, out_dir: str | None,
+    speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
+    recompute_stages: str | None, optimizer_state_multiplier: float, jitter: float, seed: int,
+    num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
+    as_json: bool, out_dir: str | None,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
     if (profile_path is None) == (uniform is None):
         raise ConfigError("profile", profile_path or uniform, "give exactly one of --profile FILE or --uniform ...")
-    if topology_path and (bandwidth or latency):
-        raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency, not both")
+    if topology_path and (bandwidth or latency or speeds or shared_nics):
+        raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
+                          "--shared-nics, not both")
     profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
+    given: Schedule | None = None
+    chosen = cast(EngineName, engine)  # click.Choice checked it
     if plan_path is not None:
         _check_plan_flags(click.get_current_context())
         plan = load_plan(plan_path)
-        needed = max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
-        topology = load_topology(topology_path) if topology_path else build_topology(needed, bandwidth, latency)
-        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed,
-                               engine=cast(EngineName, engine))  # click.Choice checked it
+        topology = load_topology(topology_path) if topology_path else build_topology(
+            _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
+        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)
     else:
-        for flag, value in (("--stages", num_stages), ("--microbatches", num_microbatches), ("--schedule", schedule)):
-            if value is None:
-                raise click.UsageError(f"Missing option '{flag}'.", click.get_current_context())
-        assert num_stages is not None and num_microbatches is not None and schedule is not None
-        topology = load_topology(topology_path) if topology_path else build_topology(num_stages, bandwidth, latency)
-        result = simulate(
-            profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
-            num_minibatches=num_minibatches, partition=parse_partition(partition) if partition else None,
-            recompute=recompute, optimizer_state_multiplier=optimizer_state_multiplier, jitter=jitter, seed=seed,
-            engine=cast(EngineName, engine),  # click.Choice checked it
-        )
+        if schedule is not None and schedule_csv is not None:
+            raise ConfigError("schedule", schedule, "give exactly one of --schedule NAME or --schedule-csv FILE")
+        if schedule is None and schedule_csv is None:
+            raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).", click.get_current_context())
+        if schedule_csv is not None:
+            given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom",
+                             num_microbatches=num_microbatches, source=schedule_csv)
+            if num_stages is not None or num_ranks is not None:
+                raise ConfigError("schedule_csv", schedule_csv, "sets the stages and ranks; drop --stages/--ranks")
+            total, per_rank, ranks = given.num_stages, 1, given.num_ranks
+        else:
+            for flag, value in (("--stages", num_stages if num_ranks is None else num_ranks),
+                                ("--microbatches", num_microbatches)):
+                if value is None:
+                    hint = " (or --ranks R [--stages-per-rank V])" if flag == "--stages" else ""
+                    raise click.UsageError(f"Missing option '{flag}'{hint}.", click.get_current_context())
+            total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
+            ranks = total // per_rank
+        topology = load_topology(topology_path) if topology_path else build_topology(
+            ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        options: dict[str, Any] = {
+            "partition": parse_partition(partition) if partition else None,
+            "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
+        }
+        if recompute_stages is not None:
+            options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
+        if given is not None:
+            result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed,
+                                       max_ops=max_ops, **options)
+        else:
+            result = simulate(
+                profile, topology, schedule=schedule or "", num_stages=total, num_microbatches=num_microbatches or 0,
+                num_minibatches=num_minibatches, stages_per_rank=per_rank, engine=chosen, jitter=jitter, seed=seed,
+                max_ops=max_ops, **options,
+            )
+    summary = None
+    if num_samples is not None:
+        summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
+                                   distribution=distribution, cv=cv, schedule=given)
     if out_dir:
         written = write_outputs(result, Path(out_dir))
     if as_json:
-        click.echo(json.dumps(result.to_dict(), sort_keys=True))
+        data = result.to_dict()
+        if summary is not None:
+            data["samples"] = summary.to_dict()
+        click.echo(json.dumps(data, sort_keys=True))
     else:
         print_table(result)
+        if summary is not None:
+            print_samples(summary)
         if out_dir:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
 
 
+def _devices_needed(plan: Plan) -> int:
+    """Devices a plan runs on: its ranks, or as many as its placement and replicas reach."""
+    if plan.stages_per_rank > 1:
+        return max([plan.num_ranks, *(device + 1 for device in plan.placement)])
+    return max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
+
+
 def _check_plan_flags(context: click.Context) -> None:
     """With --plan, the options a plan holds must not be given too."""
-    for name in ("num_stages", "num_microbatches", "schedule", "num_minibatches", "partition", "recompute",
-                 "optimizer_state_multiplier"):
+    for name in ("num_stages", "num_ranks", "stages_per_rank", "num_microbatches", "schedule", "schedule_csv",
+                 "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier"):
         if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
             flag = next(param.opts[0] for param in context.command.params if param.name == name)
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
@@ -121,23 +205,38 @@ def print_table(result: Result) -> None:
     console = Console(highlight=False, width=None if Console().is_terminal else 140)
     window = (f"steady state over minibatches {m.warmup_minibatches}..{m.num_minibatches - m.cooldown_minibatches - 1}"
               if m.warmup_minibatches else "whole run")
+    ranks = f" on {m.num_ranks} ranks" if m.num_ranks != m.num_stages else ""
     console.print(
-        f"[bold]{m.schedule}[/bold]  p={m.num_stages} m={m.num_microbatches} K={m.num_minibatches}  "
+        f"[bold]{m.schedule}[/bold]  p={m.num_stages}{ranks} m={m.num_microbatches} K={m.num_minibatches}  "
         f"engine={m.engine}  ops={m.num_ops}\n"
         f"iteration time {m.iteration_time_s * 1e3:.3f} ms ({window}), makespan {m.makespan_s * 1e3:.3f} ms, "
         f"throughput {m.throughput_samples_per_s:.2f} samples/s, bubble {m.bubble_fraction:.1%}, "
         f"peak memory {_bytes(m.peak_memory_bytes)}"
     )
     table = Table(show_edge=False)
-    for header in ("stage", "layers", "util", "bubble", "exposed comm ms", "peak memory", "versions",
+    for header in ("stage", "device", "layers", "util", "bubble", "exposed comm ms", "peak memory", "versions",
                    "in-flight", "fwd delay", "discrepancy"):
         table.add_column(header, justify="right")
     for stage in m.stages:
         start, end = result.plan.partition[stage.stage]
         table.add_row(
-            str(stage.stage), f"{start}:{end}", f"{stage.utilization:.1%}", f"{stage.bubble_fraction:.1%}",
+            str(stage.stage), str(stage.device), f"{start}:{end}", f"{stage.utilization:.1%}",
+            f"{stage.bubble_fraction:.1%}",
             f"{stage.exposed_communication_s * 1e3:.3f}", _bytes(stage.peak_memory_bytes),
             str(stage.weight_versions_max), str(stage.max_inflight_microbatches),
             str(stage.forward_delay_steps), str(stage.discrepancy_max),
         )
     console.print(table)
+
+
+def print_samples(summary: SampleSummary) -> None:
+    """The iteration-time distribution and each device's straggler sensitivity."""
+    spread = f"cv {summary.cv}" if summary.cv is not None else "the profile's measured spread"
+    sensitivity = ", ".join(f"{value:.2f}" for value in summary.straggler_sensitivity)
+    click.echo(
+        f"{summary.num_samples} samples ({summary.distribution}, {spread}, seed {summary.seed}): iteration time "
+        f"median {summary.median_s * 1e3:.3f} ms, p5 {summary.p5_s * 1e3:.3f} ms, p95 {summary.p95_s * 1e3:.3f} ms "
+        f"(deterministic {summary.deterministic_iteration_time_s * 1e3:.3f} ms)\n"
+        f"straggler sensitivity per device (iteration slow-down / device slow-down of "
+        f"{summary.straggler_slowdown:.0%}): {sensitivity}"
+    )

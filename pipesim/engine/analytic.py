@@ -33,7 +33,7 @@ def analytic_unsupported(program: Program, *, jitter: float = 0.0) -> str | None
     if jitter != 0:
         return f"jitter={jitter} needs the des engine (the analytic engine is deterministic)"
     if program.has_link_contention:
-        return "links shared between rank pairs contend for bandwidth; that needs the des engine"
+        return "the topology shares links between flows (contention), which only the des engine models"
     return None
 
 

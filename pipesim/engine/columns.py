@@ -141,17 +141,14 @@ def version_column(schedule: Schedule, columns: ScheduleColumns, minibatch: IntA
     return now
 
 
-def gradient_code(columns: ScheduleColumns) -> int:
-    """Code of the kind that sends a gradient upstream: I with split backward, else B."""
-    return I_CODE if bool((columns.kind == I_CODE).any()) else B_CODE
-
-
 def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     """Per op, the flat index of the op of another stage whose output it waits for, or -1.
 
     As ``schedule.deps.dependencies`` less same-stage inputs (the rank's order covers those):
-    F(s, i) waits for F(s-1, i); B or I(s, i) for the gradient op of (s+1, i): its B, or its I
-    when that microbatch's backward is split there (DualPipeV mixes both on one stage).
+    F(s, i) waits for F(s-1, i); B or I(s, i) for the op that sends (s+1, i)'s gradient:
+    I(s+1, i) where the schedule has it, else B(s+1, i). Looking the kind up per
+    (stage, microbatch) serves schedules that mix B and I/W (DualPipeV) as well as those
+    with one kind throughout (``schedule.deps.backward_kinds``).
 
     Each output is awaited by at most one op (the engines rely on it).
 
@@ -160,7 +157,6 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     """
     p, total = schedule.num_stages, schedule.total_microbatches
     stage, kind, micro = columns.stage, columns.kind, columns.microbatch
-    grad = gradient_code(columns)
     inside = (stage >= 0) & (stage < p) & (micro >= 0) & (micro < total) & (kind != U_CODE)
     table = np.full(max(U_CODE * p * total, 1), -1, dtype=np.int64)
     known = np.flatnonzero(inside)
@@ -169,10 +165,10 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     needs_forward = np.flatnonzero(inside & (kind == F_CODE) & (stage > 0))
     wait[needs_forward] = table[(F_CODE * p + stage[needs_forward] - 1) * total + micro[needs_forward]]
     needs_gradient = np.flatnonzero(inside & ((kind == B_CODE) | (kind == I_CODE)) & (stage + 1 < p))
-    full = table[(B_CODE * p + stage[needs_gradient] + 1) * total + micro[needs_gradient]]
-    split = table[(I_CODE * p + stage[needs_gradient] + 1) * total + micro[needs_gradient]]
-    wait[needs_gradient] = np.where(full >= 0, full, split)
-    for group, dep_kind, step in ((needs_forward, F_CODE, -1), (needs_gradient, grad, 1)):
+    upstream = (stage[needs_gradient] + 1) * total + micro[needs_gradient]
+    split = table[I_CODE * p * total + upstream]
+    wait[needs_gradient] = np.where(split >= 0, split, table[B_CODE * p * total + upstream])
+    for group, dep_kind, step in ((needs_forward, F_CODE, -1), (needs_gradient, gradient_code(columns), 1)):
         missing = group[wait[group] < 0]
         if missing.size:
             g = int(missing[0])
@@ -187,14 +183,24 @@ def wait_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
     return wait
 
 
+def gradient_code(columns: ScheduleColumns) -> int:
+    """Code of the kind a missing upstream gradient is named by in errors: I when the schedule
+    splits any backward, else B (which op sends a gradient is decided per op, see
+    ``send_target_column``)."""
+    return I_CODE if bool((columns.kind == I_CODE).any()) else B_CODE
+
+
 def send_target_column(schedule: Schedule, columns: ScheduleColumns) -> IntArray:
-    """Per op, the stage that receives its output (activation or gradient), or -1."""
+    """Per op, the stage that receives its output (activation or gradient), or -1.
+
+    F sends its activation downstream; B and I send their gradient upstream (a schedule runs
+    B or I for each stage and microbatch, never both, so the one it runs sends; W sends nothing).
+    """
     p = schedule.num_stages
     stage, kind = columns.stage, columns.kind
     target = np.full(columns.num_ops, -1, dtype=np.int64)
     forward = (kind == F_CODE) & (stage + 1 < p)
     target[forward] = stage[forward] + 1
-    # A microbatch's backward on a stage is one B or an I/W pair: whichever of B and I runs sends.
     backward = ((kind == B_CODE) | (kind == I_CODE)) & (stage > 0)
     target[backward] = stage[backward] - 1
     return target

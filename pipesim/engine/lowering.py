@@ -27,7 +27,7 @@ from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts
 from pipesim.spec.topology import Topology
 
-__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "lower"]
+__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "SharedPath", "lower", "split_evenly"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -131,6 +131,20 @@ class OpTable:
         return previous
 
 
+@dataclass(frozen=True)
+class SharedPath:
+    """A rank-to-rank path whose bandwidth is shared with other flows (DES engine only).
+
+    Attributes:
+        latency_s: fixed cost of every transfer on it, seconds.
+        nics: the NICs it crosses (``Topology.shared_nics``); each NIC's bandwidth is split
+            max-min fairly among the flows crossing it at any moment.
+    """
+
+    latency_s: float
+    nics: tuple[str, ...]
+
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """A schedule lowered for the engines: its ops by column, plus sizes for memory.
@@ -139,10 +153,13 @@ class Program:
         schedule: the schedule; costs: its stage costs; rank_devices: topology device per rank.
         ops: the OpTable both engines run.
         keeps_versions: True when old versions outlive an update (STASH, DOUBLE_BUFFER).
-        has_link_contention: True when sends of different links share bandwidth. Today's
-            topology gives every directed rank pair its own link, so it is always False; the
-            analytic engine applies only where it is False.
         meta: what the Trace records about the run.
+        has_link_contention: True when sends of different links share bandwidth: some rank
+            pair's path crosses shared NICs (``shared_paths`` is not empty). Only the DES
+            engine models that; the analytic engine applies only where it is False.
+        shared_paths: per (src_rank, dst_rank) whose path crosses shared NICs, its SharedPath;
+            empty when every path is dedicated.
+        nic_bandwidth_bytes_per_s: capacity of every NIC named in ``shared_paths``.
     """
 
     schedule: Schedule
@@ -152,6 +169,8 @@ class Program:
     keeps_versions: bool
     meta: dict[str, Any]
     has_link_contention: bool = field(default=False)
+    shared_paths: dict[tuple[int, int], SharedPath] = field(default_factory=dict)
+    nic_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
 
     @cached_property
     def versions(self) -> VersionPlan:
@@ -176,6 +195,14 @@ class Program:
         return tuple(tuple(lowered[offsets[r]:offsets[r + 1]]) for r in range(t.num_ranks))
 
 
+def split_evenly(costs: StageCosts) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """I and W times for a profile without a measured split: half the backward each (the
+    zero-bubble paper counts equal FLOPs for the two), the recomputed forward going to I."""
+    recompute = costs.recompute_s or tuple(0.0 for _ in costs.backward_s)
+    halves = tuple((b - r) / 2 for b, r in zip(costs.backward_s, recompute, strict=True))
+    return tuple(h + r for h, r in zip(halves, recompute, strict=True)), halves
+
+
 def lower(
     schedule: Schedule,
     costs: StageCosts,
@@ -187,6 +214,9 @@ def lower(
     check: bool = True,
 ) -> Program:
     """Attach costs, transfers and versions to every op of ``schedule``.
+
+    A schedule that splits backward (I/W ops) on a profile without a measured split runs I
+    and W with half the backward each (``split_evenly``).
 
     Raises:
         ConfigError: stage counts of schedule and costs differ, too few devices, or a
@@ -210,15 +240,12 @@ def lower(
     minibatch = minibatch_column(schedule, columns)
     version = version_column(schedule, columns, minibatch)
     p = schedule.num_stages
-    split = schedule.has_split_backward
-    if split and costs.backward_input_s is None:
-        raise ConfigError("profile", "backward_s", "the schedule splits backward (I/W ops) but the "
-                          "profile has no backward_input_s/backward_weight_s")
+    halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
     durations_by_kind = {
         OpKind.F: costs.forward_s,
         OpKind.B: costs.backward_s,
-        OpKind.I: costs.backward_input_s or costs.backward_s,
-        OpKind.W: costs.backward_weight_s or tuple(0.0 for _ in range(p)),
+        OpKind.I: costs.backward_input_s if halves is None else halves[0],
+        OpKind.W: costs.backward_weight_s if halves is None else halves[1],
         OpKind.U: costs.update_s,
     }
     table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(len(KIND_ORDER), p)
@@ -231,6 +258,7 @@ def lower(
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
     send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
     transfer = _transfer_column(topology, devices, columns.rank, send_rank, np.maximum(boundary, 0), output_bytes)
+    shared_paths, nic_bandwidth = _shared_paths(topology, devices, columns.rank, send_rank)
     for name, values in (("duration_s", duration), ("transfer_s", transfer)):
         if not np.isfinite(values).all():
             raise ConfigError(name, float(values[~np.isfinite(values)][0]), "every op's time must be finite")
@@ -274,6 +302,9 @@ def lower(
         ops=ops,
         keeps_versions=schedule.weights in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER),
         meta=meta,
+        has_link_contention=bool(shared_paths),
+        shared_paths=shared_paths,
+        nic_bandwidth_bytes_per_s=nic_bandwidth,
     )
 
 
@@ -296,3 +327,23 @@ def _transfer_column(
     ], dtype=np.float64)
     transfer[remote] = times[inverse.reshape(-1)]
     return transfer
+
+
+def _shared_paths(
+    topology: Topology, devices: tuple[int, ...], rank: IntArray, send_rank: IntArray,
+) -> tuple[dict[tuple[int, int], SharedPath], dict[str, float]]:
+    """The rank pairs that carry sends over shared NICs, and those NICs' capacities."""
+    if not topology.has_contention:
+        return {}, {}
+    remote = (send_rank >= 0) & (send_rank != rank)
+    pairs = np.unique(np.stack([rank[remote], send_rank[remote]], axis=1), axis=0)
+    shared: dict[tuple[int, int], SharedPath] = {}
+    capacity: dict[str, float] = {}
+    for source, target in pairs.tolist():
+        src, dst = devices[source], devices[target]
+        nics = topology.shared_nics(src, dst)
+        latency_s, bandwidth = topology.link_cost(src, dst)
+        if nics is not None and math.isfinite(bandwidth):
+            shared[(source, target)] = SharedPath(latency_s=latency_s, nics=nics)
+            capacity.update(dict.fromkeys(nics, bandwidth))
+    return shared, capacity

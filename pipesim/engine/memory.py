@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.columns import B_CODE, F_CODE, U_CODE, W_CODE
+from pipesim.engine.columns import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS, TraceBuilder
 
@@ -18,8 +18,10 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     """The memory events of a run whose op ``g`` (flat OpTable index) ended at ``end_s[g]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
-    An F's end stashes the stage's activation bytes for that microbatch; the B (or, split, the
-    W) that ends it frees them. With STASH or DOUBLE_BUFFER weights a U's end adds the new
+    An F's end stashes the stage's activation bytes for that microbatch and a B's end frees
+    them. With split backward, W frees what I keeps: I's end frees the stash but keeps the
+    stage's weight-stash bytes (what W still needs; no event when that is the whole stash),
+    and W's end frees those; the microbatch counts as held from F's end to W's end. With STASH or DOUBLE_BUFFER weights a U's end adds the new
     version, and a version is freed once it is superseded and its last user has ended; FLUSH
     and SINGLE update in place. Events are in order of (end, rank, position), as both engines
     finish ops; the events of one op in the order stash, free, add version, free version.
@@ -32,17 +34,28 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     p = schedule.num_stages
     params = np.asarray(program.costs.param_bytes, dtype=np.float64)
     stash = np.asarray(program.costs.stash_bytes, dtype=np.float64)
+    kept = np.asarray(program.costs.weight_stash_bytes or program.costs.stash_bytes, dtype=np.float64)
     multiplier = float(program.meta["optimizer_state_multiplier"])
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     stages = np.arange(p, dtype=np.int64)
 
-    # One activation event per F (stash) and per freeing op, in flat order: a microbatch's
-    # backward on a stage is one B or an I/W pair (DualPipeV mixes both), whose last op frees.
-    g = np.flatnonzero((ops.kind == F_CODE) | (ops.kind == B_CODE) | (ops.kind == W_CODE))
-    stashing = ops.kind[g] == F_CODE
+    # At most one activation event per op, in flat order: F stashes, B frees, I frees all but
+    # what W keeps, W frees that.
+    kind = ops.kind
+    is_forward = kind == F_CODE
+    if bool((kind == W_CODE).any()):
+        keeps_less = (kept != stash)[ops.stage]
+        g = np.flatnonzero(is_forward | (kind == B_CODE) | (kind == W_CODE) | ((kind == I_CODE) & keeps_less))
+        kind_g, stage_g = kind[g], ops.stage[g]
+        delta = np.select([kind_g == F_CODE, kind_g == B_CODE, kind_g == I_CODE],
+                          [stash[stage_g], -stash[stage_g], kept[stage_g] - stash[stage_g]], -kept[stage_g])
+        count = np.select([kind_g == F_CODE, kind_g == I_CODE], [1, 0], -1).astype(np.int64)
+    else:  # no split backward: F stashes, B frees
+        g = np.flatnonzero(is_forward | (kind == B_CODE))
+        stashing = is_forward[g]
+        delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
+        count = np.where(stashing, 1, -1).astype(np.int64)
     category = np.full(g.size, ACTIVATIONS, np.int64)
-    delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
-    count = np.where(stashing, 1, -1).astype(np.int64)
     if program.keeps_versions and ops.num_ops:
         added, freed_at_update, freed_at_last_use = _version_events(program)
         g = np.concatenate([g, added, freed_at_update, freed_at_last_use])

@@ -32,8 +32,14 @@ class Plan(FrozenModel):
             ``pipesim.spec.stages.stage_costs``); ``num_microbatches`` counts the microbatches of
             all replicas together.
         placement: per stage, the device index it runs on (empty = stage s on device s).
-        recompute: activation recomputation: keep only a stage's input per microbatch and
-            re-run its forward before its backward.
+        stages_per_rank: model stages on each rank (device); ``num_stages`` counts them all,
+            so the pipeline has ``num_stages / stages_per_rank`` ranks. Where they go (loop or V)
+            is the schedule's business.
+        recompute: activation recomputation on every stage: keep only a stage's input per
+            microbatch and re-run its forward before its backward (``"full"``).
+        recompute_stages: per stage, ``"none"``, ``"full"`` or ``"selective"`` (drop the stash of
+            the layers marked for selective recomputation and re-run only their forward);
+            overrides ``recompute`` when given.
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
     """
@@ -46,7 +52,9 @@ class Plan(FrozenModel):
     partition: tuple[tuple[int, int], ...] = ()
     replicas: tuple[int, ...] = ()
     placement: tuple[int, ...] = ()
+    stages_per_rank: int = Field(default=1, ge=1)
     recompute: bool = False
+    recompute_stages: tuple[Literal["none", "full", "selective"], ...] = ()
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
@@ -57,7 +65,10 @@ class Plan(FrozenModel):
     def _check(self) -> Plan:
         if self.schema_ != PLAN_SCHEMA:
             raise ValueError(f"schema must be {PLAN_SCHEMA!r}")
-        for name in ("partition", "replicas", "placement"):
+        if self.num_stages % self.stages_per_rank:
+            raise ValueError(f"num_stages ({self.num_stages}) must be a multiple of stages_per_rank "
+                             f"({self.stages_per_rank})")
+        for name in ("partition", "replicas", "placement", "recompute_stages"):
             given = getattr(self, name)
             if given and len(given) != self.num_stages:
                 raise ValueError(
@@ -81,6 +92,19 @@ class Plan(FrozenModel):
         """Data-parallel replicas of ``stage`` (1 when not given)."""
         return self.replicas[stage] if self.replicas else 1
 
+    @property
+    def num_ranks(self) -> int:
+        """Ranks (devices) of the pipeline: ``num_stages / stages_per_rank``."""
+        return self.num_stages // self.stages_per_rank
+
+    def recompute_of(self, stage: int) -> Literal["none", "full", "selective"]:
+        """Recomputation mode of ``stage``: from ``recompute_stages``, else ``recompute``."""
+        if self.recompute_stages:
+            return self.recompute_stages[stage]
+        return "full" if self.recompute else "none"
+
     def device_of(self, stage: int) -> int:
-        """Device index that runs ``stage``."""
+        """Device index that runs ``stage`` with one stage per rank (placement, else stage s on
+        device s); with several stages per rank the schedule's placement decides (see
+        ``pipesim.simulation.stage_devices``)."""
         return self.placement[stage] if self.placement else stage

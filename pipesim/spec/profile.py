@@ -20,6 +20,15 @@ class Layer(FrozenModel):
         backward_weight_s: optional backward-for-weights part, seconds.
         activation_bytes: bytes of the output sent to the next layer.
         stash_bytes: bytes kept for this layer's backward; defaults to ``activation_bytes``.
+        weight_stash_bytes: with split backward, the part of the stash the weight gradient (W)
+            still needs once the input gradient (I) has run: I frees the rest, W frees this.
+            Defaults to the whole stash for a layer with weights and to 0 for one without
+            (it has no weight gradient). The zero-bubble paper's Table 1 puts a transformer
+            layer's share at 32bsh of 34bsh + 5as^2b bytes.
+        selective_recompute: whether selective recomputation drops this layer's stash and
+            re-runs its forward during the backward. Defaults to true for layers without
+            weights (activations, dropout, pooling, softmax: cheap to recompute, costly to
+            keep) and false for layers with weights.
         param_bytes: bytes of the layer's weights.
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
@@ -32,6 +41,8 @@ class Layer(FrozenModel):
     backward_weight_s: float | None = Field(default=None, ge=0)
     activation_bytes: float = Field(ge=0)
     stash_bytes: float | None = Field(default=None, ge=0)
+    weight_stash_bytes: float | None = Field(default=None, ge=0)
+    selective_recompute: bool | None = None
     param_bytes: float = Field(ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
     backward_std_s: float | None = Field(default=None, ge=0)
@@ -42,12 +53,27 @@ class Layer(FrozenModel):
         has_weight = self.backward_weight_s is not None
         if has_input != has_weight:
             raise ValueError("backward_input_s and backward_weight_s must be given together")
+        if self.weight_stash_bytes is not None and self.weight_stash_bytes > self.stashed_bytes:
+            raise ValueError(f"weight_stash_bytes ({self.weight_stash_bytes}) must be <= the stash "
+                             f"({self.stashed_bytes}): W keeps part of what the layer stashed")
         return self
 
     @property
     def stashed_bytes(self) -> float:
         """Bytes kept for the backward: ``stash_bytes`` or, if unset, ``activation_bytes``."""
         return self.activation_bytes if self.stash_bytes is None else self.stash_bytes
+
+    @property
+    def weight_stashed_bytes(self) -> float:
+        """Bytes W keeps after I: ``weight_stash_bytes`` or its default (see the class)."""
+        if self.weight_stash_bytes is not None:
+            return self.weight_stash_bytes
+        return self.stashed_bytes if self.param_bytes > 0 else 0.0
+
+    @property
+    def is_selectively_recomputed(self) -> bool:
+        """Whether selective recomputation drops this layer's stash (see the class)."""
+        return self.param_bytes == 0 if self.selective_recompute is None else self.selective_recompute
 
 
 class Profile(FrozenModel):
@@ -100,8 +126,16 @@ def uniform_profile(
     stash_bytes: float | None = None,
     microbatch_size: int = 1,
     name: str = "uniform",
+    backward_input_s: float | None = None,
+    backward_weight_s: float | None = None,
+    weight_stash_bytes: float | None = None,
+    forward_std_s: float | None = None,
+    backward_std_s: float | None = None,
 ) -> Profile:
     """A synthetic profile of ``num_layers`` identical layers, for what-if work and closed forms.
+
+    ``backward_input_s`` and ``backward_weight_s`` (given together) split the backward into I
+    and W; the std fields give each layer's measured spread for stochastic runs.
 
     Raises:
         ConfigError: a negative time or size, or ``num_layers < 1``.
@@ -115,6 +149,11 @@ def uniform_profile(
         "activation_bytes": activation_bytes,
         "param_bytes": param_bytes,
         "stash_bytes": stash_bytes,
+        "backward_input_s": backward_input_s,
+        "backward_weight_s": backward_weight_s,
+        "weight_stash_bytes": weight_stash_bytes,
+        "forward_std_s": forward_std_s,
+        "backward_std_s": backward_std_s,
     }
     if num_layers < 1:
         from pipesim.errors import ConfigError

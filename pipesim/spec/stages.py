@@ -28,6 +28,11 @@ class StageCosts:
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
         param_bytes: bytes of stage s's weights.
         forward_std_s, backward_std_s: spread of the F and B times, seconds (0 when unknown).
+        weight_stash_bytes: with split backward, bytes one microbatch keeps on stage s from its
+            I's end to its W's end (I frees ``stash_bytes`` and keeps these); ``None``: all of
+            ``stash_bytes`` (I frees nothing).
+        recompute_s: per stage, the forward time re-run in the backward (included in
+            ``backward_s`` and ``backward_input_s``); ``None``: no recomputation.
     """
 
     forward_s: tuple[float, ...]
@@ -40,6 +45,8 @@ class StageCosts:
     param_bytes: tuple[float, ...]
     forward_std_s: tuple[float, ...]
     backward_std_s: tuple[float, ...]
+    weight_stash_bytes: tuple[float, ...] | None = None
+    recompute_s: tuple[float, ...] | None = None
 
     @property
     def num_stages(self) -> int:
@@ -132,8 +139,21 @@ def updates_per_microbatch(plan: Plan) -> bool:
     return plan.schedule == "pipedream" or (plan.schedule == "pipemare" and plan.pipemare_update == "microbatch")
 
 
-def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
+def stage_costs(
+    profile: Profile,
+    plan: Plan,
+    topology: Topology,
+    *,
+    stage_devices: tuple[int, ...] | None = None,
+) -> StageCosts:
     """Per-stage costs of ``profile`` cut by ``plan`` and run on ``topology``.
+
+    Times are divided by the speed of the stage's device: ``stage_devices[s]`` when given
+    (several stages per rank), else ``plan.device_of(s)``. Recomputation (``plan.recompute_of``):
+    ``"full"`` keeps only the stage's input and re-runs its whole forward in the backward;
+    ``"selective"`` drops the stash of the layers marked ``selective_recompute`` and re-runs
+    their forward. The re-run time is added to B and, split, to I. With split backward W keeps
+    the stage's ``weight_stash_bytes`` (re-materialized by I when recomputed).
 
     A stage with ``r`` replicas adds to its U op the ring all-reduce of its weights,
     ``2 (r-1)/r * weight bytes``. By default (``replica_model="allreduce-only"``) that is all, at
@@ -146,7 +166,7 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
 
     Raises:
         ConfigError: the partition does not cover the profile, a stage is placed on a device
-            the topology lacks, or a split backward is asked of a profile without one.
+            the topology lacks.
     """
     partition = plan.partition or balance_partition(profile, plan.num_stages)
     if partition[-1][1] != profile.num_layers:
@@ -156,11 +176,12 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         )
     forward, backward, b_input, b_weight, update = [], [], [], [], []
     output, stash, params, f_std, b_std = [], [], [], [], []
+    weight_stash, recomputed = [], []
     split = profile.has_split_backward
     per_microbatch = updates_per_microbatch(plan)
     round_robin = plan.replica_model == "round-robin"
     for stage, (start, end) in enumerate(partition):
-        device = plan.device_of(stage)
+        device = stage_devices[stage] if stage_devices is not None else plan.device_of(stage)
         if device >= topology.num_devices:
             raise ConfigError(
                 "placement", device, f"stage {stage} is placed on a device the topology lacks "
@@ -170,17 +191,24 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         speed = topology.devices[device].speed * (replicas if round_robin else 1)
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
-        recompute_s = f if plan.recompute else 0.0
+        mode = plan.recompute_of(stage)
+        if mode == "full":
+            recompute_s = f
+            stash.append(profile.layers[start - 1].activation_bytes if start > 0 else 0.0)
+        elif mode == "selective":
+            recompute_s = sum(layer.forward_s for layer in layers if layer.is_selectively_recomputed) / speed
+            stash.append(sum(layer.stashed_bytes for layer in layers if not layer.is_selectively_recomputed))
+        else:
+            recompute_s = 0.0
+            stash.append(sum(layer.stashed_bytes for layer in layers))
+        recomputed.append(recompute_s)
+        weight_stash.append(sum(layer.weight_stashed_bytes for layer in layers))
         forward.append(f)
         backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s)
         if split:
             b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s)
             b_weight.append(sum(layer.backward_weight_s or 0.0 for layer in layers) / speed)
         output.append(layers[-1].activation_bytes)
-        if plan.recompute:
-            stash.append(profile.layers[start - 1].activation_bytes if start > 0 else 0.0)
-        else:
-            stash.append(sum(layer.stashed_bytes for layer in layers))
         stage_params = sum(layer.param_bytes for layer in layers)
         params.append(stage_params)
         if round_robin:
@@ -202,4 +230,6 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         param_bytes=tuple(params),
         forward_std_s=tuple(f_std),
         backward_std_s=tuple(b_std),
+        weight_stash_bytes=tuple(weight_stash),
+        recompute_s=tuple(recomputed) if any(recomputed) else None,
     )

@@ -49,11 +49,17 @@ class Level(FrozenModel):
 
     Two devices talk over the innermost level whose group holds both (e.g. NVLink inside a
     server of 4, before the network between servers).
+
+    Attributes:
+        shared: when true, each group of the level below (each device, for the innermost
+            level) reaches this level through one NIC of this bandwidth, in each direction:
+            the flows leaving one group, and those entering one, share it (DES engine only).
     """
 
     group_size: int = Field(ge=1)
     bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=True)
     latency_s: float = Field(default=0.0, ge=0)
+    shared: bool = False
 
 
 class Topology(FrozenModel):
@@ -66,6 +72,8 @@ class Topology(FrozenModel):
         latency_s: latency between devices no link or level covers.
         levels: hierarchy levels, innermost first.
         links: pairwise links; they take precedence over levels.
+        shared: like ``Level.shared``, for the default network: each group of the outermost
+            level (each device, without levels) reaches it through one shared NIC.
     """
 
     schema_: str = Field(default=TOPOLOGY_SCHEMA, alias="schema")
@@ -74,6 +82,7 @@ class Topology(FrozenModel):
     latency_s: float = Field(default=0.0, ge=0)
     levels: tuple[Level, ...] = ()
     links: tuple[Link, ...] = ()
+    shared: bool = False
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
@@ -108,6 +117,36 @@ class Topology(FrozenModel):
             if src // level.group_size == dst // level.group_size:
                 return level.latency_s, level.bandwidth_bytes_per_s
         return self.latency_s, self.bandwidth_bytes_per_s
+
+    @property
+    def has_contention(self) -> bool:
+        """True when some flows share a NIC's bandwidth (a shared level or default network);
+        only the DES engine models that."""
+        return self.shared or any(level.shared for level in self.levels)
+
+    def shared_nics(self, src: int, dst: int) -> tuple[str, str] | None:
+        """The two NICs a transfer from ``src`` to ``dst`` crosses, when its path is shared.
+
+        Returns:
+            ``("out:L:g", "in:L:h")``: the egress NIC of the source's group g and the ingress
+            NIC of the destination's group h at the level L the path uses (groups of the
+            level below; devices for the innermost), or None for a dedicated path (a pairwise
+            link, the same device, or a level that is not shared).
+        """
+        if src == dst:
+            return None
+        for link in self.links:
+            if (link.src, link.dst) == (src, dst) or (link.bidirectional and (link.dst, link.src) == (src, dst)):
+                return None
+        inner = 1
+        for index, level in enumerate((*self.levels, None)):
+            if level is None or src // level.group_size == dst // level.group_size:
+                is_shared = self.shared if level is None else level.shared
+                if not is_shared:
+                    return None
+                return f"out:{index}:{src // inner}", f"in:{index}:{dst // inner}"
+            inner = level.group_size
+        return None
 
     def ring_bandwidth_bytes_per_s(self, first: int, last: int) -> float:
         """Bandwidth of a ring all-reduce over devices ``first..last``: its slowest link.

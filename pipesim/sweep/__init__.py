@@ -1,6 +1,6 @@
 """Sweeps: a grid of what-if points from a YAML spec, simulated on Dask into one table."""
 
-from pipesim.sweep.points import COLUMNS, METRIC_COLUMNS, PointRunner, even_partition, metrics_row, schedule_key
+from pipesim.sweep.points import COLUMNS, METRIC_COLUMNS, PointRunner, even_partition, metrics_row
 from pipesim.sweep.runner import SweepSummary, make_batches, run_sweep
 from pipesim.sweep.spec import AXES, Resolved, SweepSpec, load_spec, parse_spec
 from pipesim.sweep.store import read_table, write_table
@@ -22,6 +22,5 @@ __all__ = [
     "parse_spec",
     "read_table",
     "run_sweep",
-    "schedule_key",
     "write_table",
 ]

@@ -9,9 +9,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.metrics import Metrics
-from pipesim.schedule.ir import Schedule
-from pipesim.schedule.validate import validate
-from pipesim.simulation import make_plan, plan_schedule, simulate_plan
+from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
 from pipesim.sweep.spec import AXES, Resolved
@@ -27,12 +25,6 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "stage_forward_delay_steps", "stage_forward_delay_mean", "stage_discrepancy_max",
 )
 COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
-
-
-def schedule_key(point: dict[str, Any]) -> tuple[Any, ...]:
-    """What decides a point's schedule: points with equal keys share one built, validated schedule."""
-    return (point["schedule"], point["num_stages"], point["num_microbatches"], point["num_minibatches"],
-            point["pipemare_update"])
 
 
 def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
@@ -54,17 +46,12 @@ class PointRunner:
     """Simulates the points of one resolved spec, reusing profiles, topologies and partitions.
 
     One instance lives on each Dask worker for the whole sweep (it travels once, scattered).
-    A schedule is built and validated once per (schedule, p, m, K, options) and shared by the
-    points that differ only in costs (bandwidth, recomputation, profile, ...).
     """
-
-    MAX_SCHEDULES = 64
 
     def __init__(self, resolved: Resolved) -> None:
         self.resolved = resolved
         self._topologies: dict[tuple[Any, ...], Topology] = {}
         self._partitions: dict[tuple[int, int, str], tuple[tuple[int, int], ...]] = {}
-        self._schedules: dict[tuple[Any, ...], Schedule] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"resolved": self.resolved}
@@ -73,7 +60,6 @@ class PointRunner:
         self.resolved = state["resolved"]
         self._topologies = {}
         self._partitions = {}
-        self._schedules = {}
 
     def run_batch(self, points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows of ``points``, in the given order."""
@@ -116,20 +102,10 @@ class PointRunner:
         )
         topology = self._topology(point)
         result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],
-                               seed=point["seed"], schedule=self._schedule(plan))
+                               seed=point["seed"])
         limits = [d.memory_bytes for d in topology.devices[:num_stages]]
         limit = point["memory_limit_bytes"] if point["memory_limit_bytes"] is not None else min(limits)
         return metrics_row(result.metrics, plan.partition, limit)
-
-    def _schedule(self, plan: Any) -> Schedule:
-        key = (plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches, plan.pipemare_update)
-        if key not in self._schedules:
-            schedule = plan_schedule(plan)
-            validate(schedule)
-            if len(self._schedules) >= self.MAX_SCHEDULES:
-                self._schedules.pop(next(iter(self._schedules)))
-            self._schedules[key] = schedule
-        return self._schedules[key]
 
     def _topology(self, point: dict[str, Any]) -> Topology:
         given: Topology | None = self.resolved.topologies[point["topology"]][1]

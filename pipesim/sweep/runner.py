@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.sweep.points import COLUMNS, PointRunner, schedule_key
+from pipesim.sweep.points import COLUMNS, PointRunner
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, finished_digest, read_table
 
@@ -149,8 +149,7 @@ def run_sweep(
                             time.perf_counter() - started)
     store = ResultStore(target, digest, len(points), COLUMNS, resume=resume)
     resumed = len(store.done)
-    # Points sharing a schedule go into one batch, so each worker builds and validates it once.
-    todo = sorted((point for point in points if point["point"] not in store.done), key=schedule_key)
+    todo = [point for point in points if point["point"] not in store.done]
     if progress:
         progress(len(store.done), len(points))
     batches: list[list[dict[str, Any]]] = []

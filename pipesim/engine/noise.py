@@ -1,0 +1,92 @@
+"""Stochastic op durations: draws around each lowered time, from the measured spread or a cv."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from pipesim.engine.columns import B_CODE, F_CODE, U_CODE
+from pipesim.engine.lowering import Program
+from pipesim.errors import ConfigError
+
+Distribution = Literal["normal", "lognormal", "gamma"]
+DISTRIBUTIONS: tuple[Distribution, ...] = ("normal", "lognormal", "gamma")
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def op_spread_s(program: Program, cv: float | None) -> list[list[float]]:
+    """Per rank, per op, the standard deviation of its duration, seconds.
+
+    With ``cv`` every op's spread is ``cv`` times its duration. Without it the profile's
+    measured spread is used: the stage's forward std for F, its backward std for B, and for I
+    and W the backward std scaled by their share of the backward time (they split one
+    measured pass). Updates (gradient all-reduce) and sends get no spread.
+    """
+    return _per_rank(program, _spread(program, cv))
+
+
+def draw_durations(
+    program: Program,
+    rng: np.random.Generator,
+    *,
+    distribution: Distribution = "normal",
+    cv: float | None = None,
+) -> list[list[float]]:
+    """One sample of every op's duration, mean the lowered duration and spread per ``op_spread_s``.
+
+    ``normal`` is clipped at 0; ``lognormal`` and ``gamma`` are positive with the same mean and
+    standard deviation. An op with zero spread (or zero duration) keeps its duration exactly,
+    so a run with no spread equals the deterministic run. Draws go rank by rank, op by op
+    (one draw per op with a spread). Returns per rank, per op, as ``run_des(durations=...)``
+    takes them.
+
+    Raises:
+        ConfigError: an unknown distribution or a negative ``cv``.
+    """
+    if distribution not in DISTRIBUTIONS:
+        raise ConfigError("distribution", distribution, f"must be one of {', '.join(DISTRIBUTIONS)}")
+    if cv is not None and (cv < 0 or not math.isfinite(cv)):
+        raise ConfigError("cv", cv, "must be a finite number >= 0")
+    mean = program.ops.duration_s
+    spread = _spread(program, cv)
+    drawn = (spread != 0) & (mean != 0)
+    sampled = mean.copy()
+    sampled[drawn] = _draw(rng, distribution, mean[drawn], spread[drawn])
+    return _per_rank(program, sampled)
+
+
+def _spread(program: Program, cv: float | None) -> FloatArray:
+    """Per op (OpTable order), the standard deviation of its duration."""
+    ops, costs = program.ops, program.costs
+    duration = ops.duration_s
+    if cv is not None:
+        spread: FloatArray = cv * duration
+    else:
+        forward = np.asarray(costs.forward_std_s, dtype=np.float64)[ops.stage]
+        backward = np.asarray(costs.backward_std_s, dtype=np.float64)[ops.stage]
+        full = np.asarray(costs.backward_s, dtype=np.float64)[ops.stage]
+        scaled = np.divide(backward * duration, full, out=np.zeros_like(duration), where=full > 0)
+        spread = np.where(ops.kind == F_CODE, forward, np.where(ops.kind == B_CODE, backward, scaled))
+    return np.where(ops.kind == U_CODE, 0.0, spread)
+
+
+def _draw(rng: np.random.Generator, distribution: Distribution, mean: FloatArray, std: FloatArray) -> FloatArray:
+    if distribution == "normal":
+        normal: FloatArray = np.maximum(0.0, rng.normal(mean, std))
+        return normal
+    if distribution == "lognormal":
+        sigma2 = np.log1p((std / mean) ** 2)
+        lognormal: FloatArray = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2))
+        return lognormal
+    gamma: FloatArray = rng.gamma((mean / std) ** 2, std * std / mean)
+    return gamma
+
+
+def _per_rank(program: Program, values: FloatArray) -> list[list[float]]:
+    offsets = program.ops.rank_offsets.tolist()
+    flat: list[float] = values.tolist()
+    return [flat[offsets[r]:offsets[r + 1]] for r in range(program.ops.num_ranks)]
