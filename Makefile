@@ -35,9 +35,13 @@ clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
 
 # Engine speed: DES and analytic ops/s against a bare SimPy loop, simulate() per point, peak RSS;
-# writes benchmarks/RESULTS.md (takes a few minutes).
-bench: $(STAMP)
+# writes its section of benchmarks/RESULTS.md (takes a few minutes).
+.PHONY: bench-engines
+bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
+
+# Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
+bench: bench-engines bench-planner bench-schedules bench-sweep
 
 .PHONY: bench-planner
 # Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
@@ -46,16 +50,14 @@ bench-planner: $(STAMP)
 	$(PY) benchmarks/bench_planner.py
 	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
 
-<<<<<<< HEAD
 # The sweep benchmark of issue 7 (10,080 points) into its section of benchmarks/RESULTS.md.
 .PHONY: bench-sweep
 bench-sweep: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py
-=======
+
 .PHONY: bench-schedules
 # Speed on several stages per rank, split backward and shared NICs into its section of
 # benchmarks/RESULTS.md; BASELINE=TREE adds an A/B of lowering, engines and metrics against
 # another source tree (e.g. git archive main | tar -x -C /tmp/main).
 bench-schedules: $(STAMP)
 	$(PY) benchmarks/bench_schedules.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)")
->>>>>>> main
