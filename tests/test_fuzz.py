@@ -197,3 +197,22 @@ def test_schedule_csv_fuzz(tmp_path_factory: Any, cells: list[list[str]]) -> Non
         from_csv(out.getvalue(), source="fuzz.csv")
     except PipesimError as error:
         assert "\n" not in str(error) and "fuzz.csv" in str(error), str(error)
+
+
+SPEC = {
+    "profile": {"uniform": {"layers": 16, "forward_ms": 1.0, "backward_ms": 2.0, "activation_bytes": 1000,
+                            "param_bytes": 4000}},
+    "bandwidth": ["10GB/s", "100GB/s"], "latency": ["5us"], "stages": [2, 4],
+    "microbatches": {"range": [2, 16]}, "minibatches": [2], "schedule": ["gpipe", "2bw"],
+    "where": "microbatches >= stages",
+}
+
+
+@FUZZ
+@given(text=mutated_json(SPEC))
+def test_sweep_spec_fuzz(tmp_path_factory: Any, text: str) -> None:
+    from pipesim.sweep.spec import load_spec
+
+    path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
+    path.write_text(text, encoding="utf-8")  # JSON is YAML
+    check_outcome(load_spec, path)
