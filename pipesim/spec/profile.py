@@ -21,6 +21,7 @@ class Layer(FrozenModel):
         activation_bytes: bytes of the output sent to the next layer.
         stash_bytes: bytes kept for this layer's backward; defaults to ``activation_bytes``.
         param_bytes: bytes of the layer's weights.
+        update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
     """
@@ -33,6 +34,7 @@ class Layer(FrozenModel):
     activation_bytes: float = Field(ge=0)
     stash_bytes: float | None = Field(default=None, ge=0)
     param_bytes: float = Field(ge=0)
+    update_s: float | None = Field(default=None, ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
     backward_std_s: float | None = Field(default=None, ge=0)
 

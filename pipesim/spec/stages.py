@@ -21,7 +21,8 @@ class StageCosts:
         backward_s: B time, seconds (including the recomputed forward when recompute is on).
         backward_input_s: I time when the profile splits backward, else None.
         backward_weight_s: W time when the profile splits backward, else None.
-        update_s: U time: the gradient all-reduce over the stage's replicas, seconds.
+        update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``) plus
+            the gradient all-reduce over the stage's replicas, seconds.
         output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
         param_bytes: bytes of stage s's weights.
@@ -146,7 +147,8 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         params.append(stage_params)
         replicas = plan.replicas_of(stage)
         bandwidth = topology.bandwidth_bytes_per_s
-        update.append(2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0)
+        step = sum(layer.update_s or 0.0 for layer in layers) / speed
+        update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
     return StageCosts(

@@ -1,0 +1,191 @@
+"""Link benchmark: point-to-point ping-pong over the real process group, fitted as latency + bytes/bandwidth.
+
+Run as ``python -m pipesim.harness.linkbench SIZES_JSON`` by ``measure_links`` (one process per
+rank); each pair of neighbouring ranks ping-pongs with the same primitives the runtime uses
+(a receive posted ahead, ``isend``, ``wait``), and rank 0 writes the one-way medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipesim.errors import ConfigError
+from pipesim.harness import RunFailedError
+from pipesim.spec.files import write_text_atomic
+from pipesim.spec.topology import Topology
+from pipesim.spec.validation import build
+
+RESULT = "linkbench.json"
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """One directed pair's measurements and fit.
+
+    Attributes:
+        src, dst: the ranks.
+        sizes_bytes, one_way_s: message sizes and the median one-way times.
+        latency_s, bandwidth_bytes_per_s: the fit ``one_way = latency + bytes / bandwidth``.
+    """
+
+    src: int
+    dst: int
+    sizes_bytes: tuple[int, ...]
+    one_way_s: tuple[float, ...]
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def predicted_s(self, num_bytes: float) -> float:
+        """The fit at ``num_bytes``."""
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+def message_sizes(max_bytes: int) -> list[int]:
+    """4 bytes, then x4 steps, up to and including ``max_bytes`` (multiples of 4 bytes)."""
+    sizes, size = [], 4
+    while size < max_bytes:
+        sizes.append(size)
+        size *= 4
+    sizes.append(max(4, max_bytes // 4 * 4))
+    return sorted(set(sizes))
+
+
+def fit_link(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """Least squares of ``latency + bytes / bandwidth`` on relative error; latency >= 0, bandwidth > 0."""
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    weights = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * weights[:, None]
+    (latency, inverse), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        inverse = float(np.sum(x * t * weights**2) / np.sum(x * x * weights**2))
+    bandwidth = 1.0 / inverse if inverse > 0 else float("inf")
+    return float(latency), float(bandwidth)
+
+
+def _work(work: dist.Work | None) -> dist.Work:
+    assert work is not None, "a point-to-point call inside the group returns its work"
+    return work
+
+
+def _ping_pong(peer: int, size: int, repeats: int, warmup: int, leader: bool) -> list[float]:
+    """Round trips of ``size`` bytes with ``peer``; the leader times them, the follower echoes."""
+    ping = torch.zeros(size // 4, dtype=torch.float32)
+    pong = torch.zeros_like(ping)
+    times = []
+    for index in range(warmup + repeats):
+        if leader:
+            receive = _work(dist.irecv(pong, src=peer, tag=2 * index + 1))
+            start = time.perf_counter()
+            _work(dist.isend(ping, dst=peer, tag=2 * index)).wait()
+            receive.wait()
+            times.append((time.perf_counter() - start) / 2)
+        else:
+            _work(dist.irecv(pong, src=peer, tag=2 * index)).wait()
+            _work(dist.isend(pong, dst=peer, tag=2 * index + 1)).wait()
+    return times[warmup:]
+
+
+def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path) -> None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = []
+    for src in range(world - 1):
+        dst = src + 1
+        dist.barrier()
+        medians = []
+        for size in sizes:
+            if rank in (src, dst):
+                times = _ping_pong(dst if rank == src else src, size, repeats, warmup, leader=rank == src)
+                medians.append(statistics.median(times) if times else 0.0)
+        if rank == src:
+            results.append({"src": src, "dst": dst, "sizes_bytes": sizes, "one_way_s": medians})
+    gathered: list[list[dict[str, object]]] = [[] for _ in range(world)]
+    dist.all_gather_object(gathered, results)
+    if rank == 0:
+        every = [pair for part in gathered for pair in part]
+        write_text_atomic(folder / RESULT, json.dumps(every) + "\n")
+
+
+def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int = 30, warmup: int = 5,
+                  timeout_s: float = 300.0) -> tuple[Topology, list[LinkFit]]:
+    """Ping-pong every pair of neighbouring ranks over gloo on this machine; fit each link.
+
+    Returns:
+        a Topology (uniform for two ranks, else pairwise links between neighbours), and the fits.
+
+    Raises:
+        ConfigError: fewer than 2 ranks or a size below 4 bytes; RunFailedError: a rank failed.
+    """
+    from pipesim.harness.launch import spawn, stop
+
+    if num_ranks < 2:
+        raise ConfigError("ranks", num_ranks, "must be >= 2")
+    if max_bytes < 4:
+        raise ConfigError("max_bytes", max_bytes, "must be >= 4")
+    sizes = message_sizes(max_bytes)
+    folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
+    processes = spawn("pipesim.harness.linkbench", [json.dumps(sizes), str(repeats), str(warmup)], num_ranks,
+                      folder, threads=1)
+    try:
+        deadline = time.perf_counter() + timeout_s
+        while any(process.poll() is None for process in processes) and time.perf_counter() < deadline:
+            if any(process.poll() not in (None, 0) for process in processes):
+                break
+            time.sleep(0.05)
+        bad = [rank for rank, process in enumerate(processes) if process.poll() != 0]
+    finally:
+        stop(processes)
+    try:
+        if bad:
+            log = (folder / f"rank{bad[0]}.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            raise RunFailedError(bad[0], "", f"linkbench failed: {log[-1] if log else 'no output'}")
+        pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    fits = []
+    for pair in pairs:
+        latency, bandwidth = fit_link(pair["sizes_bytes"], pair["one_way_s"])
+        fits.append(LinkFit(pair["src"], pair["dst"], tuple(pair["sizes_bytes"]), tuple(pair["one_way_s"]),
+                            latency, bandwidth))
+    return topology_of(num_ranks, fits), fits
+
+
+def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:
+    """The Topology of measured links: uniform when there is one link, else one link per pair."""
+    if len(fits) == 1:
+        return Topology.uniform(num_devices=num_ranks, bandwidth=fits[0].bandwidth_bytes_per_s,
+                                latency=fits[0].latency_s)
+    devices = [{"name": f"rank{rank}"} for rank in range(num_ranks)]
+    links = [{"src": f.src, "dst": f.dst, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s, "latency_s": f.latency_s}
+             for f in fits]
+    return build(Topology, {"devices": devices, "links": links})
+
+
+def main(argv: list[str]) -> int:
+    """One rank of the benchmark (environment as torchrun sets it)."""
+    sizes, repeats, warmup = json.loads(argv[0]), int(argv[1]), int(argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                            timeout=timedelta(seconds=120))
+    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
