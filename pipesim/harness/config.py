@@ -22,8 +22,9 @@ class ModelSpec:
     """What model to build, identically on every rank.
 
     Attributes:
-        name: ``"mlp"``, ``"transformer"``, or ``"MODULE:CALLABLE"`` / ``"FILE.py:CALLABLE"``
-            naming a function that returns an ``nn.Sequential``.
+        name: ``"mlp"``, ``"transformer"``, ``"null"`` (layers that do nothing, to time the
+            harness itself), or ``"MODULE:CALLABLE"`` / ``"FILE.py:CALLABLE"`` naming a function
+            that returns an ``nn.Sequential``.
         depth: layers of a built-in model (MLP: linear layers; transformer: blocks).
         width: hidden size of a built-in model.
         seq_len: tokens per sample (transformer).

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from pipesim.errors import ConfigError
 from pipesim.harness import RunFailedError
+from pipesim.harness.process import configure_process
 from pipesim.spec.files import write_text_atomic
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
@@ -178,7 +179,7 @@ def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:
 def main(argv: list[str]) -> int:
     """One rank of the benchmark (environment as torchrun sets it)."""
     sizes, repeats, warmup = json.loads(argv[0]), int(argv[1]), int(argv[2])
-    torch.set_num_threads(1)
+    configure_process(1)
     dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timedelta(seconds=120))
     _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]))

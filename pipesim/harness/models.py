@@ -16,7 +16,7 @@ from torch import nn
 from pipesim.errors import ConfigError
 from pipesim.harness.config import ModelSpec
 
-__all__ = ["ModelBundle", "ModelSpec", "MSELossLayer", "TransformerBlock", "build_model", "load_callable"]
+__all__ = ["ModelBundle", "ModelSpec", "MSELossLayer", "Null", "TransformerBlock", "build_model", "load_callable"]
 
 
 class MSELossLayer(nn.Module):
@@ -29,6 +29,13 @@ class MSELossLayer(nn.Module):
     def forward(self, output: torch.Tensor) -> torch.Tensor:  # noqa: D102
         assert self.target is not None, "the runtime sets the target before the loss layer runs"
         return functional.mse_loss(output, self.target)
+
+
+class Null(nn.Module):
+    """A layer that does (almost) nothing: times the harness's own cost per op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        return x * 1.0
 
 
 class TransformerBlock(nn.Module):
@@ -154,6 +161,10 @@ def build_model(spec: ModelSpec, microbatch_size: int) -> ModelBundle:
         layers = [TransformerBlock(spec.width, spec.heads) for _ in range(spec.depth)]
         names = [f"block{index}" for index in range(spec.depth)]
         input_shape = (spec.seq_len, spec.width)
+    elif spec.name == "null":
+        layers = [Null() for _ in range(spec.depth)]
+        names = [f"null{index}" for index in range(spec.depth)]
+        input_shape = (spec.width,)
     else:
         if not spec.input_shape:
             raise ConfigError("input_shape", spec.input_shape, "must be given for a user model, e.g. 3,32,32")

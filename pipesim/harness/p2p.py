@@ -59,6 +59,13 @@ class Links:
             self.posted[(message.source, message.tag)] = (work, buffer)
             self.next_index += 1
 
+    def ready(self, source: int, tag: int) -> bool:
+        """True when message ``tag`` from ``source`` is already in hand (receiving it will not wait)."""
+        if source == self.rank:
+            return tag in self.local
+        posted = self.posted.get((source, tag))
+        return posted is not None and bool(posted[0].is_completed())
+
     def receive(self, source: int, tag: int) -> tuple[torch.Tensor, float]:
         """Wait for message ``tag`` from ``source``; return it and when it was in hand."""
         if source == self.rank:

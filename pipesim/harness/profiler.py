@@ -3,82 +3,17 @@
 from __future__ import annotations
 
 import json
-import statistics
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from pipesim.errors import ConfigError
-from pipesim.harness.config import SOURCE_PREFIX, ModelSpec, TrainingOptions
+from pipesim.harness.config import SOURCE_PREFIX, ModelSpec
 from pipesim.harness.models import ModelBundle, build_model
-from pipesim.harness.stage import StageExecutor
-from pipesim.schedule.ir import WeightPolicy
+from pipesim.harness.overheads import executor_costs, net_of, runtime_costs
+from pipesim.harness.process import configure_process
+from pipesim.harness.timing import time_layer
 from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
-
-@dataclass(frozen=True)
-class LayerTimes:
-    """Median and spread of one layer's op times, seconds."""
-
-    forward_s: float
-    backward_s: float
-    update_s: float
-    forward_std_s: float
-    backward_std_s: float
-
-
-def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
-    """Seconds one call takes: perf_counter on CPU, CUDA events on GPU."""
-    if device.type == "cuda":
-        def cuda_time(call: Callable[[], Any]) -> float:
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            return float(start.elapsed_time(end)) / 1e3
-        return cuda_time
-
-    def cpu_time(call: Callable[[], Any]) -> float:
-        start = time.perf_counter()
-        call()
-        return time.perf_counter() - start
-    return cpu_time
-
-
-def time_layer(bundle: ModelBundle, index: int, microbatch_size: int, device: torch.device, *,
-               warmup: int, repeats: int) -> LayerTimes:
-    """Time F, B and U of layer ``index`` run as a one-layer stage, exactly as the runtime runs a stage.
-
-    Each repeat runs F, then B with a random output gradient, then U; the first ``warmup``
-    repeats are dropped; the rest give medians and standard deviations.
-    """
-    executor = StageExecutor(bundle, index, index + 1, WeightPolicy.FLUSH, TrainingOptions(learning_rate=1e-9))
-    shape = bundle.input_shape if index == 0 else bundle.output_shapes[index - 1]
-    generator = torch.Generator().manual_seed(index)
-    inputs = torch.randn((microbatch_size, *shape), generator=generator).to(device)
-    target = torch.randn((microbatch_size, *bundle.target_shape), generator=generator).to(device)
-    target_or_none = target if executor.has_loss else None
-    out_shape = (microbatch_size, *bundle.output_shapes[index])
-    grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
-    measure = _timer(device)
-    forward, backward, update = [], [], []
-    for repeat in range(warmup + repeats):
-        x = inputs.clone()
-        forward.append(measure(lambda r=repeat, x=x: executor.forward(r, 0, x, target_or_none)))  # type: ignore[misc]
-        backward.append(measure(lambda r=repeat: executor.backward(r, grad)))  # type: ignore[misc]
-        update.append(measure(lambda r=repeat: executor.update(r)))  # type: ignore[misc]
-    forward, backward, update = forward[warmup:], backward[warmup:], update[warmup:]
-    return LayerTimes(
-        forward_s=statistics.median(forward), backward_s=statistics.median(backward),
-        update_s=statistics.median(update),
-        forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward),
-    )
-
 
 def stash_attribution(bundle: ModelBundle, microbatch_size: int, device: torch.device) -> list[float]:
     """Bytes each layer keeps for the backward, each storage counted once, by the first layer that saves it.
@@ -111,12 +46,14 @@ def stash_attribution(bundle: ModelBundle, microbatch_size: int, device: torch.d
 
 
 def profile_model(spec: ModelSpec, microbatch_size: int, *, device: str = "cpu", threads: int = 1,
-                  warmup: int = 5, repeats: int = 20) -> Profile:
+                  warmup: int = 5, repeats: int = 20, calibrate: bool = True) -> Profile:
     """Measure every layer of ``spec``'s model (the loss layer included) and return a Profile.
 
     Times are medians over ``repeats`` after ``warmup``, with ``threads`` torch threads as in
-    the runtime; sizes are exact. The model's spec is kept in the profile's ``source`` so that
-    ``pipesim run`` can rebuild the same model.
+    the runtime, less the stage executor's fixed cost per op (see pipesim.harness.overheads);
+    sizes are exact. With ``calibrate``, a two-rank run of null layers measures the runtime's
+    cost per op, kept as the profile's per-op overheads. The model's spec is kept in the
+    profile's ``source`` so that ``pipesim run`` can rebuild the same model.
 
     Raises:
         ConfigError: bad counts, an unknown device, or a model that cannot be built.
@@ -127,16 +64,18 @@ def profile_model(spec: ModelSpec, microbatch_size: int, *, device: str = "cpu",
         raise ConfigError("device", device, "CUDA is not available here")
     if device not in ("cpu", "cuda"):
         raise ConfigError("device", device, "must be cpu or cuda")
-    torch.set_num_threads(threads)
+    configure_process(threads)
     target_device = torch.device(device)
     bundle = build_model(spec, microbatch_size)
     for layer in bundle.layers:
         layer.to(target_device)
     stash = stash_attribution(bundle, microbatch_size, target_device)
     element = torch.tensor([], dtype=bundle.dtype).element_size()
+    executor = executor_costs(target_device)
     layers = []
     for index, name in enumerate(bundle.names):
-        times = time_layer(bundle, index, microbatch_size, target_device, warmup=warmup, repeats=repeats)
+        measured = time_layer(bundle, index, microbatch_size, target_device, warmup=warmup, repeats=repeats)
+        times = net_of(measured, executor)
         is_loss = index == bundle.num_layers - 1  # the loss is one number per microbatch
         output_elements = 1 if is_loss else microbatch_size * _numel(bundle.output_shapes[index])
         layers.append({
@@ -144,13 +83,20 @@ def profile_model(spec: ModelSpec, microbatch_size: int, *, device: str = "cpu",
             "forward_s": times.forward_s,
             "backward_s": times.backward_s,
             "update_s": times.update_s,
-            "forward_std_s": times.forward_std_s,
-            "backward_std_s": times.backward_std_s,
+            "forward_std_s": measured.forward_std_s,
+            "backward_std_s": measured.backward_std_s,
             "activation_bytes": float(output_elements * element),
             "stash_bytes": stash[index],
             "param_bytes": float(sum(p.numel() * p.element_size() for p in bundle.layers[index].parameters())),
         })
+    overheads: dict[str, float] = {}
+    if calibrate:
+        largest = max(_numel(shape) for shape in bundle.output_shapes[:-1])
+        costs = runtime_costs(largest, microbatch_size, executor, threads=threads, device=device)
+        overheads = {"forward_overhead_s": costs.forward_s, "backward_overhead_s": costs.backward_s,
+                     "update_overhead_s": costs.update_s}
     return build(Profile, {
+        **overheads,
         "name": spec.name,
         "layers": layers,
         "microbatch_size": microbatch_size,

@@ -24,7 +24,7 @@ PHASE_NAMES = ("starting", "waiting for input", "computing", "finished", "failed
 
 HEADER = 16
 # Header cells.
-POSITION, PHASE, SINCE, NUM_COMPUTE, NUM_SENDS, NUM_ARRIVALS, NUM_MEMORY, ORIGIN, PID, RANK = range(10)
+POSITION, PHASE, SINCE, NUM_COMPUTE, NUM_SENDS, NUM_ARRIVALS, NUM_MEMORY, ORIGIN, PID, RANK, CPU_S, WALL_S = range(12)
 COMPUTE_COLUMNS = 5  # position, version, minibatch, start, end
 SEND_COLUMNS = 5  # position, start, bytes, peer, tag
 ARRIVAL_COLUMNS = 3  # source rank, tag, time
@@ -66,33 +66,53 @@ class Layout:
 
 
 class Recorder:
-    """A rank's writer: progress in the header, rows as ops finish (times are absolute seconds)."""
+    """A rank's writer: progress in the header, rows as ops finish (times are absolute seconds).
+
+    Writes go through a flat memoryview of the mapped file: a handful of float stores per row,
+    about a microsecond, where numpy's row assignment costs several.
+    """
 
     def __init__(self, path: Path, num_ops: int, rank: int, pid: int, now: float) -> None:
         self.layout = Layout(num_ops)
         self.cells = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(self.layout.size,))
         self.blocks = self.layout.views(self.cells)
-        header = self.blocks["header"]
-        header[RANK], header[PID], header[PHASE], header[SINCE], header[POSITION] = rank, pid, STARTING, now, -1
+        self.flat = self.cells.data.cast("B").cast("d")
+        self.offsets: dict[str, tuple[int, int]] = {}
+        offset = HEADER
+        for name, rows, columns in (("compute", num_ops, COMPUTE_COLUMNS), ("sends", num_ops, SEND_COLUMNS),
+                                    ("arrivals", num_ops, ARRIVAL_COLUMNS),
+                                    ("memory", self.layout.memory_rows, MEMORY_COLUMNS)):
+            self.offsets[name] = (offset, columns)
+            offset += rows * columns
+        flat = self.flat
+        flat[RANK], flat[PID], flat[PHASE], flat[SINCE], flat[POSITION] = rank, pid, STARTING, now, -1
 
     def progress(self, position: int, phase: int, now: float) -> None:
         """The rank is now in ``phase`` at op ``position``."""
-        header = self.blocks["header"]
-        header[POSITION], header[PHASE], header[SINCE] = position, phase, now
+        flat = self.flat
+        flat[POSITION], flat[PHASE], flat[SINCE] = position, phase, now
 
     def set_origin(self, origin: float) -> None:
         """The common time origin of the run (absolute seconds)."""
-        self.blocks["header"][ORIGIN] = origin
+        self.flat[ORIGIN] = origin
 
     def _append(self, block: str, counter: int, row: tuple[float, ...]) -> None:
-        header = self.blocks["header"]
-        index = int(header[counter])
-        self.blocks[block][index] = row
-        header[counter] = index + 1
+        flat = self.flat
+        index = int(flat[counter])
+        base, columns = self.offsets[block]
+        start = base + index * columns
+        for column, value in enumerate(row):
+            flat[start + column] = value
+        flat[counter] = index + 1
 
     def compute(self, position: int, version: int, minibatch: int, start: float, end: float) -> None:
         """A compute span of op ``position``."""
         self._append("compute", NUM_COMPUTE, (position, version, minibatch, start, end))
+
+    def cpu_time(self, cpu_s: float, wall_s: float) -> None:
+        """Add to the totals of thread CPU time and wall time spent inside compute spans."""
+        self.flat[CPU_S] += cpu_s
+        self.flat[WALL_S] += wall_s
 
     def send(self, position: int, start: float, num_bytes: float, peer: int, tag: int) -> None:
         """Op ``position``'s output handed to the link towards ``peer`` at ``start``."""
@@ -167,6 +187,11 @@ def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | N
     A send span runs from the sender handing the output over to the receiver getting it; a send
     whose arrival was not recorded (a failed run) ends where it started.
     """
+    meta = dict(meta)
+    # How much of its compute spans each rank actually ran for: below 1 when the OS gave its core to
+    # someone else mid-op (a loaded machine), which no profile can predict.
+    meta["cpu_share"] = [None if r is None or r["header"][WALL_S] <= 0 else
+                         float(r["header"][CPU_S] / r["header"][WALL_S]) for r in ranks]
     builder = TraceBuilder(meta=meta)
     origin = next((float(r["header"][ORIGIN]) for r in ranks if r is not None and r["header"][ORIGIN] > 0), 0.0)
     compute_code, send_code = STREAMS.index("compute"), STREAMS.index("send")

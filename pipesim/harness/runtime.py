@@ -23,6 +23,7 @@ from pipesim.errors import ConfigError
 from pipesim.harness.config import RunConfig
 from pipesim.harness.models import build_model
 from pipesim.harness.p2p import Incoming, Links
+from pipesim.harness.process import configure_process
 from pipesim.harness.recorder import COMPUTING, FAILED, FINISHED, WAITING, Recorder, merge, message_tag, trace_meta
 from pipesim.harness.stage import OpResult, StageExecutor
 from pipesim.schedule.deps import gradient_kind, sends_to
@@ -192,40 +193,61 @@ class RankRuntime:
                 self.recorder.memory(origin, stage, category, size, 1)
         previous_minibatch = 0
         p = self.schedule.num_stages
+        last_end, cpu_last = self.clock.now(), time.thread_time()
         for position, op in enumerate(self.ops):
+            # An op's span runs from when it can start (its input in hand) to when its output is
+            # handed to the link: the receive of an input that had already arrived, the send and
+            # the bookkeeping are the op's work, as the profile's per-op overheads count them;
+            # only waiting for an input that has not arrived is idle time.
             self.state.position, self.state.op = position, str(op)
+            op_start = last_end
             self.recorder.progress(position, WAITING, self.clock.now())
-            executor = self.executors[op.stage]
             received = None
-            if (op.kind is OpKind.F and op.stage > 0) or (op.kind is self.grad_kind and op.stage < p - 1):
-                source_stage = op.stage - 1 if op.kind is OpKind.F else op.stage + 1
-                source = self.schedule.stage_to_rank[source_stage]
-                tag = message_tag(OpKind.F if op.kind is OpKind.F else self.grad_kind, op.microbatch)
+            incoming = self._incoming_message(op)
+            if incoming is not None:
+                source, tag = incoming
+                was_ready = links.ready(source, tag)
                 received, arrived = links.receive(source, tag)
                 self.recorder.arrival(source, tag, arrived)
-            self.recorder.progress(position, COMPUTING, self.clock.now())
+                if not was_ready:
+                    op_start = arrived
+            self.recorder.progress(position, COMPUTING, op_start)
             minibatch = previous_minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
             start = self.clock.mark()
-            result = self._execute(op, executor, minibatch, received)
+            result = self._execute(op, self.executors[op.stage], minibatch, received)
             finish = self.clock.mark()
-            end = self.clock.now() if self.clock.cuda else float(finish)
-            self._deferred.append((position, result.version, minibatch, start, finish))
-            if not self.clock.cuda:
-                self.resolve_marks()
-            for category, delta_bytes, delta_count in result.memory:
-                self.recorder.memory(end, op.stage, category, delta_bytes, delta_count)
             target_stage = sends_to(op, p, self.grad_kind)
             if target_stage is not None and result.send is not None:
                 target = self.schedule.stage_to_rank[target_stage]
                 tag = message_tag(op.kind, op.microbatch)
                 links.send(result.send, target, tag)
-                self.recorder.send(position, end, float(result.send.numel() * result.send.element_size()),
+                self.recorder.send(position, self.clock.now(), float(result.send.numel() * result.send.element_size()),
                                    target, tag)
+            end = self.clock.now()
+            for category, delta_bytes, delta_count in result.memory:
+                self.recorder.memory(end, op.stage, category, delta_bytes, delta_count)
+            if self.clock.cuda:
+                self._deferred.append((position, result.version, minibatch, start, finish))
+            else:
+                self.recorder.compute(position, result.version, minibatch, op_start, end)
+                cpu_now = time.thread_time()
+                self.recorder.cpu_time(cpu_now - cpu_last, end - op_start)
+                cpu_last = cpu_now
             previous_minibatch = minibatch
+            last_end = end
         links.finish()
         self.resolve_marks()
         self.recorder.progress(len(self.ops), FINISHED, self.clock.now())
         self.recorder.flush()
+
+    def _incoming_message(self, op: Op) -> tuple[int, int] | None:
+        """(source rank, tag) of the message ``op`` needs, or None."""
+        p = self.schedule.num_stages
+        if op.kind is OpKind.F and op.stage > 0:
+            return self.schedule.stage_to_rank[op.stage - 1], message_tag(OpKind.F, op.microbatch)
+        if op.kind is self.grad_kind and op.stage < p - 1:
+            return self.schedule.stage_to_rank[op.stage + 1], message_tag(self.grad_kind, op.microbatch)
+        return None
 
     def _execute(self, op: Op, executor: StageExecutor, minibatch: int, received: torch.Tensor | None) -> OpResult:
         if op.kind is OpKind.F:
@@ -284,7 +306,7 @@ def write_error(run_dir: Path, rank: int, op: str, error: BaseException) -> None
 
 def init_process_group(config: RunConfig, rank: int, world_size: int) -> None:
     """Join the process group named by MASTER_ADDR/MASTER_PORT (as torchrun sets them)."""
-    torch.set_num_threads(config.threads)
+    configure_process(config.threads)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(config.backend, rank=rank, world_size=world_size,

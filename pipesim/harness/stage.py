@@ -142,7 +142,8 @@ class StageExecutor:
         # SINGLE updates in place: the forward's tensors are the current ones.
         weights = self.store.tensors(self.store.current if self.policy is WeightPolicy.SINGLE else forward_version)
         wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(weights)
-        grads = torch.autograd.grad(stashed.output, wanted, grad_output, allow_unused=True)
+        # A first stage without weights has nothing to backpropagate into.
+        grads = torch.autograd.grad(stashed.output, wanted, grad_output, allow_unused=True) if wanted else ()
         offset = 1 if self.takes_gradient_input else 0
         self.store.accumulate(list(grads[offset:]))
         send = grads[0] if self.takes_gradient_input else None

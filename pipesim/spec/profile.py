@@ -63,6 +63,9 @@ class Profile(FrozenModel):
         dtype: element type of the measurement, e.g. ``"float32"``.
         device: what it ran on, e.g. ``"V100 (assumed)"``.
         source: provenance in one line.
+        forward_overhead_s, backward_overhead_s, update_overhead_s: optional fixed cost of one F,
+            B or U op of a stage on top of its layers' times (the runtime's dispatch and
+            bookkeeping and the handling of the op's messages), seconds; counted once per op.
     """
 
     schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
@@ -72,6 +75,9 @@ class Profile(FrozenModel):
     dtype: str = "float32"
     device: str = "unknown"
     source: str = ""
+    forward_overhead_s: float | None = Field(default=None, ge=0)
+    backward_overhead_s: float | None = Field(default=None, ge=0)
+    update_overhead_s: float | None = Field(default=None, ge=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 

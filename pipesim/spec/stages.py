@@ -17,7 +17,8 @@ class StageCosts:
     """Per stage (index s), the cost of one microbatch's ops and the stage's memory sizes.
 
     Attributes:
-        forward_s: F time, seconds (divided by the device's speed).
+        forward_s: F time, seconds (divided by the device's speed); the profile's per-op
+            overheads are added once to every F, B (I) and U.
         backward_s: B time, seconds (including the recomputed forward when recompute is on).
         backward_input_s: I time when the profile splits backward, else None.
         backward_weight_s: W time when the profile splits backward, else None.
@@ -122,6 +123,9 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
     forward, backward, b_input, b_weight, update = [], [], [], [], []
     output, stash, params, f_std, b_std = [], [], [], [], []
     split = profile.has_split_backward
+    forward_overhead = profile.forward_overhead_s or 0.0
+    backward_overhead = profile.backward_overhead_s or 0.0
+    update_overhead = profile.update_overhead_s or 0.0
     for stage, (start, end) in enumerate(partition):
         device = plan.device_of(stage)
         if device >= topology.num_devices:
@@ -133,10 +137,11 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
         recompute_s = f if plan.recompute else 0.0
-        forward.append(f)
-        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s)
+        forward.append(f + forward_overhead)
+        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s + backward_overhead)
         if split:
-            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s)
+            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s
+                           + backward_overhead)
             b_weight.append(sum(layer.backward_weight_s or 0.0 for layer in layers) / speed)
         output.append(layers[-1].activation_bytes)
         if plan.recompute:
@@ -147,7 +152,7 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
         params.append(stage_params)
         replicas = plan.replicas_of(stage)
         bandwidth = topology.bandwidth_bytes_per_s
-        step = sum(layer.update_s or 0.0 for layer in layers) / speed
+        step = sum(layer.update_s or 0.0 for layer in layers) / speed + update_overhead
         update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
