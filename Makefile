@@ -25,5 +25,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --hypothesis-profile=ci
 
+# Regenerate every figure and table under analysis/ (analysis/README.md); about a minute.
+.PHONY: analysis
+analysis: $(STAMP)
+	$(PY) analysis/run_all.py
+
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
+
+# Engine speed: DES and analytic ops/s against a bare SimPy loop, simulate() per point, peak RSS;
+# writes benchmarks/RESULTS.md (takes a few minutes).
+bench: $(STAMP)
+	$(PY) benchmarks/bench_engines.py
+
+.PHONY: bench-planner
+# Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
+# then the long brute-force check of the partitioner.
+bench-planner: $(STAMP)
+	$(PY) benchmarks/bench_planner.py
+	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci

@@ -24,9 +24,9 @@ class ConfigError(PipesimError, ValueError):
         self.value = value
         self.rule = rule
         self.source = source
-        where = f"{source}: " if source else ""
+        where = f"{_printable(source)}: " if source else ""
         shown = _short_repr(value)
-        super().__init__(f"{where}{field}={shown}: {rule}")
+        super().__init__(f"{where}{_printable(field)}={shown}: {_printable(rule)}")
 
 
 class ScheduleError(PipesimError):
@@ -45,6 +45,11 @@ class ScheduleError(PipesimError):
 
 class DeadlockError(ScheduleError):
     """The engine reached a state where no op can start; the stuck ops are named."""
+
+
+def _printable(text: str) -> str:
+    """``text`` itself when printable on one line, else its escaped repr."""
+    return text if text.isprintable() else repr(text)
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:

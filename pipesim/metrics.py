@@ -112,17 +112,28 @@ def _overlap(starts: npt.NDArray[np.float64], ends: npt.NDArray[np.float64], low
     return float(np.clip(np.minimum(ends, high) - np.maximum(starts, low), 0.0, None).sum())
 
 
+def _groups(keys: npt.NDArray[np.int64], num_groups: int) -> list[npt.NDArray[np.intp]]:
+    """Row indices holding each key 0..num_groups-1, each group in stored order (one sort, not a
+    mask per group)."""
+    order = np.argsort(keys, kind="stable")
+    bounds = np.searchsorted(keys[order], np.arange(num_groups + 1), side="left")
+    return [order[bounds[i]:bounds[i + 1]] for i in range(num_groups)]
+
+
 def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int, int]:
     """Peak bytes of a stage (levels after all events at one instant), its breakdown, and the
     most weight versions and stashed microbatches held."""
+    return _level_peak_of(trace, np.flatnonzero(trace.memory["stage"] == stage))
+
+
+def _level_peak_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[float, dict[str, float], int, int]:
     m = trace.memory
-    mask = m["stage"] == stage
-    times = m["time_s"][mask]
+    times = m["time_s"][rows]
     order = np.argsort(times, kind="stable")
     times = times[order]
-    categories = m["category"][mask][order]
-    delta = m["delta_bytes"][mask][order]
-    count = m["delta_count"][mask][order]
+    categories = m["category"][rows][order]
+    delta = m["delta_bytes"][rows][order]
+    count = m["delta_count"][rows][order]
     if times.size == 0:
         return 0.0, {c: 0.0 for c in CATEGORIES}, 0, 0
     last_at_time = np.r_[times[1:] != times[:-1], True]
@@ -146,11 +157,15 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
     version i's F ran on. Discrepancy = version of i's B (or I) minus version of its F.
     """
     s = trace.spans
-    on_stage = (s["stage"] == stage) & (s["stream"] == _COMPUTE)
-    kinds = s["kind"][on_stage]
-    micro = s["microbatch"][on_stage]
-    version = s["weight_version"][on_stage]
-    position = s["position"][on_stage]
+    return _staleness_of(trace, np.flatnonzero((s["stage"] == stage) & (s["stream"] == _COMPUTE)))
+
+
+def _staleness_of(trace: Trace, rows: npt.NDArray[np.intp]) -> tuple[int, float, int]:
+    s = trace.spans
+    kinds = s["kind"][rows]
+    micro = s["microbatch"][rows]
+    version = s["weight_version"][rows]
+    position = s["position"][rows]
     total = int(trace.meta["num_minibatches"]) * int(trace.meta["num_microbatches"])
     forward_version = np.full(total, -1)
     forward_version[micro[kinds == _F]] = version[kinds == _F]
@@ -174,31 +189,60 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
 
 def _exposed_communication(trace: Trace, device: int, low: float, high: float) -> float:
     """Idle time on ``device`` before an op, overlapping the arrival of the send it waited for."""
+    return _exposed_communication_all(trace, device + 1, low, high)[device]
+
+
+def _exposed_communication_all(trace: Trace, num_devices: int, low: float, high: float) -> list[float]:
+    """Per device, idle time before an op overlapping the arrival of the send it waited for.
+
+    A gap is the idle time before a compute op (after the previous op of its device in
+    position order, or 0). A send to the device is matched to the gap of the op it feeds
+    (an activation to the F of the next stage, a gradient to the B or I of the one before),
+    and their overlap inside [low, high] counts. Sums run in send order, as a loop would.
+    """
     s = trace.spans
-    compute = (s["device"] == device) & (s["stream"] == _COMPUTE)
-    order = np.argsort(s["position"][compute])
-    starts = s["start_s"][compute][order]
-    previous_end = np.r_[0.0, s["end_s"][compute][order][:-1]]
-    gaps = {}
-    for stage, kind, micro, start, previous in zip(
-        s["stage"][compute][order].tolist(), s["kind"][compute][order].tolist(),
-        s["microbatch"][compute][order].tolist(), starts.tolist(), previous_end.tolist(), strict=True,
-    ):
-        if start > previous:
-            gaps[(stage, kind, micro)] = (previous, start)
-    sends = (s["stream"] == _SEND) & (s["peer"] == device)
-    exposed = 0.0
-    for stage, kind, micro, start, end in zip(
-        s["stage"][sends].tolist(), s["kind"][sends].tolist(), s["microbatch"][sends].tolist(),
-        s["start_s"][sends].tolist(), s["end_s"][sends].tolist(), strict=True,
-    ):
-        target = (stage + 1, _F, micro) if kind == _F else None
-        candidates = [target] if target else [(stage - 1, _B, micro), (stage - 1, _I, micro)]
-        for key in candidates:
-            if key in gaps:
-                gap_start, gap_end = gaps[key]
-                low_edge, high_edge = max(gap_start, start, low), min(gap_end, end, high)
-                exposed += max(0.0, high_edge - low_edge)
+    rows = np.flatnonzero(s["stream"] == _COMPUTE)
+    rows = rows[np.lexsort((s["position"][rows], s["device"][rows]))]
+    device = s["device"][rows]
+    starts, ends = s["start_s"][rows], s["end_s"][rows]
+    previous = np.r_[0.0, ends[:-1]]
+    previous[np.r_[True, device[1:] != device[:-1]]] = 0.0
+    gap = np.flatnonzero(starts > previous)
+    total = max(int(s["microbatch"].max(initial=0)) + 1, 1)
+    stages = max(int(s["stage"].max(initial=0)) + 2, 2)
+
+    def key(dev: npt.NDArray[np.int64], stage: npt.NDArray[np.int64], kind: int | npt.NDArray[np.int64],
+            micro: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return ((dev * stages + stage + 1) * len(KINDS) + kind) * total + micro
+
+    gap_rows = rows[gap]
+    gap_keys = key(device[gap], s["stage"][gap_rows], s["kind"][gap_rows], s["microbatch"][gap_rows])
+    order = np.argsort(gap_keys, kind="stable")
+    sorted_keys = gap_keys[order]
+    gap_start, gap_end = previous[gap][order], starts[gap][order]
+
+    sends = np.flatnonzero((s["stream"] == _SEND) & (s["peer"] >= 0) & (s["peer"] < num_devices))
+    peer, stage, kind, micro = s["peer"][sends], s["stage"][sends], s["kind"][sends], s["microbatch"][sends]
+    forward = kind == _F
+    # Candidates in loop order: per send, F's target, or B's then I's.
+    cand_send = np.repeat(np.arange(sends.size), np.where(forward, 1, 2))
+    second = np.r_[False, cand_send[1:] == cand_send[:-1]]
+    cand_kind = np.where(forward[cand_send], _F, np.where(second, _I, _B))
+    cand_stage = np.where(forward[cand_send], stage[cand_send] + 1, stage[cand_send] - 1)
+    cand_keys = key(peer[cand_send], cand_stage, cand_kind, micro[cand_send])
+    found = np.searchsorted(sorted_keys, cand_keys, side="right") - 1
+    hit = (found >= 0) & (sorted_keys[np.maximum(found, 0)] == cand_keys) if sorted_keys.size else found < -1
+    where = np.maximum(found, 0)
+    send_start, send_end = s["start_s"][sends][cand_send], s["end_s"][sends][cand_send]
+    if sorted_keys.size:
+        low_edge = np.maximum(np.maximum(gap_start[where], send_start), low)
+        high_edge = np.minimum(np.minimum(gap_end[where], send_end), high)
+        overlap = np.where(hit, np.maximum(0.0, high_edge - low_edge), 0.0)
+    else:
+        overlap = np.zeros(cand_send.size)
+    exposed = []
+    for group in _groups(peer[cand_send], num_devices):
+        exposed.append(float(np.cumsum(overlap[group])[-1]) if group.size else 0.0)
     return exposed
 
 
@@ -212,22 +256,27 @@ def compute_metrics(trace: Trace) -> Metrics:
     width = high - low
     compute = s["stream"] == _COMPUTE
     stage_to_rank = list(meta["stage_to_rank"])
+    num_ranks = int(meta["num_ranks"])
+    compute_rows = np.flatnonzero(compute)
     utilization_by_device = []
-    for device in range(int(meta["num_ranks"])):
-        mine = compute & (s["device"] == device)
+    for rows in _groups(s["device"][compute_rows], num_ranks):
+        mine = compute_rows[rows]
         busy = _overlap(s["start_s"][mine], s["end_s"][mine], low, high)
         utilization_by_device.append(busy / width if width > 0 else 1.0)
+    exposed = _exposed_communication_all(trace, num_ranks, low, high)
+    memory_rows = _groups(trace.memory["stage"], len(stage_to_rank))
+    span_rows = [compute_rows[rows] for rows in _groups(s["stage"][compute_rows], len(stage_to_rank))]
     stages = []
     for stage, device in enumerate(stage_to_rank):
-        peak, breakdown, versions, inflight = _level_peak(trace, stage)
-        delay_max, delay_mean, discrepancy = staleness(trace, stage)
+        peak, breakdown, versions, inflight = _level_peak_of(trace, memory_rows[stage])
+        delay_max, delay_mean, discrepancy = _staleness_of(trace, span_rows[stage])
         utilization = utilization_by_device[device]
         stages.append(StageMetrics(
             stage=stage,
             device=device,
             utilization=utilization,
             bubble_fraction=1.0 - utilization,
-            exposed_communication_s=_exposed_communication(trace, device, low, high),
+            exposed_communication_s=exposed[device],
             peak_memory_bytes=peak,
             peak_breakdown_bytes=breakdown,
             weight_versions_max=versions,

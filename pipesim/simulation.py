@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
 from pipesim.engine.trace import Trace
@@ -128,14 +129,14 @@ def simulate_plan(
 
 
 def _run(program: Program, engine: EngineName, jitter: float, seed: int) -> Trace:
-    if engine == "analytic" or (engine == "auto" and jitter == 0):
-        try:
-            from pipesim.engine.analytic import run_analytic
-        except ImportError:
-            if engine == "analytic":
-                raise ConfigError("engine", engine, "the analytic engine is not available in this build") from None
-        else:
-            return run_analytic(program)
+    """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
+    if engine == "des":
+        return run_des(program, jitter=jitter, seed=seed)
+    reason = analytic_unsupported(program, jitter=jitter)
+    if reason is None:
+        return run_analytic(program)
+    if engine == "analytic":
+        raise ConfigError("engine", engine, reason)
     return run_des(program, jitter=jitter, seed=seed)
 
 

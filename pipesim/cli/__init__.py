@@ -52,10 +52,12 @@ def cli() -> None:
 
 def _register() -> None:
     from pipesim.cli.harness import linkbench_command, profile_command, run_command
+    from pipesim.cli.plan import plan_command
     from pipesim.cli.schedule import schedule_command
     from pipesim.cli.simulate import simulate_command
     from pipesim.cli.validate import validate_command
 
+    cli.add_command(plan_command)
     cli.add_command(schedule_command)
     cli.add_command(simulate_command)
     for command in (profile_command, linkbench_command, run_command, validate_command):

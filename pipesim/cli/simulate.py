@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import click
 from rich.console import Console
@@ -12,8 +13,8 @@ from rich.table import Table
 from pipesim.cli.options import build_topology, parse_partition, parse_uniform
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.simulation import Result, simulate
-from pipesim.spec.files import load_profile, load_topology
+from pipesim.simulation import EngineName, Result, simulate, simulate_plan
+from pipesim.spec.files import load_plan, load_profile, load_topology
 
 
 @click.command("simulate")
@@ -21,9 +22,11 @@ from pipesim.spec.files import load_profile, load_topology
               help="Profile file: pipesim JSON or PipeDream graph.txt (told apart by content).")
 @click.option("--uniform", type=str, default=None,
               help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W.")
-@click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P (one device each).")
-@click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
-@click.option("--schedule", "schedule", required=True, help=f"One of: {', '.join(SCHEDULES)}.")
+@click.option("--plan", "plan_path", type=str, default=None,
+              help="A plan file (pipesim.plan/1, or the output of pipesim plan) instead of --stages ... --schedule.")
+@click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P (one device each).")
+@click.option("--microbatches", "num_microbatches", type=int, default=None, help="Microbatches per minibatch M.")
+@click.option("--schedule", "schedule", default=None, help=f"One of: {', '.join(SCHEDULES)}.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
 @click.option("--partition", type=str, default=None,
@@ -37,14 +40,18 @@ from pipesim.spec.files import load_profile, load_topology
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter.")
+@click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
+              help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
+                   "auto: analytic where it applies.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
 def simulate_command(
-    profile_path: str | None, uniform: str | None, num_stages: int, num_microbatches: int, schedule: str,
+    profile_path: str | None, uniform: str | None, plan_path: str | None, num_stages: int | None,
+    num_microbatches: int | None, schedule: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     topology_path: str | None, recompute: bool, optimizer_state_multiplier: float, jitter: float, seed: int,
-    as_json: bool, out_dir: str | None,
+    engine: str, as_json: bool, out_dir: str | None,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
     if (profile_path is None) == (uniform is None):
@@ -52,12 +59,25 @@ def simulate_command(
     if topology_path and (bandwidth or latency):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency, not both")
     profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
-    topology = load_topology(topology_path) if topology_path else build_topology(num_stages, bandwidth, latency)
-    result = simulate(
-        profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
-        num_minibatches=num_minibatches, partition=parse_partition(partition) if partition else None,
-        recompute=recompute, optimizer_state_multiplier=optimizer_state_multiplier, jitter=jitter, seed=seed,
-    )
+    if plan_path is not None:
+        _check_plan_flags(click.get_current_context())
+        plan = load_plan(plan_path)
+        needed = max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
+        topology = load_topology(topology_path) if topology_path else build_topology(needed, bandwidth, latency)
+        result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed,
+                               engine=cast(EngineName, engine))  # click.Choice checked it
+    else:
+        for flag, value in (("--stages", num_stages), ("--microbatches", num_microbatches), ("--schedule", schedule)):
+            if value is None:
+                raise click.UsageError(f"Missing option '{flag}'.", click.get_current_context())
+        assert num_stages is not None and num_microbatches is not None and schedule is not None
+        topology = load_topology(topology_path) if topology_path else build_topology(num_stages, bandwidth, latency)
+        result = simulate(
+            profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
+            num_minibatches=num_minibatches, partition=parse_partition(partition) if partition else None,
+            recompute=recompute, optimizer_state_multiplier=optimizer_state_multiplier, jitter=jitter, seed=seed,
+            engine=cast(EngineName, engine),  # click.Choice checked it
+        )
     if out_dir:
         written = write_outputs(result, Path(out_dir))
     if as_json:
@@ -66,6 +86,15 @@ def simulate_command(
         print_table(result)
         if out_dir:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
+
+
+def _check_plan_flags(context: click.Context) -> None:
+    """With --plan, the options a plan holds must not be given too."""
+    for name in ("num_stages", "num_microbatches", "schedule", "num_minibatches", "partition", "recompute",
+                 "optimizer_state_multiplier"):
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            flag = next(param.opts[0] for param in context.command.params if param.name == name)
+            raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
 def write_outputs(result: Result, out_dir: Path) -> list[Path]:

@@ -1,25 +1,41 @@
-"""Lowering a schedule onto costs and devices: per op its duration, inputs, send and version."""
+"""Lowering a schedule onto costs and devices: per op its duration, input, send and version, by column."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
+from pipesim.engine.columns import (
+    KIND_CODES,
+    KIND_ORDER,
+    F_CODE,
+    minibatch_column,
+    schedule_columns,
+    send_target_column,
+    version_column,
+    wait_column,
+)
 from pipesim.errors import ConfigError
-from pipesim.schedule.deps import dependencies, gradient_kind, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts
 from pipesim.spec.topology import Topology
 
-KIND_CODES = {OpKind.F: 0, OpKind.B: 1, OpKind.I: 2, OpKind.W: 3, OpKind.U: 4}
+__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "lower"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
 class LoweredOp:
-    """One op ready for an engine.
+    """One op ready for an engine (the row view of an OpTable, kept for readers of single ops).
 
     Attributes:
         op: the op; kind_code: its index in trace.KINDS.
@@ -42,26 +58,122 @@ class LoweredOp:
     minibatch: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class OpTable:
+    """Every op of a program by column: ranks one after another, each rank's ops in its order.
+
+    Op ``g`` is op ``position[g]`` of rank ``rank[g]``; rank ``r`` holds the slice
+    ``rank_offsets[r]:rank_offsets[r + 1]``. Both engines read this table.
+
+    Attributes:
+        kind: code into trace.KINDS; microbatch: the update index for U.
+        minibatch: step index; version: weight version used (for U: the version it updates).
+        duration_s: compute time, seconds.
+        wait: index of the op of another stage whose output must arrive first, or -1 (an
+            op waits for at most one such input: see ``schedule.deps.dependencies``).
+        send_rank: rank receiving the op's output, or -1; send_bytes: its size.
+        transfer_s: link time of the send, seconds (0 on the same rank).
+    """
+
+    rank_offsets: IntArray
+    rank: IntArray
+    position: IntArray
+    stage: IntArray
+    kind: IntArray
+    microbatch: IntArray
+    minibatch: IntArray
+    version: IntArray
+    duration_s: FloatArray
+    wait: IntArray
+    send_rank: IntArray
+    send_bytes: FloatArray
+    transfer_s: FloatArray
+
+    @property
+    def num_ops(self) -> int:
+        """Number of ops."""
+        return int(self.rank.shape[0])
+
+    @property
+    def num_ranks(self) -> int:
+        """Number of ranks."""
+        return int(self.rank_offsets.shape[0]) - 1
+
+    @cached_property
+    def is_remote_send(self) -> npt.NDArray[np.bool_]:
+        """True where the op's output crosses a link to another rank (a send span)."""
+        remote: npt.NDArray[np.bool_] = (self.send_rank >= 0) & (self.send_rank != self.rank)
+        return remote
+
+    @cached_property
+    def link(self) -> IntArray:
+        """Per op, the index of the directed link (rank -> send_rank) its send uses, or -1."""
+        remote = self.is_remote_send
+        key = np.where(remote, self.rank * max(self.num_ranks, 1) + self.send_rank, -1)
+        _, index = np.unique(key, return_inverse=True)
+        has_none = not bool(remote.all())
+        return np.where(remote, index.reshape(-1) - int(has_none), -1)
+
+    @cached_property
+    def previous_send(self) -> IntArray:
+        """Per op with a remote send, the op whose send precedes it on the same link, or -1.
+
+        A rank issues its sends in its op order, so this is the link's first-in first-out order.
+        """
+        previous = np.full(self.num_ops, -1, dtype=np.int64)
+        senders = np.flatnonzero(self.is_remote_send)
+        if senders.size:
+            links = self.link[senders]
+            order = np.argsort(links, kind="stable")
+            ordered = senders[order]
+            same = links[order][1:] == links[order][:-1]
+            previous[ordered[1:][same]] = ordered[:-1][same]
+        return previous
+
+
+@dataclass(frozen=True, eq=False)
 class Program:
-    """A schedule lowered for the engines: per rank, its LoweredOps in order, plus sizes for memory.
+    """A schedule lowered for the engines: its ops by column, plus sizes for memory.
 
     Attributes:
         schedule: the schedule; costs: its stage costs; rank_devices: topology device per rank.
-        ranks: per rank, the lowered ops.
-        versions: the VersionPlan of the schedule.
+        ops: the OpTable both engines run.
         keeps_versions: True when old versions outlive an update (STASH, DOUBLE_BUFFER).
-        link_latency_s: per (src_rank, dst_rank) that carries sends, the link's latency.
+        has_link_contention: True when sends of different links share bandwidth. Today's
+            topology gives every directed rank pair its own link, so it is always False; the
+            analytic engine applies only where it is False.
         meta: what the Trace records about the run.
     """
 
     schedule: Schedule
     costs: StageCosts
     rank_devices: tuple[int, ...]
-    ranks: tuple[tuple[LoweredOp, ...], ...]
-    versions: VersionPlan
+    ops: OpTable
     keeps_versions: bool
     meta: dict[str, Any]
+    has_link_contention: bool = field(default=False)
+
+    @cached_property
+    def versions(self) -> VersionPlan:
+        """The schedule's VersionPlan (per-op dicts; built on first use)."""
+        return assign_versions(self.schedule)
+
+    @cached_property
+    def ranks(self) -> tuple[tuple[LoweredOp, ...], ...]:
+        """Per rank, its ops as LoweredOp rows (built on first use from the table)."""
+        t = self.ops
+        flat = [op for ops in self.schedule.ranks for op in ops]
+        rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.send_rank.tolist(),
+                   t.send_bytes.tolist(), t.transfer_s.tolist(), t.version.tolist(), t.minibatch.tolist(),
+                   strict=True)
+        lowered = [
+            LoweredOp(op=op, kind_code=kind, duration_s=duration, waits_for=(flat[wait],) if wait >= 0 else (),
+                      send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, version=version,
+                      minibatch=minibatch)
+            for op, kind, duration, wait, send_rank, send_bytes, transfer_s, version, minibatch in rows
+        ]
+        offsets = t.rank_offsets.tolist()
+        return tuple(tuple(lowered[offsets[r]:offsets[r + 1]]) for r in range(t.num_ranks))
 
 
 def lower(
@@ -77,7 +189,8 @@ def lower(
     """Attach costs, transfers and versions to every op of ``schedule``.
 
     Raises:
-        ConfigError: stage counts of schedule and costs differ, or too few devices.
+        ConfigError: stage counts of schedule and costs differ, too few devices, or a
+            duration that is not finite.
         ScheduleError: the schedule is invalid (when ``check``) or its versions cannot be assigned.
     """
     if costs.num_stages != schedule.num_stages:
@@ -93,51 +206,49 @@ def lower(
         )
     if check:
         validate(schedule)
-    versions = assign_versions(schedule)
-    grad_kind = gradient_kind(schedule)
+    columns = schedule_columns(schedule)
+    minibatch = minibatch_column(schedule, columns)
+    version = version_column(schedule, columns, minibatch)
     p = schedule.num_stages
     split = schedule.has_split_backward
     if split and costs.backward_input_s is None:
         raise ConfigError("profile", "backward_s", "the schedule splits backward (I/W ops) but the "
                           "profile has no backward_input_s/backward_weight_s")
-    duration_by_kind = {
+    durations_by_kind = {
         OpKind.F: costs.forward_s,
         OpKind.B: costs.backward_s,
         OpKind.I: costs.backward_input_s or costs.backward_s,
         OpKind.W: costs.backward_weight_s or tuple(0.0 for _ in range(p)),
         OpKind.U: costs.update_s,
     }
-    ranks = []
-    for rank_index, ops in enumerate(schedule.ranks):
-        lowered: list[LoweredOp] = []
-        for op in ops:
-            waits = tuple(
-                dep for dep in dependencies(op, p, grad_kind) if dep.stage != op.stage
-            )
-            target = sends_to(op, p, grad_kind)
-            send_rank, send_bytes, transfer_s = -1, 0.0, 0.0
-            if target is not None:
-                send_rank = schedule.stage_to_rank[target]
-                boundary = op.stage if op.kind is OpKind.F else target
-                send_bytes = costs.output_bytes[boundary]
-                transfer_s = topology.transfer_s(devices[rank_index], devices[send_rank], send_bytes)
-            if op.kind is OpKind.U:
-                # An update belongs to the minibatch of the backward just before it.
-                minibatch = lowered[-1].minibatch if lowered else 0
-            else:
-                minibatch = schedule.minibatch_of(op.microbatch)
-            lowered.append(LoweredOp(
-                op=op,
-                kind_code=KIND_CODES[op.kind],
-                duration_s=duration_by_kind[op.kind][op.stage],
-                waits_for=waits,
-                send_rank=send_rank,
-                send_bytes=send_bytes,
-                transfer_s=transfer_s,
-                version=versions.version_of[op],
-                minibatch=minibatch,
-            ))
-        ranks.append(tuple(lowered))
+    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(len(KIND_ORDER), p)
+    duration = table[columns.kind, columns.stage]
+    target = send_target_column(schedule, columns)
+    sends = target >= 0
+    stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
+    send_rank = np.where(sends, stage_to_rank[np.maximum(target, 0)], -1)
+    boundary = np.where(columns.kind == F_CODE, columns.stage, target)
+    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
+    send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
+    transfer = _transfer_column(topology, devices, columns.rank, send_rank, np.maximum(boundary, 0), output_bytes)
+    for name, values in (("duration_s", duration), ("transfer_s", transfer)):
+        if not np.isfinite(values).all():
+            raise ConfigError(name, float(values[~np.isfinite(values)][0]), "every op's time must be finite")
+    ops = OpTable(
+        rank_offsets=columns.rank_offsets,
+        rank=columns.rank,
+        position=columns.position,
+        stage=columns.stage,
+        kind=columns.kind,
+        microbatch=columns.microbatch,
+        minibatch=minibatch,
+        version=version,
+        duration_s=duration,
+        wait=wait_column(schedule, columns),
+        send_rank=send_rank,
+        send_bytes=send_bytes,
+        transfer_s=transfer,
+    )
     meta = {
         "schedule": schedule.name,
         "weights": schedule.weights.value,
@@ -160,8 +271,28 @@ def lower(
         schedule=schedule,
         costs=costs,
         rank_devices=devices,
-        ranks=tuple(ranks),
-        versions=versions,
+        ops=ops,
         keeps_versions=schedule.weights in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER),
         meta=meta,
     )
+
+
+def _transfer_column(
+    topology: Topology, devices: tuple[int, ...], rank: IntArray, send_rank: IntArray, boundary: IntArray,
+    output_bytes: FloatArray,
+) -> FloatArray:
+    """Link time of every op's send: ``topology.transfer_s`` once per (rank, peer, boundary)."""
+    transfer = np.zeros(rank.shape[0], dtype=np.float64)
+    remote = np.flatnonzero((send_rank >= 0) & (send_rank != rank))
+    if remote.size == 0:
+        return transfer
+    num_ranks, num_stages = len(devices), output_bytes.shape[0]
+    key = (rank[remote] * num_ranks + send_rank[remote]) * num_stages + boundary[remote]
+    unique, inverse = np.unique(key, return_inverse=True)
+    times = np.array([
+        topology.transfer_s(devices[k // num_stages // num_ranks], devices[k // num_stages % num_ranks],
+                            float(output_bytes[k % num_stages]))
+        for k in unique.tolist()
+    ], dtype=np.float64)
+    transfer[remote] = times[inverse.reshape(-1)]
+    return transfer

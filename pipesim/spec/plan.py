@@ -22,7 +22,15 @@ class Plan(FrozenModel):
         num_minibatches: minibatches (steps) to run.
         partition: per stage, the half-open layer range ``[start, end)``; empty = balance compute.
         replicas: per stage, data-parallel replicas (empty = 1 each); they add a gradient
-            all-reduce before the stage's update.
+            all-reduce before the stage's update, and more with ``replica_model``.
+        replica_model: what a replicated stage is. ``"allreduce-only"`` (default): the
+            simulated stage is one of its replicas (as one of several identical pipelines); the
+            replicas only add the all-reduce, at the topology's default bandwidth.
+            ``"round-robin"``: PipeDream's replicated stage, microbatches dealt round-robin to the
+            replicas on devices ``placement .. placement + r - 1``: the stage runs r times as fast
+            on its first device and all-reduces over that ring (see
+            ``pipesim.spec.stages.stage_costs``); ``num_microbatches`` counts the microbatches of
+            all replicas together.
         placement: per stage, the device index it runs on (empty = stage s on device s).
         recompute: activation recomputation: keep only a stage's input per microbatch and
             re-run its forward before its backward.
@@ -41,6 +49,7 @@ class Plan(FrozenModel):
     recompute: bool = False
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
+    replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 

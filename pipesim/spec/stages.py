@@ -17,13 +17,15 @@ class StageCosts:
     """Per stage (index s), the cost of one microbatch's ops and the stage's memory sizes.
 
     Attributes:
-        forward_s: F time, seconds (divided by the device's speed); the profile's per-op
-            overheads are added once to every F, B (I) and U.
+        forward_s: F time, seconds (divided by the device's speed, and by the stage's replicas
+            when they share its work: ``Plan.replica_model == "round-robin"``); the profile's
+            per-op overheads are added once to every F, B (I) and U.
         backward_s: B time, seconds (including the recomputed forward when recompute is on).
         backward_input_s: I time when the profile splits backward, else None.
         backward_weight_s: W time when the profile splits backward, else None.
-        update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``) plus
-            the gradient all-reduce over the stage's replicas, seconds.
+        update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``)
+            plus the gradient all-reduce over the stage's replicas, seconds (see
+            ``replica_allreduce_s``).
         output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
         param_bytes: bytes of stage s's weights.
@@ -107,8 +109,39 @@ def balance_partition(profile: Profile, num_stages: int) -> tuple[tuple[int, int
     return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
 
 
+def replica_allreduce_s(topology: Topology, first_device: int, replicas: int, param_bytes: float) -> float:
+    """Seconds of a ring all-reduce of ``param_bytes`` over ``replicas`` devices from ``first_device``.
+
+    ``2 (r-1)/r * param_bytes`` over the ring's slowest link (``Topology.ring_bandwidth_bytes_per_s``
+    of ``first_device .. first_device + r - 1``); a ring that would run past the last device uses
+    the topology's default bandwidth. 0 for one replica.
+    """
+    if replicas <= 1:
+        return 0.0
+    last = first_device + replicas - 1
+    if last < topology.num_devices:
+        bandwidth = topology.ring_bandwidth_bytes_per_s(first_device, last)
+    else:
+        bandwidth = topology.bandwidth_bytes_per_s
+    return 2 * (replicas - 1) / replicas * param_bytes / bandwidth
+
+
+def updates_per_microbatch(plan: Plan) -> bool:
+    """True when the plan's schedule updates weights after every microbatch (pipedream, pipemare per microbatch)."""
+    return plan.schedule == "pipedream" or (plan.schedule == "pipemare" and plan.pipemare_update == "microbatch")
+
+
 def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
     """Per-stage costs of ``profile`` cut by ``plan`` and run on ``topology``.
+
+    A stage with ``r`` replicas adds to its U op the ring all-reduce of its weights,
+    ``2 (r-1)/r * weight bytes``. By default (``replica_model="allreduce-only"``) that is all, at
+    the topology's default bandwidth. With ``"round-robin"`` (PipeDream's replicated stage) the
+    stage runs as one pipeline stage on its first device (the plan's placement), r times as
+    fast: its compute times are divided by ``r``, PipeDream's own approximation of microbatches
+    dealt round-robin to the replicas; its all-reduce runs over devices ``placement ..
+    placement + r - 1`` (``replica_allreduce_s``), and with a schedule that updates after every
+    microbatch the replicas all-reduce once per ``r`` microbatches, so each U carries ``1/r``.
 
     Raises:
         ConfigError: the partition does not cover the profile, a stage is placed on a device
@@ -123,6 +156,8 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
     forward, backward, b_input, b_weight, update = [], [], [], [], []
     output, stash, params, f_std, b_std = [], [], [], [], []
     split = profile.has_split_backward
+    per_microbatch = updates_per_microbatch(plan)
+    round_robin = plan.replica_model == "round-robin"
     forward_overhead = profile.forward_overhead_s or 0.0
     backward_overhead = profile.backward_overhead_s or 0.0
     update_overhead = profile.update_overhead_s or 0.0
@@ -133,7 +168,8 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
                 "placement", device, f"stage {stage} is placed on a device the topology lacks "
                 f"({topology.num_devices} devices)",
             )
-        speed = topology.devices[device].speed
+        replicas = plan.replicas_of(stage)
+        speed = topology.devices[device].speed * (replicas if round_robin else 1)
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
         recompute_s = f if plan.recompute else 0.0
@@ -150,10 +186,14 @@ def stage_costs(profile: Profile, plan: Plan, topology: Topology) -> StageCosts:
             stash.append(sum(layer.stashed_bytes for layer in layers))
         stage_params = sum(layer.param_bytes for layer in layers)
         params.append(stage_params)
-        replicas = plan.replicas_of(stage)
-        bandwidth = topology.bandwidth_bytes_per_s
-        step = sum(layer.update_s or 0.0 for layer in layers) / speed + update_overhead
-        update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
+        # The optimizer step on the stage's weights (each replica steps its own copy at once).
+        step = sum(layer.update_s or 0.0 for layer in layers) / topology.devices[device].speed + update_overhead
+        if round_robin:
+            allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
+            update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))
+        else:
+            bandwidth = topology.bandwidth_bytes_per_s
+            update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
     return StageCosts(

@@ -109,6 +109,17 @@ class Topology(FrozenModel):
                 return level.latency_s, level.bandwidth_bytes_per_s
         return self.latency_s, self.bandwidth_bytes_per_s
 
+    def ring_bandwidth_bytes_per_s(self, first: int, last: int) -> float:
+        """Bandwidth of a ring all-reduce over devices ``first..last``: its slowest link.
+
+        The ring runs ``first -> first+1 -> ... -> last -> first``; with hierarchy levels this is
+        the bandwidth of the innermost level whose group holds both ends. ``inf`` for one device.
+        """
+        if last <= first:
+            return math.inf
+        hops = [(device, device + 1) for device in range(first, last)] + [(last, first)]
+        return min(self.link_cost(src, dst)[1] for src, dst in hops)
+
     def transfer_s(self, src: int, dst: int, num_bytes: float) -> float:
         """Seconds to move ``num_bytes`` from device ``src`` to ``dst`` (0 on the same device)."""
         if src == dst:

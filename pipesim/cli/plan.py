@@ -1,0 +1,148 @@
+"""``pipesim plan``: the best plan for a profile on a cluster (PipeDream or 2BW), checked by simulation."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import cast
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pipesim.errors import ConfigError
+from pipesim.plan.check import PLANNERS, CheckedPlan, plan_and_check
+from pipesim.plan.partition import format_bytes
+from pipesim.simulation import EngineName
+from pipesim.spec.files import dumps, load_profile, model_to_json, write_text_atomic
+from pipesim.spec.topology import Topology
+from pipesim.units import parse_bandwidth, parse_size
+
+
+def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: str,
+                  inter_server_bandwidth: str | None, memory: str | None) -> Topology:
+    """A flat or two-level topology from the ``plan`` options.
+
+    Raises:
+        ConfigError: a count below 1, a bandwidth or size without a unit, or only one of
+            --devices-per-server / --inter-server-bandwidth.
+    """
+    if num_devices < 1:
+        raise ConfigError("devices", num_devices, "must be >= 1")
+    if (devices_per_server is None) != (inter_server_bandwidth is None):
+        raise ConfigError("devices_per_server", devices_per_server,
+                          "give --devices-per-server and --inter-server-bandwidth together")
+    memory_bytes = parse_size(memory, "memory") if memory else math.inf
+    intra = parse_bandwidth(bandwidth, "bandwidth")
+    if devices_per_server is None or inter_server_bandwidth is None:
+        return Topology.uniform(num_devices=num_devices, bandwidth=intra, memory_bytes=memory_bytes)
+    if devices_per_server < 1:
+        raise ConfigError("devices_per_server", devices_per_server, "must be >= 1")
+    inter = parse_bandwidth(inter_server_bandwidth, "inter_server_bandwidth")
+    return Topology.hierarchical(num_devices=num_devices, devices_per_server=devices_per_server,
+                                 intra_bandwidth=intra, inter_bandwidth=inter, memory_bytes=memory_bytes)
+
+
+@click.command("plan")
+@click.option("--profile", "profile_path", required=True, help="Profile file: pipesim JSON or PipeDream graph.txt.")
+@click.option("--devices", "num_devices", type=int, required=True, help="Devices N.")
+@click.option("--devices-per-server", type=int, default=None, help="Devices per server (with --inter-server-bandwidth).")
+@click.option("--bandwidth", required=True, help="Bandwidth between devices (inside a server), e.g. 10GB/s.")
+@click.option("--inter-server-bandwidth", default=None, help="Bandwidth between servers, e.g. 10Gbit/s.")
+@click.option("--memory", default=None, help="Memory per device, e.g. 16GB (default: unlimited).")
+@click.option("--planner", type=click.Choice(PLANNERS), default="pipedream", show_default=True,
+              help="pipedream: PipeDream's partitioner (SOSP'19); 2bw: PipeDream-2BW's planner (ICML'21).")
+@click.option("--straight", is_flag=True, help="No data parallelism: one device per stage (2bw: width 1).")
+@click.option("--overlap", is_flag=True,
+              help="Stage time max(compute, all-reduce)/r as in the paper, instead of the released optimizer's sum.")
+@click.option("--batch-size", type=int, default=None,
+              help="2bw: samples per optimizer step over all pipelines (default devices x profile microbatch).")
+@click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
+              help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
+@click.option("--minibatches", "num_minibatches", type=int, default=4, show_default=True,
+              help="Minibatches K the check simulates.")
+@click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
+              help="Engine of the check: des (SimPy), analytic, or auto (analytic where it applies).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan, prediction and simulation as one JSON object.")
+@click.option("--out", "out_dir", default=None,
+              help="Write plan.json (for simulate --plan), topology.json and, if rescaled, profile.json.")
+def plan_command(profile_path: str, num_devices: int, devices_per_server: int | None, bandwidth: str,
+                 inter_server_bandwidth: str | None, memory: str | None, planner: str, straight: bool, overlap: bool,
+                 batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, engine: str,
+                 as_json: bool, out_dir: str | None) -> None:
+    """Find the fastest plan for a profile on N devices, simulate it, and show predicted against simulated."""
+    topology = build_cluster(num_devices, devices_per_server, bandwidth, inter_server_bandwidth, memory)
+    profile = load_profile(profile_path)
+    checked = plan_and_check(
+        profile, topology, planner="2bw" if planner == "2bw" else "pipedream",
+        memory_bytes=topology.devices[0].memory_bytes, straight=straight, overlap=overlap,
+        optimizer_state_multiplier=optimizer_state_multiplier, batch_size=batch_size, num_minibatches=num_minibatches,
+        engine=cast(EngineName, engine),  # click.Choice checked it
+    )
+    rescaled = checked.profile is not profile
+    written = write_plan(checked, Path(out_dir), profile_path, rescaled=rescaled) if out_dir else []
+    if as_json:
+        click.echo(json.dumps(checked.to_dict(), sort_keys=True))
+        return
+    print_plan(checked)
+    for line in written:
+        click.echo(line)
+
+
+def write_plan(checked: CheckedPlan, out_dir: Path, profile_path: str, *, rescaled: bool) -> list[str]:
+    """Write plan.json, topology.json and (for a rescaled profile) profile.json; return lines to print."""
+    write_text_atomic(out_dir / "plan.json", dumps(checked.to_dict(timings=False)))
+    write_text_atomic(out_dir / "topology.json", model_to_json(checked.topology))
+    files = [out_dir / "plan.json", out_dir / "topology.json"]
+    profile_arg = profile_path
+    if rescaled:
+        write_text_atomic(out_dir / "profile.json", model_to_json(checked.profile))
+        files.append(out_dir / "profile.json")
+        profile_arg = str(out_dir / "profile.json")
+    command = ["pipesim", "simulate", "--plan", str(out_dir / "plan.json"), "--profile", profile_arg,
+               "--topology", str(out_dir / "topology.json")]
+    return [f"wrote {', '.join(str(path) for path in files)}", f"simulate it again: {shlex.join(command)}"]
+
+
+def print_plan(checked: CheckedPlan) -> None:
+    """The plan as a table of stages, then predicted against simulated."""
+    data = checked.to_dict()
+    predicted, simulated, gap = data["predicted"], data["simulated"], data["gap"]
+    console = Console(highlight=False, width=None if Console().is_terminal else 140)
+    shape = f"depth {data['depth']} x width {data['width']}, " if checked.planner == "2bw" else ""
+    console.print(
+        f"[bold]{checked.planner}[/bold] plan for {checked.profile.name} on {data['num_devices']} devices: "
+        f"{shape}{len(data['stages'])} stages, microbatch {data['microbatch_size']}, "
+        f"m={data['num_microbatches']}, recompute {'on' if data['recompute'] else 'off'}\n"
+        f"cost model: compute and all-reduce {data['cost_model']['compute_and_allreduce']} "
+        f"({data['cost_model']['stage_time']})"
+    )
+    table = Table(show_edge=False)
+    for header in ("stage", "layers", "replicas", "devices", "time ms", "compute ms/replica", "all-reduce ms",
+                   "transfer ms", "memory pred", "memory sim", "util sim"):
+        table.add_column(header, justify="right")
+    for index, stage in enumerate(data["stages"]):
+        pred, sim = stage["predicted"], stage["simulated"]
+        table.add_row(
+            str(index), f"{stage['layers'][0]}:{stage['layers'][1]}", str(stage["replicas"]),
+            f"{stage['devices'][0]}-{stage['devices'][1]}", f"{pred['time_s'] * 1e3:.3f}",
+            f"{pred['compute_s'] * 1e3:.3f}", f"{pred['allreduce_s'] * 1e3:.3f}", f"{pred['transfer_s'] * 1e3:.3f}",
+            format_bytes(pred["memory_bytes"]), format_bytes(sim["peak_memory_bytes"]), f"{sim['utilization']:.1%}",
+        )
+    console.print(table)
+    console.print(
+        f"throughput: predicted {predicted['throughput_samples_per_s']:.2f} samples/s "
+        f"(bottleneck {predicted['bottleneck']}), simulated {simulated['throughput_samples_per_s']:.2f} "
+        f"({gap['throughput_simulated_over_predicted']:.3f}x)\n"
+        f"peak memory per device: predicted {format_bytes(predicted['peak_memory_bytes'])}, "
+        f"simulated {format_bytes(simulated['peak_memory_bytes'])}"
+    )
+    if "data_parallel" in data:
+        dp = data["data_parallel"]
+        console.print(
+            f"over data parallelism on all {data['num_devices']} devices: {dp['speedup_predicted']:.2f}x predicted, "
+            f"{dp['speedup_simulated']:.2f}x simulated"
+        )
+    console.print(f"simulation model: {data['simulation_model']}")

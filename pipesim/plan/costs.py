@@ -1,0 +1,296 @@
+"""The planners' closed-form cost model: time, transfers and memory of a layer chain cut into stages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from pipesim.errors import ConfigError
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
+
+FloatArray = npt.NDArray[np.float64]
+StageSpec = tuple[int, int, int]
+"""One stage of a candidate plan: ``(start_layer, end_layer, replicas)``, layers half-open."""
+
+
+@dataclass(frozen=True, eq=False)
+class Chain:
+    """A profile as prefix sums over its layers, for one microbatch.
+
+    Attributes:
+        compute_s: ``(L+1,)`` prefix sums of forward + backward time (plus the forward again
+            when ``recompute``), seconds, as measured (device speed 1).
+        param_bytes: ``(L+1,)`` prefix sums of weight bytes.
+        stash_bytes: ``(L+1,)`` prefix sums of the bytes each layer stashes for its backward.
+        output_bytes: ``(L,)`` bytes crossing the cut after each layer.
+        microbatch_size: samples per microbatch.
+        recompute: a stage stashes only its input and re-runs its forward before its backward.
+    """
+
+    compute_s: FloatArray
+    param_bytes: FloatArray
+    stash_bytes: FloatArray
+    output_bytes: FloatArray
+    microbatch_size: int
+    recompute: bool
+
+    @classmethod
+    def from_profile(cls, profile: Profile, *, recompute: bool = False, microbatch_size: int | None = None) -> Chain:
+        """Prefix sums of ``profile``, with times and activations scaled linearly to ``microbatch_size``.
+
+        Raises:
+            ConfigError: ``microbatch_size < 1``.
+        """
+        size = profile.microbatch_size if microbatch_size is None else microbatch_size
+        if size < 1:
+            raise ConfigError("microbatch_size", size, "must be >= 1")
+        scale = size / profile.microbatch_size
+        layers = profile.layers
+        forward = np.array([layer.forward_s for layer in layers]) * scale
+        backward = np.array([layer.backward_s for layer in layers]) * scale
+        compute = forward + backward + (forward if recompute else 0.0)
+        return cls(
+            compute_s=np.concatenate(([0.0], np.cumsum(compute))),
+            param_bytes=np.concatenate(([0.0], np.cumsum([layer.param_bytes for layer in layers]))),
+            stash_bytes=np.concatenate(([0.0], np.cumsum([layer.stashed_bytes for layer in layers]) * scale)),
+            output_bytes=np.array([layer.activation_bytes for layer in layers]) * scale,
+            microbatch_size=size,
+            recompute=recompute,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers L."""
+        return len(self.output_bytes)
+
+    def stage_stash_bytes(self, start: int, end: int) -> float:
+        """Bytes one microbatch keeps on a stage of layers ``[start, end)`` (its input alone with recompute)."""
+        if self.recompute:
+            return float(self.output_bytes[start - 1]) if start > 0 else 0.0
+        return float(self.stash_bytes[end] - self.stash_bytes[start])
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceRow:
+    """The devices a plan may use, in a row: stages take consecutive devices.
+
+    Attributes:
+        speed: ``(N,)`` relative speed of each device.
+        link_bandwidth: ``(N, N)`` bytes/s between two devices (``inf`` on the diagonal).
+        ring_bandwidth: ``(N, N)`` bytes/s of a ring all-reduce over devices ``first..last``: its
+            slowest link (``Topology.ring_bandwidth_bytes_per_s``); ``inf`` for one device.
+    """
+
+    speed: FloatArray
+    link_bandwidth: FloatArray
+    ring_bandwidth: FloatArray
+
+    @classmethod
+    def from_topology(cls, topology: Topology, num_devices: int | None = None) -> DeviceRow:
+        """The first ``num_devices`` devices of ``topology`` (default: all).
+
+        Raises:
+            ConfigError: ``num_devices`` is below 1 or above the topology's device count.
+        """
+        n = topology.num_devices if num_devices is None else num_devices
+        if not 1 <= n <= topology.num_devices:
+            raise ConfigError("num_devices", n, f"must be between 1 and the topology's {topology.num_devices} devices")
+        link = np.full((n, n), math.inf)
+        for src in range(n):
+            for dst in range(n):
+                if src != dst:
+                    link[src, dst] = topology.link_cost(src, dst)[1]
+        ring = np.full((n, n), math.inf)
+        for first in range(n):
+            slowest_hop = math.inf
+            for last in range(first + 1, n):
+                slowest_hop = min(slowest_hop, link[last - 1, last])
+                ring[first, last] = min(slowest_hop, link[last, first])
+        speed = np.array([device.speed for device in topology.devices[:n]])
+        return cls(speed=speed, link_bandwidth=link, ring_bandwidth=ring)
+
+    @property
+    def num_devices(self) -> int:
+        """Number of devices N."""
+        return len(self.speed)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """PipeDream's cost model (SOSP'19 section 3.1), per microbatch of the chain.
+
+    A stage of layers i..j on r replicas takes ``(compute + allreduce) / r`` (``overlap=False``,
+    as PipeDream's released optimizer adds them) or ``max(compute, allreduce) / r``
+    (``overlap=True``, the paper's formula), where ``allreduce = allreduce_factor (r-1)/r *
+    weight bytes / ring bandwidth``, divided by ``microbatches_per_allreduce``. A cut costs
+    ``transfer_factor * activation bytes / link bandwidth`` (activations forward, gradients
+    back). The pipeline's time per microbatch is the slowest stage or cut.
+
+    Attributes:
+        overlap: compute and all-reduce overlap (max) instead of adding.
+        allreduce_factor: bytes moved per weight byte and replica fraction; PipeDream uses 4.
+        transfer_factor: bytes moved per activation byte over a cut; PipeDream uses 2.
+        microbatches_per_allreduce: microbatches each replica runs between two all-reduces
+            (1 for PipeDream, m for 2BW's gradient accumulation).
+        weight_versions: ``"stash"``: one version per microbatch in flight (PipeDream's weight
+            stashing); ``"double"``: two (PipeDream-2BW).
+        optimizer_state_multiplier: optimizer state bytes per weight byte.
+    """
+
+    overlap: bool = False
+    allreduce_factor: float = 4.0
+    transfer_factor: float = 2.0
+    microbatches_per_allreduce: int = 1
+    weight_versions: Literal["stash", "double"] = "stash"
+    optimizer_state_multiplier: float = 1.0
+
+    def allreduce_s_per_byte(self, row: DeviceRow, first: int, replicas: int) -> float:
+        """All-reduce seconds per weight byte of a stage on devices ``first .. first+replicas-1``."""
+        if replicas <= 1:
+            return 0.0
+        bandwidth = float(row.ring_bandwidth[first, first + replicas - 1])
+        factor = self.allreduce_factor * (replicas - 1) / replicas / self.microbatches_per_allreduce
+        return factor / bandwidth
+
+    def stage_time_s(self, compute_s: float, allreduce_s: float, replicas: int) -> float:
+        """Time per microbatch of a stage, from its compute and all-reduce seconds."""
+        combined = max(compute_s, allreduce_s) if self.overlap else compute_s + allreduce_s
+        return combined / replicas
+
+    def versions(self, inflight: int) -> int:
+        """Weight versions a device holds with ``inflight`` microbatches in flight."""
+        return inflight if self.weight_versions == "stash" else 2
+
+    def memory_bytes(self, param_bytes: float, stash_bytes: float, inflight: int) -> float:
+        """Peak bytes on one device: weights x versions, one gradient buffer, optimizer state, stashes.
+
+        The engine's accounting (pipesim.engine.memory), at its peak: ``versions`` copies of the
+        weights, one gradient buffer, ``optimizer_state_multiplier`` x weights, and
+        ``inflight`` microbatches' stashed activations.
+        """
+        per_weight_byte = self.versions(inflight) + 1 + self.optimizer_state_multiplier
+        return param_bytes * per_weight_byte + stash_bytes * inflight
+
+
+def inflight_microbatches(devices_to_end: int, replicas: int) -> int:
+    """Microbatches in flight on each replica of a stage: ceil(devices from it to the pipeline's end / r).
+
+    PipeDream's runtime admits one microbatch per device downstream, dealt round-robin to a
+    stage's replicas; for an unreplicated stage s of p this is p - s, as the engine holds.
+    """
+    return -(-devices_to_end // replicas)
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """The cost model's view of one stage.
+
+    Attributes:
+        start, end: layers ``[start, end)``; replicas: data-parallel replicas.
+        first_device: the first of its consecutive devices.
+        compute_s: compute of one microbatch on one replica, seconds.
+        allreduce_s: the all-reduce charged per microbatch round (before dividing by replicas).
+        time_s: the stage's time per microbatch of the pipeline.
+        transfer_s: time of the cut after it (0 for the last stage).
+        inflight: microbatches in flight per replica; memory_bytes: peak bytes per device.
+    """
+
+    start: int
+    end: int
+    replicas: int
+    first_device: int
+    compute_s: float
+    allreduce_s: float
+    time_s: float
+    transfer_s: float
+    inflight: int
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's view of a whole plan.
+
+    Attributes:
+        stages: per stage estimates.
+        time_s: seconds per microbatch: the slowest stage or cut.
+        bottleneck: ``"stage S"`` or ``"transfer S->S+1"``.
+        peak_memory_bytes: the most any device needs.
+        microbatch_size: samples per microbatch.
+    """
+
+    stages: tuple[StageEstimate, ...]
+    time_s: float
+    bottleneck: str
+    peak_memory_bytes: float
+    microbatch_size: int
+
+    @property
+    def time_per_sample_s(self) -> float:
+        """Seconds per sample."""
+        return self.time_s / self.microbatch_size
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        """Samples per second (``inf`` when nothing costs time)."""
+        return self.microbatch_size / self.time_s if self.time_s > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float | str]:
+        """The ``predicted`` block of the planner's JSON."""
+        return {
+            "time_per_sample_s": self.time_per_sample_s,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "time_per_microbatch_s": self.time_s,
+            "bottleneck": self.bottleneck,
+        }
+
+
+def estimate(chain: Chain, row: DeviceRow, model: CostModel, stages: Sequence[StageSpec]) -> Estimate:
+    """Cost a plan whose stages take consecutive devices ending at the row's last device.
+
+    Raises:
+        ConfigError: the stages do not cover the chain in order, or need more devices than the row has.
+    """
+    used = sum(replicas for _, _, replicas in stages)
+    expected = 0
+    for start, end, replicas in stages:
+        if start != expected or end <= start or replicas < 1:
+            raise ConfigError("stages", list(stages), "must be contiguous non-empty layer ranges from 0 with replicas >= 1")
+        expected = end
+    if expected != chain.num_layers or used > row.num_devices:
+        raise ConfigError("stages", list(stages), f"must cover {chain.num_layers} layers on at most "
+                          f"{row.num_devices} devices (cover {expected} on {used})")
+    first = row.num_devices - used
+    results = []
+    for start, end, replicas in stages:
+        speed = float(row.speed[first:first + replicas].min())
+        compute = float(chain.compute_s[end] - chain.compute_s[start]) / speed
+        params = float(chain.param_bytes[end] - chain.param_bytes[start])
+        allreduce = model.allreduce_s_per_byte(row, first, replicas) * params
+        transfer = 0.0
+        if end < chain.num_layers:
+            bandwidth = float(row.link_bandwidth[first, first + replicas])
+            transfer = model.transfer_factor * float(chain.output_bytes[end - 1]) / bandwidth
+        inflight = inflight_microbatches(row.num_devices - first, replicas)
+        results.append(StageEstimate(
+            start=start, end=end, replicas=replicas, first_device=first, compute_s=compute,
+            allreduce_s=allreduce, time_s=model.stage_time_s(compute, allreduce, replicas),
+            transfer_s=transfer, inflight=inflight,
+            memory_bytes=model.memory_bytes(params, chain.stage_stash_bytes(start, end), inflight),
+        ))
+        first += replicas
+    candidates = [(stage.time_s, f"stage {index}") for index, stage in enumerate(results)]
+    candidates += [(stage.transfer_s, f"transfer {index}->{index + 1}") for index, stage in enumerate(results[:-1])]
+    time_s, bottleneck = max(candidates, key=lambda item: item[0])
+    return Estimate(
+        stages=tuple(results), time_s=time_s, bottleneck=bottleneck,
+        peak_memory_bytes=max(stage.memory_bytes for stage in results),
+        microbatch_size=chain.microbatch_size,
+    )
