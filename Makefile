@@ -7,10 +7,12 @@ DEMO_OUT ?= report
 
 .PHONY: demo test bench venv clean
 
+# torch is installed first, pinned, so that the harness extra (pipesim[harness]) does not pull another build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test,harness]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -44,3 +46,9 @@ bench: $(STAMP)
 bench-planner: $(STAMP)
 	$(PY) benchmarks/bench_planner.py
 	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
+
+.PHONY: bench-validate
+# Prediction against real runs (the torch harness): pipesim validate for the five schedules, repeated,
+# into its section of benchmarks/RESULTS.md (takes several minutes; run it on a quiet machine).
+bench-validate: $(STAMP)
+	$(PY) benchmarks/bench_validate.py

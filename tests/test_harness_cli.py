@@ -47,7 +47,7 @@ torch_needed = pytest.mark.skipif(
 def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("harness") / "profile.json"
     done = pipesim("profile", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
-                   "--warmup", "1", "--repeats", "3", "--out", str(path))
+                   "--warmup", "1", "--repeats", "3", "--processes", "1", "--out", str(path))
     assert done.returncode == 0, done.stderr
     return path
 
@@ -63,9 +63,11 @@ def test_profile_writes_every_layer_with_times_and_exact_sizes(profile_path: Pat
     # linear0 keeps its input; a block keeps its ReLU's output; the loss keeps its input and target.
     assert [layer.stashed_bytes for layer in profile.layers] == [activation] * 3 + [2 * activation]
     assert [layer.param_bytes for layer in profile.layers] == [(16 * 16 + 16) * 4] * 3 + [0]
-    for layer in profile.layers:
-        assert layer.forward_s > 0 and layer.backward_s > 0 and layer.update_s is not None
+    for layer in profile.layers:  # net of the executor's own cost: tiny layers may round to 0
+        assert layer.forward_s >= 0 and layer.backward_s >= 0 and layer.update_s is not None
         assert layer.forward_std_s is not None and layer.backward_std_s is not None
+    # the runtime's cost per op, measured by a two-rank run of null layers
+    assert profile.forward_overhead_s and profile.backward_overhead_s and profile.update_overhead_s
     assert profile.microbatch_size == 4 and profile.dtype == "float32" and profile.device.startswith("cpu")
     assert profile.source.startswith("pipesim.harness model=")
 

@@ -18,7 +18,7 @@ from pipesim.harness import RunFailedError  # noqa: E402
 from pipesim.harness.config import RunConfig  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
 from pipesim.harness.models import ModelSpec  # noqa: E402
-from pipesim.harness.profiler import profile_model  # noqa: E402
+from pipesim.harness.profiler import Timing, profile_model  # noqa: E402
 from pipesim.harness.recorder import PHASE, PID, POSITION, header_of  # noqa: E402
 from pipesim.spec.files import save_model  # noqa: E402
 
@@ -69,7 +69,8 @@ def test_a_rank_that_hangs_ends_the_run_within_the_op_timeout(tmp_path: Path) ->
 
 
 def test_killing_a_rank_mid_run_ends_the_command_within_30_s(tmp_path: Path) -> None:
-    profile = profile_model(ModelSpec("mlp", depth=2, width=16), 2, warmup=1, repeats=2)
+    profile = profile_model(ModelSpec("mlp", depth=2, width=16), 2, timing=Timing(warmup=1, repeats=2, processes=1),
+                            calibrate=False)
     save_model(profile, tmp_path / "profile.json")
     run_dir, out = tmp_path / "run", tmp_path / "trace.json"
     command = [sys.executable, "-m", "pipesim", "run", "--profile", str(tmp_path / "profile.json"), "--schedule",

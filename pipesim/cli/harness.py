@@ -63,19 +63,36 @@ def run_failed(error: Exception) -> None:
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads (as in the run).")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Untimed repeats per layer.")
-@click.option("--repeats", type=int, default=20, show_default=True, help="Timed repeats per layer (median).")
+@click.option("--repeats", type=int, default=20, show_default=True, help="Timed repeats per layer.")
+@click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
+              help="Summary of the repeats: the mean keeps time lost to other processes, as a real run pays it.")
+@click.option("--processes", type=int, default=2, show_default=True,
+              help="Processes timing the layers at once (as many as the run's ranks).")
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="Measure the runtime's per-op overheads with a two-rank run of null layers.")
 @click.option("--out", "out_path", required=True, help="Profile JSON to write.")
 def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None, seed: int,
-                    microbatch_size: int, device: str, threads: int, warmup: int, repeats: int, out_path: str) -> None:
+                    microbatch_size: int, device: str, threads: int, warmup: int, repeats: int, statistic: str,
+                    processes: int, calibrate: bool, out_path: str) -> None:
     """Measure a model layer by layer (forward, backward, update, sizes) and write a Profile."""
-    from pipesim.harness import require_torch
+    from pipesim.harness import RunFailedError, require_torch
 
     require_torch()
-    from pipesim.harness.profiler import profile_model
+    from pipesim.harness.profiler import Timing, profile_model
 
     spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
-    profile = profile_model(spec, microbatch_size, device=device, threads=threads, warmup=warmup, repeats=repeats)
+    timing = Timing(warmup=warmup, repeats=repeats, statistic=statistic, processes=processes, threads=threads,
+                    device=device)
+    try:
+        profile = profile_model(spec, microbatch_size, timing=timing, calibrate=calibrate)
+    except RunFailedError as error:
+        run_failed(error)
+        return
     save_model(profile, out_path)
+    if profile.forward_overhead_s is not None:
+        click.echo(f"per-op overheads: F {profile.forward_overhead_s * 1e6:.0f} us, "
+                   f"B {(profile.backward_overhead_s or 0) * 1e6:.0f} us, "
+                   f"U {(profile.update_overhead_s or 0) * 1e6:.0f} us")
     for layer in profile.layers:
         click.echo(f"{layer.name:>16}  forward {layer.forward_s * 1e3:8.3f} ms"
                    f"  backward {layer.backward_s * 1e3:8.3f} ms"

@@ -33,22 +33,24 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--profile", "profile_path", type=str, default=None, help="Use this profile instead of measuring.")
 @click.option("--topology", "topology_path", type=str, default=None, help="Use this topology instead of linkbench.")
 @click.option("--profile-repeats", type=int, default=30, show_default=True, help="Timed repeats per layer.")
+@click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
+              help="Summary of the profile's repeats (see pipesim profile).")
 @training_options
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per schedule (a list).")
 def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                      seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_microbatches: int,
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
-                     profile_repeats: int, learning_rate: float, pipemare_update: str, pipemare_warmup_updates: int,
-                     pipemare_correction: bool, pipemare_correction_decay: float, op_timeout_s: float,
-                     as_json: bool) -> None:
+                     profile_repeats: int, statistic: str, learning_rate: float, pipemare_update: str,
+                     pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
+                     op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two."""
     from pipesim.harness import RunFailedError, require_torch
 
     require_torch()
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.config import spec_of
-    from pipesim.harness.profiler import profile_model
+    from pipesim.harness.profiler import Timing, profile_model
     from pipesim.harness.validate import validate_schedule
 
     names = parse_schedules(schedules)
@@ -59,13 +61,16 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = spec_of(profile)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
+    elif microbatch_size is None:
+        raise ConfigError("microbatch_size", None, "give --microbatch-size (or a --profile)")
     else:
-        if microbatch_size is None:
-            raise ConfigError("microbatch_size", None, "give --microbatch-size (or a --profile)")
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
-        profile = profile_model(spec, microbatch_size, repeats=profile_repeats)
     training = build_training(learning_rate, pipemare_warmup_updates, pipemare_correction, pipemare_correction_decay)
     try:
+        if not profile_path:
+            assert microbatch_size is not None
+            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages)
+            profile = profile_model(spec, microbatch_size, timing=timing)
         if topology_path:
             topology = load_topology(topology_path)
         else:

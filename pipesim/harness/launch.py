@@ -89,6 +89,30 @@ def spawn(module: str, args: list[str], world_size: int, folder: Path, threads: 
     return processes
 
 
+def wait_all(processes: list[RankProcess], folder: Path, what: str, timeout_s: float) -> None:
+    """Wait for helper ranks (no progress records) to finish; stop them all if one fails or time runs out.
+
+    Raises:
+        RunFailedError: a rank exited non-zero or the time ran out; names the rank and its last log line.
+    """
+    deadline = time.perf_counter() + timeout_s
+    try:
+        while time.perf_counter() < deadline:
+            codes = [process.poll() for process in processes]
+            if all(code == 0 for code in codes) or any(code not in (None, 0) for code in codes):
+                break
+            time.sleep(POLL_S)
+    finally:
+        stop(processes)
+    codes = [process.poll() for process in processes]
+    bad = [rank for rank, code in enumerate(codes) if code != 0]
+    if bad:
+        log_path = folder / f"rank{bad[0]}.log"
+        log = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines() if log_path.exists() else []
+        reason = log[-1] if log else f"exited with status {codes[bad[0]]}" if codes[bad[0]] is not None else "timed out"
+        raise RunFailedError(bad[0], "", f"{what} failed: {reason}")
+
+
 def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: float = 120.0,
            startup_timeout_s: float = 180.0, keep_run_dir: bool = False) -> float:
     """Run ``config`` on ``config.num_stages`` local processes; return the wall time in seconds.

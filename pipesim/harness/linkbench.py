@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 
 from pipesim.errors import ConfigError
-from pipesim.harness import RunFailedError
 from pipesim.harness.process import configure_process
 from pipesim.spec.files import write_text_atomic
 from pipesim.spec.topology import Topology
@@ -131,7 +130,7 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
     Raises:
         ConfigError: fewer than 2 ranks or a size below 4 bytes; RunFailedError: a rank failed.
     """
-    from pipesim.harness.launch import spawn, stop
+    from pipesim.harness.launch import spawn, wait_all
 
     if num_ranks < 2:
         raise ConfigError("ranks", num_ranks, "must be >= 2")
@@ -139,21 +138,10 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
     sizes = message_sizes(max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
-    processes = spawn("pipesim.harness.linkbench", [json.dumps(sizes), str(repeats), str(warmup)], num_ranks,
-                      folder, threads=1)
     try:
-        deadline = time.perf_counter() + timeout_s
-        while any(process.poll() is None for process in processes) and time.perf_counter() < deadline:
-            if any(process.poll() not in (None, 0) for process in processes):
-                break
-            time.sleep(0.05)
-        bad = [rank for rank, process in enumerate(processes) if process.poll() != 0]
-    finally:
-        stop(processes)
-    try:
-        if bad:
-            log = (folder / f"rank{bad[0]}.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            raise RunFailedError(bad[0], "", f"linkbench failed: {log[-1] if log else 'no output'}")
+        processes = spawn("pipesim.harness.linkbench", [json.dumps(sizes), str(repeats), str(warmup)], num_ranks,
+                          folder, threads=1)
+        wait_all(processes, folder, "linkbench", timeout_s)
         pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

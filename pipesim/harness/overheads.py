@@ -21,7 +21,7 @@ import torch
 from pipesim.engine.trace import Trace
 from pipesim.harness.config import ModelSpec, RunConfig
 from pipesim.harness.models import build_model
-from pipesim.harness.timing import LayerTimes, time_layer
+from pipesim.harness.timing import LayerTimes, summarize, time_layers
 from pipesim.schedule.ir import Op
 
 KINDS = ("F", "B", "U")
@@ -40,10 +40,11 @@ class OpCosts:
         return {"F": self.forward_s, "B": self.backward_s, "U": self.update_s}[kind]
 
 
-def executor_costs(device: torch.device, *, warmup: int = 20, repeats: int = 200) -> OpCosts:
+def executor_costs(device: torch.device, *, statistic: str = "mean", warmup: int = 20,
+                   repeats: int = 200) -> OpCosts:
     """The stage executor's fixed cost per op: a one-layer stage whose layer does nothing to one number."""
     bundle = build_model(ModelSpec("null", depth=2, width=1), 1)
-    times = time_layer(bundle, 1, 1, device, warmup=warmup, repeats=repeats)
+    (times,) = time_layers(bundle, 1, device, warmup=warmup, repeats=repeats, statistic=statistic, indices=[1])
     return OpCosts(times.forward_s, times.backward_s, times.update_s)
 
 
@@ -53,7 +54,8 @@ def net_of(times: LayerTimes, executor: OpCosts) -> OpCosts:
                    max(0.0, times.update_s - executor.update_s))
 
 
-def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts, *, threads: int = 1,
+def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts, statistic: str = "mean", *,
+                  threads: int = 1,
                   device: str = "cpu", num_microbatches: int = 16, num_minibatches: int = 4,
                   repeats: int = 50) -> OpCosts:
     """The runtime's cost per op beyond its layers' own time, from a real two-rank run of null layers.
@@ -61,13 +63,13 @@ def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts,
     The null model (one null layer on rank 0; a null layer and the loss on rank 1) runs GPipe
     with messages of ``microbatch_size * sample_elements`` numbers. Per rank and kind, the
     median span of the steady-state minibatches less the net time of that stage's layers; the
-    mean over the two ranks.
+    mean over the two ranks. Spans are summarized by ``statistic``, as the layers were.
     """
     spec = ModelSpec("null", depth=2, width=max(1, sample_elements))
     bundle = build_model(spec, microbatch_size)
     target = torch.device(device)
-    net = [net_of(time_layer(bundle, index, microbatch_size, target, warmup=5, repeats=repeats), executor)
-           for index in range(bundle.num_layers)]
+    net = [net_of(times, executor) for times in time_layers(bundle, microbatch_size, target, warmup=5,
+                                                             repeats=repeats, statistic=statistic)]
     stage_net = [net[0], OpCosts(*(a + b for a, b in zip(
         (net[1].forward_s, net[1].backward_s, net[1].update_s),
         (net[2].forward_s, net[2].backward_s, net[2].update_s), strict=True)))]
@@ -86,6 +88,6 @@ def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts,
             spans.setdefault((span.device, Op.parse(span.op).kind.value), []).append(span.end_s - span.start_s)
     costs = []
     for kind in KINDS:
-        per_rank = [statistics.median(spans[(rank, kind)]) - stage_net[rank].of(kind) for rank in (0, 1)]
+        per_rank = [summarize(spans[(rank, kind)], statistic) - stage_net[rank].of(kind) for rank in (0, 1)]
         costs.append(max(0.0, statistics.fmean(per_rank)))
     return OpCosts(*costs)

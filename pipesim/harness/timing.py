@@ -18,7 +18,7 @@ from pipesim.schedule.ir import WeightPolicy
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """Median and spread of one layer's op times, seconds."""
+    """One layer's op times (mean or median) and their spread, seconds."""
 
     forward_s: float
     backward_s: float
@@ -47,31 +47,50 @@ def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
     return cpu_time
 
 
-def time_layer(bundle: ModelBundle, index: int, microbatch_size: int, device: torch.device, *,
-               warmup: int, repeats: int) -> LayerTimes:
-    """Time F, B and U of layer ``index`` run as a one-layer stage, exactly as the runtime runs a stage.
+STATISTICS = ("mean", "median")
 
-    Each repeat runs F, then B with a random output gradient, then U; the first ``warmup``
-    repeats are dropped; the rest give medians and standard deviations.
+
+def summarize(samples: list[float], statistic: str) -> float:
+    """The mean or the median of ``samples``."""
+    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
+
+
+def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device, *, warmup: int, repeats: int,
+                statistic: str = "mean", indices: list[int] | None = None) -> list[LayerTimes]:
+    """Time F, B and U of each layer run as a one-layer stage, exactly as the runtime runs a stage.
+
+    A repeat runs, for every layer in turn, its F, then its B with a random output gradient,
+    then its U, so that all layers see the same conditions (a machine whose load changes over
+    time biases no layer). The first ``warmup`` repeats are dropped; the rest are summarized
+    by ``statistic``: the mean keeps the time the OS gave to other processes in the middle of
+    an op, which a real run pays too; the median drops it.
     """
-    executor = StageExecutor(bundle, index, index + 1, WeightPolicy.FLUSH, TrainingOptions(learning_rate=1e-9))
-    shape = bundle.input_shape if index == 0 else bundle.output_shapes[index - 1]
-    generator = torch.Generator().manual_seed(index)
-    inputs = torch.randn((microbatch_size, *shape), generator=generator).to(device)
-    target = torch.randn((microbatch_size, *bundle.target_shape), generator=generator).to(device)
-    target_or_none = target if executor.has_loss else None
-    out_shape = (microbatch_size, *bundle.output_shapes[index])
-    grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
+    chosen = list(range(bundle.num_layers)) if indices is None else indices
     measure = timer(device)
-    forward, backward, update = [], [], []
+    setups: list[tuple[StageExecutor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
+    for index in chosen:
+        executor = StageExecutor(bundle, index, index + 1, WeightPolicy.FLUSH, TrainingOptions(learning_rate=1e-9))
+        shape = bundle.input_shape if index == 0 else bundle.output_shapes[index - 1]
+        generator = torch.Generator().manual_seed(index)
+        inputs = torch.randn((microbatch_size, *shape), generator=generator).to(device)
+        target = torch.randn((microbatch_size, *bundle.target_shape), generator=generator).to(device)
+        out_shape = (microbatch_size, *bundle.output_shapes[index])
+        grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
+        setups.append((executor, inputs, target if executor.has_loss else None, grad))
+    samples: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in chosen]
     for repeat in range(warmup + repeats):
-        x = inputs.clone()
-        forward.append(measure(lambda r=repeat, x=x: executor.forward(r, 0, x, target_or_none)))  # type: ignore[misc]
-        backward.append(measure(lambda r=repeat: executor.backward(r, grad)))  # type: ignore[misc]
-        update.append(measure(lambda r=repeat: executor.update(r)))  # type: ignore[misc]
-    forward, backward, update = forward[warmup:], backward[warmup:], update[warmup:]
-    return LayerTimes(
-        forward_s=statistics.median(forward), backward_s=statistics.median(backward),
-        update_s=statistics.median(update),
-        forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward),
-    )
+        for (stage, inputs, loss_target, output_grad), (forward, backward, update) in zip(setups, samples,
+                                                                                           strict=True):
+            x = inputs.clone()
+            forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
+            backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
+            update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
+    results = []
+    for forward, backward, update in samples:
+        forward, backward, update = forward[warmup:], backward[warmup:], update[warmup:]
+        results.append(LayerTimes(
+            forward_s=summarize(forward, statistic), backward_s=summarize(backward, statistic),
+            update_s=summarize(update, statistic),
+            forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward),
+        ))
+    return results

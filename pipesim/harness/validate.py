@@ -61,12 +61,16 @@ class Comparison:
         measured: the metrics of each run.
         versions: op-by-op version checks, one per run.
         partition: the layer ranges the stages ran.
+        cpu_shares: per run, per rank, the fraction of its compute spans it actually had a CPU
+            for (below 1 on a loaded machine: time the OS gave to other processes).
+        notes: caveats of this comparison.
     """
 
     predicted: Metrics
     measured: tuple[Metrics, ...]
     versions: tuple[VersionCheck, ...]
     partition: tuple[tuple[int, int], ...]
+    cpu_shares: tuple[tuple[float | None, ...], ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -103,6 +107,7 @@ class Comparison:
         predicted = side([p], p.iteration_time_s)
         measured = side(list(self.measured), self.measured_iteration_time_s)
         measured["iteration_time_s_runs"] = [m.iteration_time_s for m in self.measured]
+        measured["cpu_share_runs"] = [list(shares) for shares in self.cpu_shares]
         return {
             "schedule": p.schedule,
             "num_stages": p.num_stages,
@@ -148,7 +153,7 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
                        num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=cuts,
                        pipemare_update=pipemare_update, training=training or TrainingOptions(), backend=backend,
                        device=device)
-    measured, checks = [], []
+    measured, checks, shares = [], [], []
     with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
         trace_path = Path(folder) / "trace.json"
         for _ in range(repeats):
@@ -156,8 +161,9 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
             measured.append(compute_metrics(trace))
             checks.append(compare_versions(result.trace, trace))
+            shares.append(tuple(trace.meta.get("cpu_share") or ()))
     notes = []
     if schedule == "pipemare" and training is not None and training.pipemare_correction:
         notes.append("discrepancy correction adds work per backward and update that the profile does not time")
     return Comparison(predicted=result.metrics, measured=tuple(measured), versions=tuple(checks), partition=cuts,
-                      notes=tuple(notes))
+                      cpu_shares=tuple(shares), notes=tuple(notes))

@@ -185,6 +185,7 @@ def serve() -> None:
     import torch.distributed  # noqa: F401
 
     import pipesim.harness.linkbench  # noqa: F401
+    import pipesim.harness.profiler  # noqa: F401
     import pipesim.harness.worker  # noqa: F401
 
     out = sys.stdout.buffer
