@@ -1,9 +1,10 @@
 """Prediction against real runs: profile, simulate and run the five schedules, repeatedly, into RESULTS.md.
 
-Each round measures a fresh profile (with its per-op overheads) and a fresh link benchmark, then
-for every schedule simulates once and runs it for real ``--runs`` times; a run's error is the
-relative difference of the steady-state iteration times. Rounds repeat the whole measurement, so
-the figures include the spread of profiling too. Usage::
+Each round measures the links once, then for every schedule a fresh profile (with its per-op
+overheads; right before the runs, so that a machine whose load drifts is measured in the same
+conditions as the runs it predicts), simulates once and runs it for real ``--runs`` times; a
+run's error is the relative difference of the steady-state iteration times. Rounds repeat the
+whole measurement, so the figures include the spread of profiling too. Usage::
 
     python benchmarks/bench_validate.py [--rounds 3] [--runs 3] [--quick] [--no-write]
 """
@@ -40,7 +41,7 @@ class Case:
     microbatch_size: int
     num_stages: int = 2
     num_microbatches: int = 8
-    num_minibatches: int = 6
+    num_minibatches: int = 8
 
 
 CASES = [
@@ -63,6 +64,7 @@ class Tally:
     memory_errors: list[float] = field(default_factory=list)
     utilization_errors: list[float] = field(default_factory=list)
     cpu_share: list[float] = field(default_factory=list)
+    replay_errors: list[float] = field(default_factory=list)
 
 
 def machine() -> str:
@@ -92,15 +94,17 @@ def run_case(case: Case, schedules: list[str], rounds: int, runs: int) -> tuple[
     notes = []
     for round_index in range(rounds):
         started = time.perf_counter()
-        profile = profile_model(case.spec, case.microbatch_size, timing=Timing(repeats=30, processes=case.num_stages))
-        largest = int(max(layer.activation_bytes for layer in profile.layers))
+        timing = Timing(repeats=30, processes=case.num_stages)
+        largest = int(max(layer.activation_bytes for layer in profile_model(
+            case.spec, case.microbatch_size, timing=Timing(repeats=1, processes=1), calibrate=False).layers))
         topology, fits = measure_links(case.num_stages, max_bytes=max(4, largest))
-        notes.append(
-            f"round {round_index + 1}: per-op overheads F {1e6 * (profile.forward_overhead_s or 0):.0f} us, "
-            f"B {1e6 * (profile.backward_overhead_s or 0):.0f} us, U {1e6 * (profile.update_overhead_s or 0):.0f} us; "
-            f"link {1e6 * fits[0].latency_s:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
-            f"load {load()}")
+        notes.append(f"round {round_index + 1}: link {1e6 * fits[0].latency_s:.0f} us + bytes / "
+                     f"{fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s; load {load()}")
         for name in schedules:
+            profile = profile_model(case.spec, case.microbatch_size, timing=timing)
+            notes.append(f"round {round_index + 1}, {name}: per-op overheads F "
+                         f"{1e6 * (profile.forward_overhead_s or 0):.0f} us, B {1e6 * (profile.backward_overhead_s or 0):.0f}"
+                         f" us, U {1e6 * (profile.update_overhead_s or 0):.0f} us")
             comparison = validate_schedule(
                 profile, topology, case.spec, schedule=name, num_stages=case.num_stages,
                 num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches, repeats=runs)
@@ -114,6 +118,7 @@ def run_case(case: Case, schedules: list[str], rounds: int, runs: int) -> tuple[
             tally.ops_compared += report["version_ops_compared"]
             tally.memory_errors += [abs(e) for e in report["peak_memory_error"]]
             tally.utilization_errors += [abs(e) for e in report["utilization_error"]]
+            tally.replay_errors += [abs(e) for e in report["replay_error_runs"]]
             tally.cpu_share += [s for m in comparison.cpu_shares for s in m if s is not None]
             print(f"  {case.label} round {round_index + 1} {name}: errors "
                   + ", ".join(f"{e:+.1%}" for e in report["iteration_time_errors_runs"]), flush=True)
@@ -124,13 +129,15 @@ def run_case(case: Case, schedules: list[str], rounds: int, runs: int) -> tuple[
 def table(tallies: dict[str, Tally]) -> list[str]:
     """The per-schedule rows of the results table."""
     rows = ["| schedule | predicted ms | measured ms (median) | median abs error | worst abs error | "
-            "runs | versions exact | peak memory error | utilization error (max) | rank CPU share |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "runs | replay error (median) | versions exact | peak memory error | utilization error (max) | "
+            "rank CPU share |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in tallies.items():
         errors = [abs(e) for e in t.errors]
         rows.append(
             f"| {name} | {1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f} "
             f"| {statistics.median(errors):.1%} | {max(errors):.1%} | {len(errors)} "
+            f"| {statistics.median(t.replay_errors):.1%} "
             f"| {t.versions_ok}/{t.versions_total} runs ({t.ops_compared} ops) "
             f"| {max(t.memory_errors):.2%} | {max(t.utilization_errors):.1%} "
             f"| {statistics.median(t.cpu_share):.2f} |")
@@ -156,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; commit {commit()}",
         f"- machine: {machine()}; load average at start {load_start}",
         f"- torch {__import__('torch').__version__}, gloo, 1 torch thread per rank, CPU",
-        f"- {rounds} rounds x {runs} runs per schedule and case; p = 2, m = 8, K = 6 (the steady-state window "
-        "drops the first and the last minibatch, as `metrics.steady_window` does)",
+        f"- {rounds} rounds x {runs} runs per schedule and case; p = 2, m = 8, K = 8 (the steady-state window "
+        "drops the first and the last minibatch, as `metrics.steady_window` does); a fresh profile (2 processes "
+        "timing at once, mean of 30 repeats, per-op overheads calibrated) right before each schedule's runs",
         "",
     ]
     verdicts = []

@@ -102,6 +102,10 @@ def print_report(report: dict[str, object]) -> None:
     click.echo(f"  iteration time  predicted {predicted['iteration_time_s'] * 1e3:.3f} ms  measured "
                f"{measured['iteration_time_s'] * 1e3:.3f} ms (runs: {runs})  "
                f"error {report['iteration_time_error']:+.1%}")
+    replays = report["replay_error_runs"]
+    assert isinstance(replays, list)
+    click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)
+               + " (the engine's order and communication model alone)")
     for stage, (pu, mu) in enumerate(zip(predicted["utilization"], measured["utilization"], strict=True)):
         pm, mm = predicted["peak_memory_bytes"][stage], measured["peak_memory_bytes"][stage]
         click.echo(f"  stage {stage}: utilization predicted {pu:.1%} measured {mu:.1%}; "

@@ -58,6 +58,7 @@ class Stashed:
     inputs: torch.Tensor
     output: torch.Tensor
     version: int
+    weights: list[torch.Tensor]
     saved: SavedTensors
     microbatch: int
 
@@ -118,7 +119,7 @@ class StageExecutor:
         saved = SavedTensors(self.store, by_reference=self.policy is WeightPolicy.SINGLE)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
             output = self.module(inputs)
-        self.stash[microbatch] = Stashed(inputs, output, version, saved, microbatch)
+        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch)
         self.store.acquire(version)
         self.stash_bytes_seen = max(self.stash_bytes_seen, saved.bytes)
         memory = [("activations", saved.bytes, 1), *self.store.finished(version, is_backward=False)]
@@ -139,9 +140,9 @@ class StageExecutor:
             stashed.saved.backward_weights = self.store.backward_tensors(forward_version)
         else:
             version = forward_version
-        # SINGLE updates in place: the forward's tensors are the current ones.
-        weights = self.store.tensors(self.store.current if self.policy is WeightPolicy.SINGLE else forward_version)
-        wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(weights)
+        # The gradients are those of the forward's weight tensors (under SINGLE their values may be
+        # gone: the saved ones resolve to the backward's weights, see SavedTensors).
+        wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(stashed.weights)
         # A first stage without weights has nothing to backpropagate into.
         grads = torch.autograd.grad(stashed.output, wanted, grad_output, allow_unused=True) if wanted else ()
         offset = 1 if self.takes_gradient_input else 0

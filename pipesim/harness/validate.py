@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from pipesim.engine.des import run_des
+from pipesim.engine.lowering import Program
 from pipesim.engine.trace import STREAMS, Trace
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
 from pipesim.metrics import Metrics, compute_metrics
-from pipesim.simulation import simulate
+from pipesim.simulation import prepare, simulate
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
@@ -45,6 +50,16 @@ def compare_versions(predicted: Trace, measured: Trace) -> VersionCheck:
     return VersionCheck(num_ops=len(expected), mismatches=tuple(mismatches))
 
 
+def replay(program: Program, measured: Trace) -> Trace:
+    """Simulate ``program`` again with every op lasting as long as it did in ``measured``."""
+    durations = {(span.device, span.position): span.end_s - span.start_s
+                 for span in measured.iter_spans() if span.stream == "compute"}
+    table = program.ops
+    replayed = np.array([durations[(int(rank), int(position))] for rank, position in zip(table.rank, table.position,
+                                                                                          strict=True)])
+    return run_des(dataclasses.replace(program, ops=dataclasses.replace(table, duration_s=replayed)))
+
+
 def relative_error(predicted: float, measured: float) -> float:
     """``(predicted - measured) / measured`` (0 when both are 0)."""
     if measured == 0:
@@ -63,6 +78,9 @@ class Comparison:
         partition: the layer ranges the stages ran.
         cpu_shares: per run, per rank, the fraction of its compute spans it actually had a CPU
             for (below 1 on a loaded machine: time the OS gave to other processes).
+        replayed: per run, the simulation of the same schedule with each op lasting as long as it
+            did in that run: it separates the engine's model of order and communication (replayed
+            against measured) from the profile's op times (predicted against replayed).
         notes: caveats of this comparison.
     """
 
@@ -71,6 +89,7 @@ class Comparison:
     versions: tuple[VersionCheck, ...]
     partition: tuple[tuple[int, int], ...]
     cpu_shares: tuple[tuple[float | None, ...], ...] = field(default=())
+    replayed: tuple[Metrics, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -108,6 +127,7 @@ class Comparison:
         measured = side(list(self.measured), self.measured_iteration_time_s)
         measured["iteration_time_s_runs"] = [m.iteration_time_s for m in self.measured]
         measured["cpu_share_runs"] = [list(shares) for shares in self.cpu_shares]
+        replayed = [m.iteration_time_s for m in self.replayed]
         return {
             "schedule": p.schedule,
             "num_stages": p.num_stages,
@@ -125,6 +145,9 @@ class Comparison:
                                                             strict=True)],
             "peak_memory_error": [relative_error(pm, mm) for pm, mm in zip(
                 predicted["peak_memory_bytes"], measured["peak_memory_bytes"], strict=True)],
+            "replayed_iteration_time_s_runs": replayed,
+            "replay_error_runs": [relative_error(r, m.iteration_time_s) for r, m in zip(replayed, self.measured,
+                                                                                          strict=True)],
             "versions_match": self.versions_match,
             "version_ops_compared": sum(check.num_ops for check in self.versions),
             "version_mismatches": [m for check in self.versions for m in check.mismatches][:20],
@@ -153,7 +176,8 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
                        num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=cuts,
                        pipemare_update=pipemare_update, training=training or TrainingOptions(), backend=backend,
                        device=device)
-    measured, checks, shares = [], [], []
+    program = prepare(profile, topology, result.plan)
+    measured, checks, shares, replayed = [], [], [], []
     with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
         trace_path = Path(folder) / "trace.json"
         for _ in range(repeats):
@@ -162,8 +186,9 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
             measured.append(compute_metrics(trace))
             checks.append(compare_versions(result.trace, trace))
             shares.append(tuple(trace.meta.get("cpu_share") or ()))
+            replayed.append(compute_metrics(replay(program, trace)))
     notes = []
     if schedule == "pipemare" and training is not None and training.pipemare_correction:
         notes.append("discrepancy correction adds work per backward and update that the profile does not time")
     return Comparison(predicted=result.metrics, measured=tuple(measured), versions=tuple(checks), partition=cuts,
-                      cpu_shares=tuple(shares), notes=tuple(notes))
+                      cpu_shares=tuple(shares), replayed=tuple(replayed), notes=tuple(notes))

@@ -27,8 +27,8 @@ class WeightStore:
     """The weight versions of one stage, its gradient buffer, and the update rule of its policy.
 
     A version is a list of tensors, one per slot, tagged with the number of updates that made it.
-    FLUSH and SINGLE update one version in place; STASH and DOUBLE_BUFFER write each update into a
-    new (recycled) buffer and keep old versions only while an op still needs them:
+    FLUSH and SINGLE keep one version; STASH and DOUBLE_BUFFER keep old versions while an op
+    still needs them:
     STASH keeps a version while a forward that used it awaits its backward; DOUBLE_BUFFER keeps
     version v while minibatch ``v + 1`` (and, for v = 0, minibatch 0) has ops left on the stage.
     """
@@ -51,10 +51,11 @@ class WeightStore:
                           if policy is WeightPolicy.SINGLE and options.pipemare_correction else [])
         self.param_bytes = float(sum(p.numel() * p.element_size() for p in self.versions[0]))
         self.pending = 0
+        self.keeps_versions = policy in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER)
         self.users: dict[int, int] = {0: self._initial_users(0)}
         self._pool: list[list[torch.Tensor]] = []
         self._slot_of_storage: dict[int, int] = {}
-        self._index_storages()
+        self._index(self.versions[0])
 
     # -- which version an op uses -------------------------------------------------------------
 
@@ -109,23 +110,23 @@ class WeightStore:
         self.pending += 1
 
     def update(self, update_index: int) -> list[MemoryDelta]:
-        """Apply the SGD step to the mean of the pending gradients; return the memory changes."""
+        """Apply the SGD step to the mean of the pending gradients; return the memory changes.
+
+        Every policy writes the new weights into a second buffer (recycled from a dropped
+        version), so that an update costs the same whatever the schedule and the profile's
+        update time holds for all of them. FLUSH and SINGLE drop the old buffer at once (one
+        version, for the memory accounting too); STASH and DOUBLE_BUFFER keep it while needed.
+        """
         count = max(1, self.pending)
         step = self.options.step_size(update_index, self.stage_delay) / count
         old = self.current
-        changes: list[MemoryDelta] = []
+        old_tensors = self.versions[old]
+        recycled = self._pool.pop() if self._pool else [torch.empty_like(w) for w in old_tensors]
         with torch.no_grad():
-            if self.policy in (WeightPolicy.FLUSH, WeightPolicy.SINGLE):
-                for weight, grad in zip(self.versions[old], self.grads, strict=True):
-                    weight.add_(grad, alpha=-step)
-                new_tensors = self.versions.pop(old)
-            else:
-                recycled = self._pool.pop() if self._pool else [torch.empty_like(w) for w in self.versions[old]]
-                new_tensors = []
-                for weight, grad, out in zip(self.versions[old], self.grads, recycled, strict=True):
-                    torch.add(weight, grad, alpha=-step, out=out)
-                    new_tensors.append(nn.Parameter(out))
-                changes.append(("weights", self.param_bytes, 1))
+            new_tensors: list[torch.Tensor] = []
+            for weight, grad, out in zip(old_tensors, self.grads, recycled, strict=True):
+                torch.add(weight, grad, alpha=-step, out=out)
+                new_tensors.append(nn.Parameter(out))
             decay = self.options.pipemare_correction_decay
             for delta, grad in zip(self.delta, self.grads, strict=bool(self.delta)):
                 delta.mul_(decay).add_(grad, alpha=-(1.0 - decay) * step)
@@ -134,13 +135,15 @@ class WeightStore:
         self.pending = 0
         self.current = old + 1
         self.versions[self.current] = new_tensors
+        self._index(new_tensors)
         self.users[self.current] = self._initial_users(self.current)
         if self.loaded == old:
             self.loaded = -1
             self.load(self.current)
-        changes += self._release_if_unused(old)
-        self._index_storages()
-        return changes
+        if not self.keeps_versions:
+            self._drop(old)
+            return []
+        return [("weights", self.param_bytes, 1), *self._release_if_unused(old)]
 
     # -- keeping and dropping versions ----------------------------------------------------------
 
@@ -164,24 +167,24 @@ class WeightStore:
             self.users[version] -= 1
         else:
             return []
-        changes = self._release_if_unused(version)
-        if changes:
-            self._index_storages()
-        return changes
+        return self._release_if_unused(version)
 
     def _release_if_unused(self, version: int) -> list[MemoryDelta]:
-        if self.policy not in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER):
+        if not self.keeps_versions:
             return []
         if version == self.current or self.users.get(version, 0) > 0 or version not in self.versions:
             return []
-        tensors = self.versions.pop(version)
-        self.users.pop(version, None)
-        self._pool.append([t.detach() for t in tensors])
+        self._drop(version)
         return [("weights", -self.param_bytes, -1)]
 
-    def _index_storages(self) -> None:
-        self._slot_of_storage = {
-            tensor.untyped_storage().data_ptr(): slot
-            for tensors in self.versions.values()
-            for slot, tensor in enumerate(tensors)
-        }
+    def _drop(self, version: int) -> None:
+        """Forget a version; its buffers wait in the pool for the next update."""
+        tensors = self.versions.pop(version)
+        self.users.pop(version, None)
+        for tensor in tensors:
+            self._slot_of_storage.pop(tensor.untyped_storage().data_ptr(), None)
+        self._pool.append([t.detach() for t in tensors])
+
+    def _index(self, tensors: list[torch.Tensor]) -> None:
+        for slot, tensor in enumerate(tensors):
+            self._slot_of_storage[tensor.untyped_storage().data_ptr()] = slot
