@@ -57,13 +57,16 @@ def net_of(times: LayerTimes, executor: OpCosts) -> OpCosts:
 def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts, statistic: str = "mean", *,
                   threads: int = 1,
                   device: str = "cpu", num_microbatches: int = 16, num_minibatches: int = 4,
-                  repeats: int = 50) -> OpCosts:
+                  repeats: int = 50) -> tuple[OpCosts, float]:
     """The runtime's cost per op beyond its layers' own time, from a real two-rank run of null layers.
 
     The null model (one null layer on rank 0; a null layer and the loss on rank 1) runs GPipe
     with messages of ``microbatch_size * sample_elements`` numbers. Per rank and kind, the
     median span of the steady-state minibatches less the net time of that stage's layers; the
     mean over the two ranks. Spans are summarized by ``statistic``, as the layers were.
+
+    Returns:
+        the costs, and the smallest CPU share of the run's ranks (see Trace meta ``cpu_share``).
     """
     spec = ModelSpec("null", depth=2, width=max(1, sample_elements))
     bundle = build_model(spec, microbatch_size)
@@ -90,4 +93,5 @@ def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts,
     for kind in KINDS:
         per_rank = [summarize(spans[(rank, kind)], statistic) - stage_net[rank].of(kind) for rank in (0, 1)]
         costs.append(max(0.0, statistics.fmean(per_rank)))
-    return OpCosts(*costs)
+    shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
+    return OpCosts(*costs), min(shares, default=1.0)

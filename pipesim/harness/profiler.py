@@ -99,7 +99,7 @@ def measure_concurrently(spec: ModelSpec, microbatch_size: int, timing: Timing) 
         wait_all(processes, folder, "profiling", timeout_s=3600)
         parts = [json.loads((folder / f"times{rank}.json").read_text(encoding="utf-8"))
                  for rank in range(timing.processes)]
-    layers = [LayerTimes(*(statistics.fmean(part["layers"][index][k] for part in parts) for k in range(5)))
+    layers = [LayerTimes(*(statistics.fmean(part["layers"][index][k] for part in parts) for k in range(6)))
               for index in range(len(parts[0]["layers"]))]
     executor = OpCosts(*(statistics.fmean(part["executor"][k] for part in parts) for k in range(3)))
     return layers, executor
@@ -110,15 +110,36 @@ def main(argv: list[str]) -> int:
     request = json.loads(argv[0])
     times, executor = measure_here(ModelSpec.from_dict(request["spec"]), int(request["microbatch_size"]),
                                    Timing(**request["timing"]))
-    result = {"layers": [[t.forward_s, t.backward_s, t.update_s, t.forward_std_s, t.backward_std_s] for t in times],
+    result = {"layers": [[t.forward_s, t.backward_s, t.update_s, t.forward_std_s, t.backward_std_s, t.cpu_share]
+                         for t in times],
               "executor": [executor.forward_s, executor.backward_s, executor.update_s]}
     write_text_atomic(Path(os.environ["PIPESIM_RUN_DIR"]) / f"times{os.environ.get('RANK', '0')}.json",
                       json.dumps(result) + "\n")
     return 0
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """A profile and how much of the machine its timings had.
+
+    Attributes:
+        profile: the Profile.
+        cpu_share: the smallest share of their wall time the timing processes had a CPU for,
+            over the layer timings and the calibration run (1 on an idle machine).
+    """
+
+    profile: Profile
+    cpu_share: float
+
+
 def profile_model(spec: ModelSpec, microbatch_size: int, *, timing: Timing | None = None,
                   calibrate: bool = True) -> Profile:
+    """``measure_profile(...).profile``: the Profile alone."""
+    return measure_profile(spec, microbatch_size, timing=timing, calibrate=calibrate).profile
+
+
+def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | None = None,
+                    calibrate: bool = True) -> Measurement:
     """Measure every layer of ``spec``'s model (the loss layer included) and return a Profile.
 
     Each layer runs as a one-layer stage, with the runtime's code, torch threads and allocator
@@ -162,14 +183,16 @@ def profile_model(spec: ModelSpec, microbatch_size: int, *, timing: Timing | Non
             "param_bytes": float(sum(p.numel() * p.element_size() for p in bundle.layers[index].parameters())),
         })
     overheads: dict[str, float] = {}
+    share = min(times.cpu_share for times in measured)
     if calibrate:
         largest = max(_numel(shape) for shape in bundle.output_shapes[:-1])
-        costs = runtime_costs(largest, microbatch_size, executor, timing.statistic, threads=timing.threads,
-                              device=timing.device)
+        costs, calibration_share = runtime_costs(largest, microbatch_size, executor, timing.statistic,
+                                                 threads=timing.threads, device=timing.device)
+        share = min(share, calibration_share)
         overheads = {"forward_overhead_s": costs.forward_s, "backward_overhead_s": costs.backward_s,
                      "update_overhead_s": costs.update_s}
     threads = timing.threads
-    return build(Profile, {
+    profile = build(Profile, {
         **overheads,
         "name": spec.name,
         "layers": layers,
@@ -179,6 +202,7 @@ def profile_model(spec: ModelSpec, microbatch_size: int, *, timing: Timing | Non
                   f"{timing.repeats} in {timing.processes} process{'es' if timing.processes > 1 else ''})",
         "source": SOURCE_PREFIX + json.dumps(spec.to_dict(), sort_keys=True),
     })
+    return Measurement(profile=profile, cpu_share=share)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

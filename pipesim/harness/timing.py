@@ -18,13 +18,15 @@ from pipesim.schedule.ir import WeightPolicy
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """One layer's op times (mean or median) and their spread, seconds."""
+    """One layer's op times (mean or median) and their spread, seconds, and the share of those ops'
+    wall time the process had a CPU for (below 1 when the OS ran others in the middle of them)."""
 
     forward_s: float
     backward_s: float
     update_s: float
     forward_std_s: float
     backward_std_s: float
+    cpu_share: float = 1.0
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
@@ -78,19 +80,25 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
         grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
         setups.append((executor, inputs, target if executor.has_loss else None, grad))
     samples: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in chosen]
+    cpu_s = wall_s = 0.0
     for repeat in range(warmup + repeats):
+        if repeat == warmup:
+            cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
         for (stage, inputs, loss_target, output_grad), (forward, backward, update) in zip(setups, samples,
                                                                                            strict=True):
             x = inputs.clone()
             forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
             backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
             update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
+    cpu_s += time.thread_time()
+    wall_s += time.perf_counter()
+    share = min(1.0, cpu_s / wall_s) if wall_s > 0 and device.type == "cpu" else 1.0
     results = []
     for forward, backward, update in samples:
         forward, backward, update = forward[warmup:], backward[warmup:], update[warmup:]
         results.append(LayerTimes(
             forward_s=summarize(forward, statistic), backward_s=summarize(backward, statistic),
             update_s=summarize(update, statistic),
-            forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward),
+            forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward), cpu_share=share,
         ))
     return results
