@@ -108,8 +108,10 @@ def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int
 @click.option("--profile", "profile_path", type=str, default=None,
               help="Take the largest message from this profile's largest activation.")
 @click.option("--repeats", type=int, default=30, show_default=True, help="Round trips per size (median).")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True,
+              help="gloo on CPU tensors, or NCCL between GPUs.")
 @click.option("--out", "out_path", required=True, help="Topology JSON to write.")
-def linkbench_command(num_ranks: int, max_bytes: str | None, profile_path: str | None, repeats: int,
+def linkbench_command(num_ranks: int, max_bytes: str | None, profile_path: str | None, repeats: int, backend: str,
                       out_path: str) -> None:
     """Measure point-to-point latency and bandwidth over gloo between local ranks; write a Topology."""
     from pipesim.harness import RunFailedError, require_torch
@@ -123,7 +125,7 @@ def linkbench_command(num_ranks: int, max_bytes: str | None, profile_path: str |
     if profile_path:
         largest = int(max(layer.activation_bytes for layer in load_profile(profile_path).layers))
     try:
-        topology, fits = measure_links(num_ranks, max_bytes=max(4, largest), repeats=repeats)
+        topology, fits = measure_links(num_ranks, max_bytes=max(4, largest), repeats=repeats, backend=backend)
     except RunFailedError as error:
         run_failed(error)
         return

@@ -36,6 +36,8 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
               help="Summary of the profile's repeats (see pipesim profile).")
 @training_options
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu runs on gloo; cuda on NCCL, one GPU per rank.")
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per schedule (a list).")
 def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
@@ -43,7 +45,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
                      profile_repeats: int, statistic: str, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
-                     op_timeout_s: float, as_json: bool) -> None:
+                     device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two."""
     from pipesim.harness import RunFailedError, require_torch
 
@@ -69,19 +71,20 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     try:
         if not profile_path:
             assert microbatch_size is not None
-            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages)
+            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages, device=device)
             profile = profile_model(spec, microbatch_size, timing=timing)
         if topology_path:
             topology = load_topology(topology_path)
         else:
             largest = int(max(layer.activation_bytes for layer in profile.layers))
-            topology, _ = measure_links(num_stages, max_bytes=max(4, largest))
+            topology, _ = measure_links(num_stages, max_bytes=max(4, largest),
+                                        backend="nccl" if device == "cuda" else "gloo")
         reports = []
         for name in names:
             comparison = validate_schedule(
                 profile, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
                 num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
-                op_timeout_s=op_timeout_s)
+                op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo")
             reports.append(comparison.to_dict())
             if not as_json:
                 print_report(reports[-1])

@@ -82,9 +82,13 @@ def _work(work: dist.Work | None) -> dist.Work:
     return work
 
 
-def _ping_pong(peer: int, size: int, repeats: int, warmup: int, leader: bool) -> list[float]:
-    """Round trips of ``size`` bytes with ``peer``; the leader times them, the follower echoes."""
-    ping = torch.zeros(size // 4, dtype=torch.float32)
+def _ping_pong(peer: int, size: int, repeats: int, warmup: int, leader: bool, device: torch.device) -> list[float]:
+    """Round trips of ``size`` bytes with ``peer``; the leader times them, the follower echoes.
+
+    On CUDA (NCCL) the host waits for the device after each round trip, so the time is the
+    transfer's, not the launch's.
+    """
+    ping = torch.zeros(size // 4, dtype=torch.float32, device=device)
     pong = torch.zeros_like(ping)
     times = []
     for index in range(warmup + repeats):
@@ -93,14 +97,18 @@ def _ping_pong(peer: int, size: int, repeats: int, warmup: int, leader: bool) ->
             start = time.perf_counter()
             _work(dist.isend(ping, dst=peer, tag=2 * index)).wait()
             receive.wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
             times.append((time.perf_counter() - start) / 2)
         else:
             _work(dist.irecv(pong, src=peer, tag=2 * index)).wait()
             _work(dist.isend(pong, dst=peer, tag=2 * index + 1)).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
     return times[warmup:]
 
 
-def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path) -> None:
+def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path, device: torch.device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     results = []
     for src in range(world - 1):
@@ -109,7 +117,7 @@ def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path) -> None:
         medians = []
         for size in sizes:
             if rank in (src, dst):
-                times = _ping_pong(dst if rank == src else src, size, repeats, warmup, leader=rank == src)
+                times = _ping_pong(dst if rank == src else src, size, repeats, warmup, rank == src, device)
                 medians.append(statistics.median(times) if times else 0.0)
         if rank == src:
             results.append({"src": src, "dst": dst, "sizes_bytes": sizes, "one_way_s": medians})
@@ -121,8 +129,9 @@ def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path) -> None:
 
 
 def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int = 30, warmup: int = 5,
-                  timeout_s: float = 300.0) -> tuple[Topology, list[LinkFit]]:
-    """Ping-pong every pair of neighbouring ranks over gloo on this machine; fit each link.
+                  timeout_s: float = 300.0, backend: str = "gloo") -> tuple[Topology, list[LinkFit]]:
+    """Ping-pong every pair of neighbouring ranks on this machine (gloo on CPU tensors, or NCCL on
+    one GPU per rank); fit each link.
 
     Returns:
         a Topology (uniform for two ranks, else pairwise links between neighbours), and the fits.
@@ -136,11 +145,13 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         raise ConfigError("ranks", num_ranks, "must be >= 2")
     if max_bytes < 4:
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
+    if backend not in ("gloo", "nccl"):
+        raise ConfigError("backend", backend, "must be gloo or nccl")
     sizes = message_sizes(max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
     try:
-        processes = spawn("pipesim.harness.linkbench", [json.dumps(sizes), str(repeats), str(warmup)], num_ranks,
-                          folder, threads=1)
+        processes = spawn("pipesim.harness.linkbench", [json.dumps(sizes), str(repeats), str(warmup), backend],
+                          num_ranks, folder, threads=1)
         wait_all(processes, folder, "linkbench", timeout_s)
         pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))
     finally:
@@ -166,11 +177,16 @@ def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:
 
 def main(argv: list[str]) -> int:
     """One rank of the benchmark (environment as torchrun sets it)."""
-    sizes, repeats, warmup = json.loads(argv[0]), int(argv[1]), int(argv[2])
+    sizes, repeats, warmup, backend = json.loads(argv[0]), int(argv[1]), int(argv[2]), argv[3]
     configure_process(1)
-    dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+    rank = int(os.environ["RANK"])
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timedelta(seconds=120))
-    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]))
+    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]), device)
     dist.barrier()
     dist.destroy_process_group()
     return 0

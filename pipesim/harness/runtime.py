@@ -279,8 +279,9 @@ class RankRuntime:
         header = blocks["header"]
         for name, counter in (("compute", 3), ("sends", 4), ("arrivals", 5), ("memory", 6)):
             blocks[name] = blocks[name][: int(header[counter])]
+        cuda_peak = float(torch.cuda.max_memory_allocated(self.device)) if self.clock.cuda else None
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, (blocks, sizes))
+        dist.all_gather_object(gathered, (blocks, sizes, cuda_peak))
         if self.config.weights_out:
             folder = Path(self.config.weights_out)
             folder.mkdir(parents=True, exist_ok=True)
@@ -289,12 +290,14 @@ class RankRuntime:
                 torch.save(tensors, folder / f"stage{stage}.pt")
         if self.rank == 0 and self.config.trace_out:
             stage_sizes: dict[int, tuple[float, float]] = {}
-            for _, rank_sizes in gathered:
+            for _, rank_sizes, _ in gathered:
                 stage_sizes.update(rank_sizes)
             meta = trace_meta(self.config, self.schedule,
                               [stage_sizes[s][0] for s in range(self.schedule.num_stages)],
                               [stage_sizes[s][1] for s in range(self.schedule.num_stages)])
-            trace = merge(self.schedule, [b for b, _ in gathered], meta)
+            if cuda_peak is not None:
+                meta["cuda_max_memory_allocated_bytes"] = [peak for _, _, peak in gathered]
+            trace = merge(self.schedule, [b for b, _, _ in gathered], meta)
             write_text_atomic(self.config.trace_out, trace.to_json())
 
 

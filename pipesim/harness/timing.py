@@ -61,11 +61,13 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
                 statistic: str = "mean", indices: list[int] | None = None) -> list[LayerTimes]:
     """Time F, B and U of each layer run as a one-layer stage, exactly as the runtime runs a stage.
 
-    A repeat runs, for every layer in turn, its F, then its B with a random output gradient,
-    then its U, so that all layers see the same conditions (a machine whose load changes over
-    time biases no layer). The first ``warmup`` repeats are dropped; the rest are summarized
-    by ``statistic``: the mean keeps the time the OS gave to other processes in the middle of
-    an op, which a real run pays too; the median drops it.
+    A repeat runs every layer's F in order, then every B (with a random output gradient) in
+    reverse, then every U, as a training step touches them: between two uses of a layer the
+    others pass through the caches, as in a pipeline stage, and all layers see the same
+    conditions (a machine whose load changes over time biases no layer). The first ``warmup``
+    repeats are dropped; the rest are summarized by ``statistic``: the mean keeps the time the
+    OS gave to other processes in the middle of an op, which a real run pays too; the median
+    drops it.
     """
     chosen = list(range(bundle.num_layers)) if indices is None else indices
     measure = timer(device)
@@ -84,11 +86,12 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
     for repeat in range(warmup + repeats):
         if repeat == warmup:
             cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
-        for (stage, inputs, loss_target, output_grad), (forward, backward, update) in zip(setups, samples,
-                                                                                           strict=True):
+        for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
             x = inputs.clone()
             forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
+        for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
             backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
+        for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
             update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
     cpu_s += time.thread_time()
     wall_s += time.perf_counter()

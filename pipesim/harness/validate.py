@@ -81,6 +81,7 @@ class Comparison:
         replayed: per run, the simulation of the same schedule with each op lasting as long as it
             did in that run: it separates the engine's model of order and communication (replayed
             against measured) from the profile's op times (predicted against replayed).
+        cuda_peaks: on GPU, per run, each rank's ``torch.cuda.max_memory_allocated``.
         notes: caveats of this comparison.
     """
 
@@ -90,6 +91,7 @@ class Comparison:
     partition: tuple[tuple[int, int], ...]
     cpu_shares: tuple[tuple[float | None, ...], ...] = field(default=())
     replayed: tuple[Metrics, ...] = field(default=())
+    cuda_peaks: tuple[tuple[float, ...], ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -128,6 +130,9 @@ class Comparison:
         measured["iteration_time_s_runs"] = [m.iteration_time_s for m in self.measured]
         measured["cpu_share_runs"] = [list(shares) for shares in self.cpu_shares]
         replayed = [m.iteration_time_s for m in self.replayed]
+        if self.cuda_peaks:
+            measured["cuda_max_memory_allocated_bytes"] = [max(run[r] for run in self.cuda_peaks)
+                                                           for r in range(len(self.cuda_peaks[0]))]
         return {
             "schedule": p.schedule,
             "num_stages": p.num_stages,
@@ -178,6 +183,7 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
                        device=device)
     program = prepare(profile, topology, result.plan)
     measured, checks, shares, replayed = [], [], [], []
+    peaks: list[tuple[float, ...]] = []
     with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
         trace_path = Path(folder) / "trace.json"
         for _ in range(repeats):
@@ -187,8 +193,11 @@ def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, 
             checks.append(compare_versions(result.trace, trace))
             shares.append(tuple(trace.meta.get("cpu_share") or ()))
             replayed.append(compute_metrics(replay(program, trace)))
+            if trace.meta.get("cuda_max_memory_allocated_bytes"):
+                peaks.append(tuple(float(v) for v in trace.meta["cuda_max_memory_allocated_bytes"]))
     notes = []
     if schedule == "pipemare" and training is not None and training.pipemare_correction:
         notes.append("discrepancy correction adds work per backward and update that the profile does not time")
     return Comparison(predicted=result.metrics, measured=tuple(measured), versions=tuple(checks), partition=cuts,
-                      cpu_shares=tuple(shares), replayed=tuple(replayed), notes=tuple(notes))
+                      cpu_shares=tuple(shares), replayed=tuple(replayed), cuda_peaks=tuple(peaks),
+                      notes=tuple(notes))
