@@ -29,7 +29,7 @@ from benchmarks.results_file import write_section  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
-from pipesim.harness.validate import validate_schedule  # noqa: E402
+from pipesim.harness.validate import FreshProfiles, validate_schedule  # noqa: E402
 from pipesim.schedule.registry import SCHEDULES  # noqa: E402
 from pipesim.spec.topology import Topology  # noqa: E402
 
@@ -89,14 +89,17 @@ def commit() -> str:
 
 def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally) -> bool:
     """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
-    measured = measure_profile(case.spec, case.microbatch_size, timing=Timing(repeats=30, processes=case.num_stages))
-    comparison = validate_schedule(measured.profile, topology, case.spec, schedule=name, num_stages=case.num_stages,
+    timing = Timing(repeats=30, processes=case.num_stages)
+    source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
+    comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
                                    num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
                                    repeats=1)
     report = comparison.to_dict()
-    error = report["iteration_time_errors_runs"][0]
-    run_share = min((s for s in comparison.cpu_shares[0] if s is not None), default=1.0)
-    is_quiet = measured.cpu_share >= quiet and run_share >= quiet
+    run = comparison.runs[0]
+    error = run.iteration_time_error
+    profile_share = run.profile_cpu_share if run.profile_cpu_share is not None else 1.0
+    run_share = min((s for s in run.cpu_share if s is not None), default=1.0)
+    is_quiet = profile_share >= quiet and run_share >= quiet
     (tally.quiet if is_quiet else tally.loaded).append(error)
     if is_quiet:
         tally.predicted_s.append(report["predicted"]["iteration_time_s"])
@@ -108,7 +111,7 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     tally.memory_errors += [abs(e) for e in report["peak_memory_error"]]
     if is_quiet:
         tally.utilization_errors += [abs(e) for e in report["utilization_error"]]
-    print(f"  {name}: error {error:+.1%} (CPU share: profile {measured.cpu_share:.2f}, run {run_share:.2f}; "
+    print(f"  {name}: error {error:+.1%} (CPU share: profile {profile_share:.2f}, run {run_share:.2f}; "
           f"{'quiet' if is_quiet else 'loaded'})", flush=True)
     return is_quiet
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
 
@@ -10,6 +11,10 @@ from pipesim.cli.harness import build_spec, build_training, model_options, run_f
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.files import load_profile, load_topology
+
+if TYPE_CHECKING:
+    from pipesim.harness.validate import FreshProfiles
+    from pipesim.spec.profile import Profile
 
 
 def parse_schedules(text: str) -> list[str]:
@@ -33,6 +38,8 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--profile", "profile_path", type=str, default=None, help="Use this profile instead of measuring.")
 @click.option("--topology", "topology_path", type=str, default=None, help="Use this topology instead of linkbench.")
 @click.option("--profile-repeats", type=int, default=30, show_default=True, help="Timed repeats per layer.")
+@click.option("--reprofile", is_flag=True,
+              help="Measure a fresh profile right before every run (on a machine whose load drifts).")
 @click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
               help="Summary of the profile's repeats (see pipesim profile).")
 @training_options
@@ -43,7 +50,7 @@ def parse_schedules(text: str) -> list[str]:
 def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                      seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_microbatches: int,
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
-                     profile_repeats: int, statistic: str, learning_rate: float, pipemare_update: str,
+                     profile_repeats: int, reprofile: bool, statistic: str, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two."""
@@ -52,8 +59,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     require_torch()
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.config import spec_of
-    from pipesim.harness.profiler import Timing, profile_model
-    from pipesim.harness.validate import validate_schedule
+    from pipesim.harness.profiler import Timing, measure_profile
+    from pipesim.harness.validate import FreshProfiles, validate_schedule
 
     names = parse_schedules(schedules)
     if repeats < 1:
@@ -72,7 +79,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         if not profile_path:
             assert microbatch_size is not None
             timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages, device=device)
-            profile = profile_model(spec, microbatch_size, timing=timing)
+            first = measure_profile(spec, microbatch_size, timing=timing)
+            profile = first.profile
         if topology_path:
             topology = load_topology(topology_path)
         else:
@@ -81,8 +89,12 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                                         backend="nccl" if device == "cuda" else "gloo")
         reports = []
         for name in names:
+            source: Profile | FreshProfiles = profile
+            if reprofile and not profile_path:
+                source = FreshProfiles(lambda: measure_profile(spec, microbatch_size or 1, timing=timing),
+                                       first=first if name == names[0] else None)
             comparison = validate_schedule(
-                profile, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
+                source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
                 num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
                 op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo")
             reports.append(comparison.to_dict())

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -68,136 +69,193 @@ def relative_error(predicted: float, measured: float) -> float:
 
 
 @dataclass(frozen=True)
+class RunComparison:
+    """One real run against its prediction.
+
+    Attributes:
+        predicted: the simulation's metrics (from the profile measured for this run, or shared).
+        measured: the run's metrics.
+        replayed: the simulation again with each op lasting as long as it did in the run: it
+            separates the engine's model of order and communication (replayed against
+            measured) from the profile's op times (predicted against replayed).
+        versions: op-by-op check of weight versions.
+        cpu_share: per rank, the fraction of its busy time it had a CPU for (below 1 on a
+            loaded machine: time the OS gave to other processes, which no profile predicts).
+        profile_cpu_share: the same for the profile's timings, when measured for this run.
+        cuda_peaks: on GPU, each rank's ``torch.cuda.max_memory_allocated``.
+    """
+
+    predicted: Metrics
+    measured: Metrics
+    replayed: Metrics
+    versions: VersionCheck
+    cpu_share: tuple[float | None, ...] = ()
+    profile_cpu_share: float | None = None
+    cuda_peaks: tuple[float, ...] = ()
+
+    @property
+    def iteration_time_error(self) -> float:
+        """``(predicted - measured) / measured`` of the steady-state iteration time."""
+        return relative_error(self.predicted.iteration_time_s, self.measured.iteration_time_s)
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One schedule, predicted against measured over repeated runs.
 
     Attributes:
-        predicted: the simulation's metrics.
-        measured: the metrics of each run.
-        versions: op-by-op version checks, one per run.
+        runs: each run against its prediction.
         partition: the layer ranges the stages ran.
-        cpu_shares: per run, per rank, the fraction of its compute spans it actually had a CPU
-            for (below 1 on a loaded machine: time the OS gave to other processes).
-        replayed: per run, the simulation of the same schedule with each op lasting as long as it
-            did in that run: it separates the engine's model of order and communication (replayed
-            against measured) from the profile's op times (predicted against replayed).
-        cuda_peaks: on GPU, per run, each rank's ``torch.cuda.max_memory_allocated``.
         notes: caveats of this comparison.
     """
 
-    predicted: Metrics
-    measured: tuple[Metrics, ...]
-    versions: tuple[VersionCheck, ...]
+    runs: tuple[RunComparison, ...]
     partition: tuple[tuple[int, int], ...]
-    cpu_shares: tuple[tuple[float | None, ...], ...] = field(default=())
-    replayed: tuple[Metrics, ...] = field(default=())
-    cuda_peaks: tuple[tuple[float, ...], ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 
     @property
-    def measured_iteration_time_s(self) -> float:
-        """Median of the runs' steady-state iteration times."""
-        return statistics.median(m.iteration_time_s for m in self.measured)
-
-    @property
     def iteration_time_error(self) -> float:
-        """Relative error of the prediction against the median run."""
-        return relative_error(self.predicted.iteration_time_s, self.measured_iteration_time_s)
+        """The median over runs of each run's relative error (with one profile for all runs, the
+        error of the prediction against the median run)."""
+        return statistics.median(run.iteration_time_error for run in self.runs)
 
     @property
     def versions_match(self) -> bool:
         """True when every op of every run used the predicted weight version."""
-        return all(check.matches for check in self.versions)
+        return all(run.versions.matches for run in self.runs)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``validate --json`` object."""
-        p = self.predicted
+        first = self.runs[0].predicted
+        stages = range(first.num_stages)
 
-        def side(metrics: list[Metrics], iteration: float) -> dict[str, Any]:
+        def side(metrics: list[Metrics]) -> dict[str, Any]:
             return {
-                "iteration_time_s": iteration,
-                "utilization": [statistics.median(m.stages[s].utilization for m in metrics)
-                                for s in range(p.num_stages)],
-                "peak_memory_bytes": [max(m.stages[s].peak_memory_bytes for m in metrics)
-                                      for s in range(p.num_stages)],
+                "iteration_time_s": statistics.median(m.iteration_time_s for m in metrics),
+                "utilization": [statistics.median(m.stages[s].utilization for m in metrics) for s in stages],
+                "peak_memory_bytes": [max(m.stages[s].peak_memory_bytes for m in metrics) for s in stages],
                 "bubble_fraction": statistics.median(m.bubble_fraction for m in metrics),
                 "window_start_s": statistics.median(m.window_start_s for m in metrics),
                 "window_end_s": statistics.median(m.window_end_s for m in metrics),
             }
 
-        predicted = side([p], p.iteration_time_s)
-        measured = side(list(self.measured), self.measured_iteration_time_s)
-        measured["iteration_time_s_runs"] = [m.iteration_time_s for m in self.measured]
-        measured["cpu_share_runs"] = [list(shares) for shares in self.cpu_shares]
-        replayed = [m.iteration_time_s for m in self.replayed]
-        if self.cuda_peaks:
-            measured["cuda_max_memory_allocated_bytes"] = [max(run[r] for run in self.cuda_peaks)
-                                                           for r in range(len(self.cuda_peaks[0]))]
+        predicted = side([run.predicted for run in self.runs])
+        predicted["iteration_time_s_runs"] = [run.predicted.iteration_time_s for run in self.runs]
+        measured = side([run.measured for run in self.runs])
+        measured["iteration_time_s_runs"] = [run.measured.iteration_time_s for run in self.runs]
+        measured["cpu_share_runs"] = [list(run.cpu_share) for run in self.runs]
+        if self.runs[0].profile_cpu_share is not None:
+            predicted["profile_cpu_share_runs"] = [run.profile_cpu_share for run in self.runs]
+        if self.runs[0].cuda_peaks:
+            measured["cuda_max_memory_allocated_bytes"] = [max(run.cuda_peaks[r] for run in self.runs)
+                                                           for r in range(len(self.runs[0].cuda_peaks))]
         return {
-            "schedule": p.schedule,
-            "num_stages": p.num_stages,
-            "num_microbatches": p.num_microbatches,
-            "num_minibatches": p.num_minibatches,
-            "warmup_minibatches": p.warmup_minibatches,
-            "cooldown_minibatches": p.cooldown_minibatches,
+            "schedule": first.schedule,
+            "num_stages": first.num_stages,
+            "num_microbatches": first.num_microbatches,
+            "num_minibatches": first.num_minibatches,
+            "warmup_minibatches": first.warmup_minibatches,
+            "cooldown_minibatches": first.cooldown_minibatches,
             "partition": [list(r) for r in self.partition],
             "predicted": predicted,
             "measured": measured,
             "iteration_time_error": self.iteration_time_error,
-            "iteration_time_errors_runs": [relative_error(p.iteration_time_s, m.iteration_time_s)
-                                           for m in self.measured],
+            "iteration_time_errors_runs": [run.iteration_time_error for run in self.runs],
+            "replayed_iteration_time_s_runs": [run.replayed.iteration_time_s for run in self.runs],
+            "replay_error_runs": [relative_error(run.replayed.iteration_time_s, run.measured.iteration_time_s)
+                                  for run in self.runs],
             "utilization_error": [pu - mu for pu, mu in zip(predicted["utilization"], measured["utilization"],
                                                             strict=True)],
             "peak_memory_error": [relative_error(pm, mm) for pm, mm in zip(
                 predicted["peak_memory_bytes"], measured["peak_memory_bytes"], strict=True)],
-            "replayed_iteration_time_s_runs": replayed,
-            "replay_error_runs": [relative_error(r, m.iteration_time_s) for r, m in zip(replayed, self.measured,
-                                                                                          strict=True)],
             "versions_match": self.versions_match,
-            "version_ops_compared": sum(check.num_ops for check in self.versions),
-            "version_mismatches": [m for check in self.versions for m in check.mismatches][:20],
+            "version_ops_compared": sum(run.versions.num_ops for run in self.runs),
+            "version_mismatches": [m for run in self.runs for m in run.versions.mismatches][:20],
             "notes": list(self.notes),
         }
 
 
-def validate_schedule(profile: Profile, topology: Topology, spec: ModelSpec, *, schedule: str, num_stages: int,
-                      num_microbatches: int, num_minibatches: int, repeats: int = 3,
+class Measured(Protocol):
+    """What a profile measurement gives: the profile and the CPU share of its timings."""
+
+    @property
+    def profile(self) -> Profile: ...  # noqa: D102
+
+    @property
+    def cpu_share(self) -> float: ...  # noqa: D102
+
+
+class FreshProfiles:
+    """A profile source for ``validate_schedule``: a new measurement before every run.
+
+    Args:
+        measure: measures a profile (``pipesim.harness.profiler.measure_profile`` bound to a model).
+        first: a measurement already made, used for the first run.
+    """
+
+    def __init__(self, measure: Callable[[], Measured], first: Measured | None = None) -> None:
+        self.measure = measure
+        self.first = first
+
+    def __call__(self) -> tuple[Profile, float]:
+        """The next profile and its CPU share."""
+        measured, self.first = self.first or self.measure(), None
+        return measured.profile, measured.cpu_share
+
+
+ProfileSource = Callable[[], tuple[Profile, float]]
+
+
+def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec: ModelSpec, *, schedule: str,
+                      num_stages: int, num_microbatches: int, num_minibatches: int, repeats: int = 3,
                       training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
                       partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                       backend: str = "gloo", device: str = "cpu") -> Comparison:
-    """Simulate ``schedule`` on ``profile`` and ``topology``, run it ``repeats`` times, and compare.
+    """Simulate ``schedule`` on a profile and ``topology``, run it ``repeats`` times, and compare.
 
-    The runs use the simulation's partition, so both cut the model at the same layers.
+    Args:
+        profile: a Profile used for every run, or a function measuring a fresh one (and its CPU
+            share) before each run, so that on a machine whose load drifts each prediction is
+            made in the conditions of the run it predicts. The runs use the partition of the
+            first profile, so every run cuts the model at the same layers.
 
     Raises:
         ConfigError: bad counts or a profile whose model cannot be built;
         RunFailedError: a run failed.
     """
-    cuts = partition or balance_partition(profile, num_stages)
-    result = simulate(profile, topology, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
-                      num_minibatches=num_minibatches, partition=cuts, optimizer_state_multiplier=0.0,
-                      pipemare_update=pipemare_update)
-    config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
-                       num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=cuts,
-                       pipemare_update=pipemare_update, training=training or TrainingOptions(), backend=backend,
-                       device=device)
-    program = prepare(profile, topology, result.plan)
-    measured, checks, shares, replayed = [], [], [], []
-    peaks: list[tuple[float, ...]] = []
+    fixed = profile if isinstance(profile, Profile) else None
+    cuts = partition
+    config: RunConfig | None = None
+    runs = []
     with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
         trace_path = Path(folder) / "trace.json"
         for _ in range(repeats):
-            launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
+            profile_share: float | None = None
+            if fixed is not None:
+                current = fixed
+            else:
+                assert callable(profile)
+                current, profile_share = profile()
+            cuts = cuts or balance_partition(current, num_stages)
+            result = simulate(current, topology, schedule=schedule, num_stages=num_stages,
+                              num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
+                              optimizer_state_multiplier=0.0, pipemare_update=pipemare_update)
+            if config is None:
+                config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages,
+                                   num_microbatches=num_microbatches, num_minibatches=num_minibatches,
+                                   microbatch_size=current.microbatch_size, partition=cuts,
+                                   pipemare_update=pipemare_update, training=training or TrainingOptions(),
+                                   backend=backend, device=device).with_outputs(trace_out=trace_path)
+            launch(config, op_timeout_s=op_timeout_s)
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
-            measured.append(compute_metrics(trace))
-            checks.append(compare_versions(result.trace, trace))
-            shares.append(tuple(trace.meta.get("cpu_share") or ()))
-            replayed.append(compute_metrics(replay(program, trace)))
-            if trace.meta.get("cuda_max_memory_allocated_bytes"):
-                peaks.append(tuple(float(v) for v in trace.meta["cuda_max_memory_allocated_bytes"]))
+            peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()
+            runs.append(RunComparison(
+                predicted=result.metrics, measured=compute_metrics(trace),
+                replayed=compute_metrics(replay(prepare(current, topology, result.plan), trace)),
+                versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
+                profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks)))
     notes = []
     if schedule == "pipemare" and training is not None and training.pipemare_correction:
         notes.append("discrepancy correction adds work per backward and update that the profile does not time")
-    return Comparison(predicted=result.metrics, measured=tuple(measured), versions=tuple(checks), partition=cuts,
-                      cpu_shares=tuple(shares), replayed=tuple(replayed), cuda_peaks=tuple(peaks),
-                      notes=tuple(notes))
+    assert cuts is not None
+    return Comparison(runs=tuple(runs), partition=cuts, notes=tuple(notes))
