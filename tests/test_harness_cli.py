@@ -123,3 +123,22 @@ def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> Non
         assert report["predicted"]["iteration_time_s"] > 0 and report["measured"]["iteration_time_s"] > 0
         assert report["versions_match"] is True and report["version_ops_compared"] > 0
         assert report["peak_memory_error"] == [0.0, 0.0]
+
+
+@torch_needed
+def test_the_worker_runs_under_torchrun(tmp_path: Path) -> None:
+    from pipesim.engine.trace import Trace
+    from pipesim.harness.config import ModelSpec, RunConfig
+    from pipesim.harness.launch import free_port
+
+    trace_path = tmp_path / "trace.json"
+    config = RunConfig(model=ModelSpec("mlp", depth=3, width=8), schedule="1f1b", num_stages=2, num_microbatches=2,
+                       num_minibatches=2, microbatch_size=2, partition=((0, 2), (2, 4)), trace_out=str(trace_path))
+    (tmp_path / "config.json").write_text(config.to_json())
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                           "pipesim.harness.worker", str(tmp_path / "config.json")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace = Trace.from_json(trace_path.read_text())
+    assert sum(1 for span in trace.iter_spans() if span.stream == "compute") == 2 * (2 * 2 * 2 + 2)

@@ -13,7 +13,7 @@ from pipesim.engine.trace import Trace  # noqa: E402
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
 from pipesim.harness.models import build_model  # noqa: E402
-from pipesim.harness.profiler import stash_attribution  # noqa: E402
+from pipesim.harness.profile_rank import stash_attribution  # noqa: E402
 from pipesim.harness.validate import compare_versions  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.simulation import simulate  # noqa: E402

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -193,9 +193,8 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
 
     require_torch()
     from pipesim.engine.trace import Trace
-    from pipesim.harness.config import RunConfig, check_partition, default_minibatches
+    from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
     from pipesim.harness.launch import launch
-    from pipesim.harness.config import spec_of
     from pipesim.metrics import compute_metrics
     from pipesim.spec.stages import balance_partition
 

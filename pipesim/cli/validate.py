@@ -57,8 +57,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     from pipesim.harness import RunFailedError, require_torch
 
     require_torch()
-    from pipesim.harness.linkbench import measure_links
     from pipesim.harness.config import spec_of
+    from pipesim.harness.linkbench import measure_links
     from pipesim.harness.profiler import Timing, measure_profile
     from pipesim.harness.validate import FreshProfiles, validate_schedule
 

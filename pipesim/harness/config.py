@@ -9,8 +9,8 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Schedule
-from pipesim.spec.profile import Profile
 from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
+from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.

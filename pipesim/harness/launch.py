@@ -18,15 +18,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pipesim.harness import RunFailedError
 from pipesim.harness.config import RunConfig
-from pipesim.harness.recorder import COMPUTING, PHASE, PHASE_NAMES, POSITION, SINCE, STARTING, WAITING
-from pipesim.harness.recorder import header_of, merge, read_rank, trace_meta
+from pipesim.harness.recorder import (
+    COMPUTING,
+    PHASE,
+    PHASE_NAMES,
+    POSITION,
+    SINCE,
+    STARTING,
+    WAITING,
+    header_of,
+    merge,
+    read_rank,
+    trace_meta,
+)
 from pipesim.harness.zygote import die_with_parent, shared_zygote
 from pipesim.schedule.ir import Schedule
 from pipesim.spec.files import write_text_atomic

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from pipesim.engine.trace import Trace
 from pipesim.harness.config import ModelSpec, RunConfig
-from pipesim.harness.models import build_model
-from pipesim.harness.timing import LayerTimes, summarize, time_layers
 from pipesim.schedule.ir import Op
 
 KINDS = ("F", "B", "U")
@@ -39,48 +36,43 @@ class OpCosts:
         """The cost of an op kind ("F", "B" or "U")."""
         return {"F": self.forward_s, "B": self.backward_s, "U": self.update_s}[kind]
 
-
-def executor_costs(device: torch.device, *, statistic: str = "mean", warmup: int = 20,
-                   repeats: int = 200) -> OpCosts:
-    """The stage executor's fixed cost per op: a one-layer stage whose layer does nothing to one number."""
-    bundle = build_model(ModelSpec("null", depth=2, width=1), 1)
-    (times,) = time_layers(bundle, 1, device, warmup=warmup, repeats=repeats, statistic=statistic, indices=[1])
-    return OpCosts(times.forward_s, times.backward_s, times.update_s)
+    def __add__(self, other: OpCosts) -> OpCosts:
+        return OpCosts(self.forward_s + other.forward_s, self.backward_s + other.backward_s,
+                       self.update_s + other.update_s)
 
 
-def net_of(times: LayerTimes, executor: OpCosts) -> OpCosts:
-    """A layer's own time: its one-layer stage timing less the executor's fixed cost (at least 0)."""
-    return OpCosts(max(0.0, times.forward_s - executor.forward_s), max(0.0, times.backward_s - executor.backward_s),
-                   max(0.0, times.update_s - executor.update_s))
+def net_of(times: Sequence[float], executor: OpCosts) -> OpCosts:
+    """A layer's own time from its one-layer stage timing ``(F, B, U, ...)``, less the executor's
+    fixed cost (at least 0)."""
+    return OpCosts(max(0.0, times[0] - executor.forward_s), max(0.0, times[1] - executor.backward_s),
+                   max(0.0, times[2] - executor.update_s))
 
 
-def runtime_costs(sample_elements: int, microbatch_size: int, executor: OpCosts, statistic: str = "mean", *,
-                  threads: int = 1,
-                  device: str = "cpu", num_microbatches: int = 16, num_minibatches: int = 4,
-                  repeats: int = 50) -> tuple[OpCosts, float]:
+def summarize(samples: list[float], statistic: str) -> float:
+    """The mean or the median of ``samples``."""
+    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
+
+
+def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], statistic: str = "mean", *,
+                  threads: int = 1, device: str = "cpu", num_microbatches: int = 16,
+                  num_minibatches: int = 4) -> tuple[OpCosts, float]:
     """The runtime's cost per op beyond its layers' own time, from a real two-rank run of null layers.
 
-    The null model (one null layer on rank 0; a null layer and the loss on rank 1) runs GPipe
-    with messages of ``microbatch_size * sample_elements`` numbers. Per rank and kind, the
-    median span of the steady-state minibatches less the net time of that stage's layers; the
-    mean over the two ranks. Spans are summarized by ``statistic``, as the layers were.
+    The null model of ``elements`` numbers per sample (one null layer on rank 0; a null layer and
+    the loss on rank 1, whose net times are ``null_net``) runs GPipe. Per rank and kind, the
+    ``statistic`` of its spans in the minibatches after the first, less the net time of that
+    stage's layers; the mean over the two ranks.
 
     Returns:
         the costs, and the smallest CPU share of the run's ranks (see Trace meta ``cpu_share``).
     """
-    spec = ModelSpec("null", depth=2, width=max(1, sample_elements))
-    bundle = build_model(spec, microbatch_size)
-    target = torch.device(device)
-    net = [net_of(times, executor) for times in time_layers(bundle, microbatch_size, target, warmup=5,
-                                                             repeats=repeats, statistic=statistic)]
-    stage_net = [net[0], OpCosts(*(a + b for a, b in zip(
-        (net[1].forward_s, net[1].backward_s, net[1].update_s),
-        (net[2].forward_s, net[2].backward_s, net[2].update_s), strict=True)))]
+    from pipesim.harness.launch import launch
+
+    spec = ModelSpec("null", depth=2, width=max(1, elements))
+    stage_net = [null_net[0], null_net[1] + null_net[2]]
     config = RunConfig(model=spec, schedule="gpipe", num_stages=2, num_microbatches=num_microbatches,
                        num_minibatches=num_minibatches, microbatch_size=microbatch_size, partition=((0, 1), (1, 3)),
                        threads=threads, device=device, backend="nccl" if device == "cuda" else "gloo")
-    from pipesim.harness.launch import launch
-
     with tempfile.TemporaryDirectory(prefix="pipesim-overheads-") as folder:
         trace_path = Path(folder) / "trace.json"
         launch(config.with_outputs(trace_out=trace_path), op_timeout_s=120)

@@ -1,60 +1,38 @@
-"""Profiling a model layer by layer, through the same stage code the runtime runs, into a Profile."""
+"""Profiling a model layer by layer, through the same stage code the runtime runs, into a Profile.
+
+This side only orchestrates (no torch here): the timing happens in processes forked like the
+run's ranks (pipesim.harness.profile_rank), as many at once as the run will have.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.harness.config import SOURCE_PREFIX, ModelSpec
-from pipesim.harness.models import ModelBundle, build_model
-from pipesim.harness.overheads import OpCosts, executor_costs, net_of, runtime_costs
-from pipesim.harness.process import configure_process
-from pipesim.harness.timing import STATISTICS, LayerTimes, time_layers
-from pipesim.spec.files import write_text_atomic
+from pipesim.harness.overheads import OpCosts, net_of, runtime_costs
 from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
 
-def stash_attribution(bundle: ModelBundle, microbatch_size: int, device: torch.device) -> list[float]:
-    """Bytes each layer keeps for the backward, each storage counted once, by the first layer that saves it.
-
-    This is what a stage keeps: the sum over its layers, as long as no tensor at a cut is kept
-    on both sides of it (the built-in models are built so that none is).
-    """
-    owner: dict[int, int] = {}
-    sizes = [0.0] * bundle.num_layers
-    current = [0]
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        if isinstance(tensor, torch.nn.Parameter) or tensor.untyped_storage().data_ptr() in parameters:
-            return tensor
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in owner:
-            owner[storage.data_ptr()] = current[0]
-            sizes[current[0]] += storage.nbytes()
-        return tensor
-
-    parameters = {p.untyped_storage().data_ptr() for layer in bundle.layers for p in layer.parameters()}
-    x, target = bundle.microbatch(0, microbatch_size)
-    x = x.to(device)
-    bundle.layers[-1].target = target.to(device)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        for index, layer in enumerate(bundle.layers):
-            current[0] = index
-            x = layer(x)
-    return sizes
+STATISTICS = ("mean", "median")
 
 
 @dataclass(frozen=True)
 class Timing:
-    """How layers are timed: repeats, the statistic, and how many processes time them at once."""
+    """How layers are timed: repeats, the statistic, and how many processes time them at once.
+
+    Attributes:
+        warmup, repeats: untimed and timed repeats of every layer's F, B and U.
+        statistic: ``"mean"`` (keeps time the OS gave to other processes mid-op, which a real
+            run pays too) or ``"median"``.
+        processes: processes timing at once (as many as the run's ranks).
+        threads: torch threads per process; device: ``"cpu"`` or ``"cuda"``.
+    """
 
     warmup: int = 5
     repeats: int = 20
@@ -74,50 +52,6 @@ class Timing:
             raise ConfigError("device", self.device, "must be cpu or cuda")
 
 
-def measure_here(spec: ModelSpec, microbatch_size: int, timing: Timing) -> tuple[list[LayerTimes], OpCosts]:
-    """Every layer's times and the executor's fixed costs, timed in this process."""
-    configure_process(timing.threads)
-    device = torch.device(timing.device)
-    bundle = build_model(spec, microbatch_size)
-    for layer in bundle.layers:
-        layer.to(device)
-    executor = executor_costs(device, statistic=timing.statistic)
-    times = time_layers(bundle, microbatch_size, device, warmup=timing.warmup, repeats=timing.repeats,
-                        statistic=timing.statistic)
-    return times, executor
-
-
-def measure_concurrently(spec: ModelSpec, microbatch_size: int, timing: Timing) -> tuple[list[LayerTimes], OpCosts]:
-    """``measure_here`` in ``timing.processes`` processes at once (as many as the run's ranks, so that
-    the layers are timed while the machine is as busy as during a run), averaged over them."""
-    from pipesim.harness.launch import spawn, wait_all
-
-    request = json.dumps({"spec": spec.to_dict(), "microbatch_size": microbatch_size, "timing": asdict(timing)})
-    with tempfile.TemporaryDirectory(prefix="pipesim-profile-") as name:
-        folder = Path(name)
-        processes = spawn("pipesim.harness.profiler", [request], timing.processes, folder, timing.threads)
-        wait_all(processes, folder, "profiling", timeout_s=3600)
-        parts = [json.loads((folder / f"times{rank}.json").read_text(encoding="utf-8"))
-                 for rank in range(timing.processes)]
-    layers = [LayerTimes(*(statistics.fmean(part["layers"][index][k] for part in parts) for k in range(6)))
-              for index in range(len(parts[0]["layers"]))]
-    executor = OpCosts(*(statistics.fmean(part["executor"][k] for part in parts) for k in range(3)))
-    return layers, executor
-
-
-def main(argv: list[str]) -> int:
-    """A profiling process (spawned by ``measure_concurrently``): time, then write ``times{RANK}.json``."""
-    request = json.loads(argv[0])
-    times, executor = measure_here(ModelSpec.from_dict(request["spec"]), int(request["microbatch_size"]),
-                                   Timing(**request["timing"]))
-    result = {"layers": [[t.forward_s, t.backward_s, t.update_s, t.forward_std_s, t.backward_std_s, t.cpu_share]
-                         for t in times],
-              "executor": [executor.forward_s, executor.backward_s, executor.update_s]}
-    write_text_atomic(Path(os.environ["PIPESIM_RUN_DIR"]) / f"times{os.environ.get('RANK', '0')}.json",
-                      json.dumps(result) + "\n")
-    return 0
-
-
 @dataclass(frozen=True)
 class Measurement:
     """A profile and how much of the machine its timings had.
@@ -132,6 +66,28 @@ class Measurement:
     cpu_share: float
 
 
+def _measure(spec: ModelSpec, microbatch_size: int, timing: Timing, calibrate: bool) -> list[dict[str, Any]]:
+    """Run profile_rank in ``timing.processes`` processes at once; their results."""
+    from pipesim.harness.launch import spawn, wait_all
+
+    request = json.dumps({"spec": spec.to_dict(), "microbatch_size": microbatch_size, "warmup": timing.warmup,
+                          "repeats": timing.repeats, "statistic": timing.statistic, "device": timing.device,
+                          "threads": timing.threads, "calibrate": calibrate})
+    with tempfile.TemporaryDirectory(prefix="pipesim-profile-") as name:
+        folder = Path(name)
+        processes = spawn("pipesim.harness.profile_rank", [request], timing.processes, folder, timing.threads)
+        wait_all(processes, folder, "profiling", timeout_s=3600)
+        return [json.loads((folder / f"times{rank}.json").read_text(encoding="utf-8"))
+                for rank in range(timing.processes)]
+
+
+def _mean_rows(parts: list[dict[str, Any]], key: str) -> list[list[float]]:
+    """Per layer, the mean over the processes of each measured column."""
+    rows = parts[0][key]
+    return [[statistics.fmean(part[key][index][column] for part in parts) for column in range(len(rows[index]))]
+            for index in range(len(rows))]
+
+
 def profile_model(spec: ModelSpec, microbatch_size: int, *, timing: Timing | None = None,
                   calibrate: bool = True) -> Profile:
     """``measure_profile(...).profile``: the Profile alone."""
@@ -143,51 +99,42 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
     """Measure every layer of ``spec``'s model (the loss layer included) and return a Profile.
 
     Each layer runs as a one-layer stage, with the runtime's code, torch threads and allocator
-    settings; its times are the ``timing.statistic`` over repeats after warm-up, in
-    ``timing.processes`` processes timing at once, less the stage executor's fixed cost per op
-    (see pipesim.harness.overheads). Sizes are exact. With ``calibrate``, a two-rank run of null
+    settings, a training step's order (every F, every B in reverse, every U); its times are the
+    ``timing.statistic`` over repeats after warm-up, averaged over ``timing.processes``
+    processes timing at once, less the stage executor's fixed cost per op (see
+    pipesim.harness.overheads). Sizes are exact. With ``calibrate``, a two-rank run of null
     layers measures the runtime's cost per op, kept as the profile's per-op overheads. The
     model's spec is kept in the profile's ``source`` so that ``pipesim run`` can rebuild it.
 
     Raises:
         ConfigError: bad counts, an unknown device, or a model that cannot be built.
+        RunFailedError: a profiling process or the calibration run failed.
     """
     timing = timing or Timing()
-    if timing.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", timing.device, "CUDA is not available here")
-    configure_process(timing.threads)
-    device = torch.device(timing.device)
-    bundle = build_model(spec, microbatch_size)
-    for layer in bundle.layers:
-        layer.to(device)
-    stash = stash_attribution(bundle, microbatch_size, device)
-    element = torch.tensor([], dtype=bundle.dtype).element_size()
-    if timing.processes > 1:
-        measured, executor = measure_concurrently(spec, microbatch_size, timing)
-    else:
-        measured, executor = measure_here(spec, microbatch_size, timing)
+    parts = _measure(spec, microbatch_size, timing, calibrate)
+    first = parts[0]
+    executor = OpCosts(*(statistics.fmean(part["executor"][k] for part in parts) for k in range(3)))
+    measured = _mean_rows(parts, "layers")
     layers = []
-    for index, name in enumerate(bundle.names):
+    for index, name in enumerate(first["names"]):
         times = net_of(measured[index], executor)
-        is_loss = index == bundle.num_layers - 1  # the loss is one number per microbatch
-        output_elements = 1 if is_loss else microbatch_size * _numel(bundle.output_shapes[index])
         layers.append({
             "name": name,
             "forward_s": times.forward_s,
             "backward_s": times.backward_s,
             "update_s": times.update_s,
-            "forward_std_s": measured[index].forward_std_s,
-            "backward_std_s": measured[index].backward_std_s,
-            "activation_bytes": float(output_elements * element),
-            "stash_bytes": stash[index],
-            "param_bytes": float(sum(p.numel() * p.element_size() for p in bundle.layers[index].parameters())),
+            "forward_std_s": measured[index][3],
+            "backward_std_s": measured[index][4],
+            "activation_bytes": first["activation_bytes"][index],
+            "stash_bytes": first["stash_bytes"][index],
+            "param_bytes": first["param_bytes"][index],
         })
+    share = min(row[5] for part in parts for row in part["layers"])
     overheads: dict[str, float] = {}
-    share = min(times.cpu_share for times in measured)
     if calibrate:
-        largest = max(_numel(shape) for shape in bundle.output_shapes[:-1])
-        costs, calibration_share = runtime_costs(largest, microbatch_size, executor, timing.statistic,
-                                                 threads=timing.threads, device=timing.device)
+        null_net = [net_of(row, executor) for row in _mean_rows(parts, "null_layers")]
+        costs, calibration_share = runtime_costs(int(first["null_elements"]), microbatch_size, null_net,
+                                                 timing.statistic, threads=timing.threads, device=timing.device)
         share = min(share, calibration_share)
         overheads = {"forward_overhead_s": costs.forward_s, "backward_overhead_s": costs.backward_s,
                      "update_overhead_s": costs.update_s}
@@ -197,20 +144,9 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
         "name": spec.name,
         "layers": layers,
         "microbatch_size": microbatch_size,
-        "dtype": str(bundle.dtype).removeprefix("torch."),
+        "dtype": first["dtype"],
         "device": f"{timing.device} ({threads} torch thread{'s' if threads > 1 else ''}, {timing.statistic} of "
                   f"{timing.repeats} in {timing.processes} process{'es' if timing.processes > 1 else ''})",
         "source": SOURCE_PREFIX + json.dumps(spec.to_dict(), sort_keys=True),
     })
     return Measurement(profile=profile, cpu_share=share)
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipesim.harness.models import ModelBundle, MSELossLayer
 from pipesim.harness.config import TrainingOptions
+from pipesim.harness.models import ModelBundle, MSELossLayer
 from pipesim.harness.weights import MemoryDelta, WeightStore
 from pipesim.schedule.ir import WeightPolicy
 

@@ -12,6 +12,7 @@ import torch
 
 from pipesim.harness.config import TrainingOptions
 from pipesim.harness.models import ModelBundle
+from pipesim.harness.overheads import summarize
 from pipesim.harness.stage import StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
@@ -47,14 +48,6 @@ def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
         call()
         return time.perf_counter() - start
     return cpu_time
-
-
-STATISTICS = ("mean", "median")
-
-
-def summarize(samples: list[float], statistic: str) -> float:
-    """The mean or the median of ``samples``."""
-    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
 
 
 def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device, *, warmup: int, repeats: int,

@@ -184,8 +184,8 @@ def serve() -> None:
     import torch  # noqa: F401 - the point of the zygote: import once, fork many
     import torch.distributed  # noqa: F401
 
-    import pipesim.harness.linkbench  # noqa: F401
-    import pipesim.harness.profiler  # noqa: F401
+    import pipesim.harness.linkbench_rank  # noqa: F401
+    import pipesim.harness.profile_rank  # noqa: F401
     import pipesim.harness.worker  # noqa: F401
 
     out = sys.stdout.buffer
