@@ -87,6 +87,28 @@ def commit() -> str:
     return done.stdout.strip() or "?"
 
 
+def idle_fraction(seconds: float = 1.0) -> float:
+    """The fraction of the machine's CPU time that was idle over the next ``seconds`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields[:8])
+
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_idle(wanted: float, patience_s: float) -> float:
+    """Wait up to ``patience_s`` for a second in which the machine was at least ``wanted`` idle."""
+    deadline = time.perf_counter() + patience_s
+    idle = idle_fraction()
+    while idle < wanted and time.perf_counter() < deadline:
+        idle = idle_fraction()
+    return idle
+
+
 def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally) -> bool:
     """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
     timing = Timing(repeats=30, processes=case.num_stages)
@@ -116,7 +138,8 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     return is_quiet
 
 
-def run_case(case: Case, runs: int, quiet: float, attempts: int) -> tuple[dict[str, Tally], list[str]]:
+def run_case(case: Case, runs: int, quiet: float, attempts: int,
+             patience_s: float) -> tuple[dict[str, Tally], list[str]]:
     """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES}
     topology, fits = measure_links(case.num_stages, max_bytes=4 << 20)
@@ -125,6 +148,7 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int) -> tuple[dict[s
     for run_index in range(runs):
         for name, tally in tallies.items():
             for _ in range(attempts):
+                wait_for_idle(0.9, patience_s=patience_s)
                 if one_run(case, name, topology, quiet, tally):
                     break
         print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
@@ -162,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="quiet runs wanted per schedule and case")
     parser.add_argument("--quiet", type=float, default=0.9, help="least CPU share of a quiet profile and run")
     parser.add_argument("--attempts", type=int, default=4, help="tries per wanted run")
+    parser.add_argument("--patience", type=float, default=60.0,
+                        help="seconds to wait, before each try, for the machine to be 90%% idle")
     parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
@@ -180,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         "mean of 30 repeats, per-op overheads calibrated by a run of null layers",
         f"- a run is *quiet* when every rank of the run, and of the profile before it, had its CPU for at least "
         f"{args.quiet:.0%} of its busy time; the others ran on a loaded machine and are counted apart; "
-        f"{runs} quiet runs wanted per schedule, {attempts} tries each",
+        f"{runs} quiet runs wanted per schedule, {attempts} tries each, each try after waiting up to "
+        f"{args.patience:.0f} s for a second in which the machine was 90% idle",
         "- replay error: the engine re-run with each op lasting as long as it did in the run, against the run "
         "(the engine's model of order and communication alone)",
         "",
@@ -188,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = []
     for case in cases:
         print(case.label, flush=True)
-        tallies, notes = run_case(case, runs, args.quiet, attempts)
+        tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience)
         lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
     elapsed = time.perf_counter() - started

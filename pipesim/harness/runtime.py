@@ -287,7 +287,9 @@ class RankRuntime:
             folder.mkdir(parents=True, exist_ok=True)
             for stage, executor in self.executors.items():
                 tensors = [t.detach().cpu() for t in executor.store.tensors(executor.store.current)]
-                torch.save(tensors, folder / f"stage{stage}.pt")
+                partial = folder / f".stage{stage}.pt.{os.getpid()}.tmp"
+                torch.save(tensors, partial)
+                os.replace(partial, folder / f"stage{stage}.pt")
         if self.rank == 0 and self.config.trace_out:
             stage_sizes: dict[int, tuple[float, float]] = {}
             for _, rank_sizes, _ in gathered:
