@@ -138,9 +138,10 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     return is_quiet
 
 
-def run_case(case: Case, runs: int, quiet: float, attempts: int,
-             patience_s: float) -> tuple[dict[str, Tally], list[str]]:
-    """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each); the tallies and notes."""
+def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float,
+             deadline: float) -> tuple[dict[str, Tally], list[str]]:
+    """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
+    a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES}
     topology, fits = measure_links(case.num_stages, max_bytes=4 << 20)
     notes = [f"links: {1e6 * fits[0].latency_s:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s "
@@ -148,6 +149,8 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int,
     for run_index in range(runs):
         for name, tally in tallies.items():
             for _ in range(attempts):
+                if time.perf_counter() > deadline:
+                    break
                 wait_for_idle(0.9, patience_s=patience_s)
                 if one_run(case, name, topology, quiet, tally):
                     break
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attempts", type=int, default=4, help="tries per wanted run")
     parser.add_argument("--patience", type=float, default=60.0,
                         help="seconds to wait, before each try, for the machine to be 90%% idle")
+    parser.add_argument("--budget", type=float, default=120.0, help="minutes after which no new try starts")
     parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
@@ -215,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = []
     for case in cases:
         print(case.label, flush=True)
-        tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience)
+        tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
+                                  deadline=started + 60 * args.budget * (cases.index(case) + 1) / len(cases))
         lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
     elapsed = time.perf_counter() - started

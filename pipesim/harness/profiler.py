@@ -58,8 +58,8 @@ class Measurement:
 
     Attributes:
         profile: the Profile.
-        cpu_share: the smallest share of their wall time the timing processes had a CPU for,
-            over the layer timings and the calibration run (1 on an idle machine).
+        cpu_share: the smallest share of their wall time the timing processes had a CPU for
+            while they timed the layers (1 on an idle machine).
     """
 
     profile: Profile
@@ -133,9 +133,8 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
     overheads: dict[str, float] = {}
     if calibrate:
         null_net = [net_of(row, executor) for row in _mean_rows(parts, "null_layers")]
-        costs, calibration_share = runtime_costs(int(first["null_elements"]), microbatch_size, null_net,
-                                                 timing.statistic, threads=timing.threads, device=timing.device)
-        share = min(share, calibration_share)
+        costs, _ = runtime_costs(int(first["null_elements"]), microbatch_size, null_net, timing.statistic,
+                                 threads=timing.threads, device=timing.device)
         overheads = {"forward_overhead_s": costs.forward_s, "backward_overhead_s": costs.backward_s,
                      "update_overhead_s": costs.update_s}
     threads = timing.threads
