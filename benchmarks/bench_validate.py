@@ -215,6 +215,17 @@ def main(argv: list[str] | None = None) -> int:
         "- replay error: the engine re-run with each op lasting as long as it did in the run, against the run "
         "(the engine's model of order and communication alone)",
         "",
+        "What the prediction models, all measured, none fitted to the runs: each layer's F, B and U timed as a "
+        "one-layer stage through the runtime's own code (1 torch thread, the runtime's allocator settings, a "
+        "training step's order, as many processes at once as ranks, the mean so that time lost to other "
+        "processes counts as it does in a run); the stage executor's fixed cost per op subtracted from every layer "
+        "and the runtime's cost per op (receiving an input already there, the isend, the records) added once per "
+        "op, measured by a two-rank run of null layers with messages as large as the model's; transfers as "
+        "latency + bytes / bandwidth fitted by linkbench with the runtime's primitives (receives posted ahead, "
+        "isend, wait); the optimizer step (every policy writes into a recycled second buffer, so it costs the "
+        "same under every schedule). Not modelled: gloo's copying threads competing with compute for the two "
+        "cores, and other processes taking the CPU (the reason runs are split into quiet and loaded).",
+        "",
     ]
     verdicts = []
     for case in cases:

@@ -148,19 +148,13 @@ class RankRuntime:
         return data
 
     def _incoming(self) -> list[Incoming]:
+        """Every message the rank's ops need, in op order."""
         messages = []
-        p = self.schedule.num_stages
         for position, op in enumerate(self.ops):
-            if op.kind is OpKind.F and op.stage > 0:
-                source_stage = op.stage - 1
-            elif op.kind is self.grad_kind and op.stage < p - 1:
-                source_stage = op.stage + 1
-            else:
-                continue
-            kind = OpKind.F if op.kind is OpKind.F else self.grad_kind
-            shape = self._boundary_shape(op.stage - 1 if op.kind is OpKind.F else op.stage)
-            messages.append(Incoming(position, self.schedule.stage_to_rank[source_stage],
-                                     message_tag(kind, op.microbatch), shape))
+            message = self._incoming_message(op)
+            if message is not None:
+                shape = self._boundary_shape(op.stage - 1 if op.kind is OpKind.F else op.stage)
+                messages.append(Incoming(position, *message, shape))
         return messages
 
     def _warm_up(self) -> None:
