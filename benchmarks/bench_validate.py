@@ -143,9 +143,10 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: flo
     """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
     a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES}
+    idle = wait_for_idle(0.9, patience_s=patience_s)
     topology, fits = measure_links(case.num_stages, max_bytes=4 << 20)
     notes = [f"links: {1e6 * fits[0].latency_s:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s "
-             f"(linkbench, 4 B to 4 MB)"]
+             f"(linkbench, 4 B to 4 MB, the machine {idle:.0%} idle just before)"]
     for run_index in range(runs):
         for name, tally in tallies.items():
             for _ in range(attempts):
