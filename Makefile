@@ -7,10 +7,12 @@ DEMO_OUT ?= report
 
 .PHONY: demo test bench venv clean
 
+# torch is installed first, pinned, so that the harness extra (pipesim[harness]) does not pull another build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test,harness]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -41,7 +43,7 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep
+bench: bench-engines bench-planner bench-schedules bench-sweep bench-validate
 
 .PHONY: bench-planner
 # Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
@@ -61,3 +63,9 @@ bench-sweep: $(STAMP)
 # another source tree (e.g. git archive main | tar -x -C /tmp/main).
 bench-schedules: $(STAMP)
 	$(PY) benchmarks/bench_schedules.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)")
+
+.PHONY: bench-validate
+# Prediction against real runs (the torch harness): pipesim validate for the five schedules, repeated,
+# into its section of benchmarks/RESULTS.md (takes several minutes; run it on a quiet machine).
+bench-validate: $(STAMP)
+	$(PY) benchmarks/bench_validate.py

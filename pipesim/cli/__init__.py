@@ -52,12 +52,14 @@ def cli() -> None:
 
 def _register() -> None:
     from pipesim.cli.check import check_command
+    from pipesim.cli.harness import linkbench_command, profile_command, run_command
     from pipesim.cli.plan import plan_command
     from pipesim.cli.plot import plot_group
     from pipesim.cli.report import report_command
     from pipesim.cli.schedule import schedule_command
     from pipesim.cli.simulate import simulate_command
     from pipesim.cli.sweep import sweep_command
+    from pipesim.cli.validate import validate_command
 
     cli.add_command(check_command)
     cli.add_command(plan_command)
@@ -66,6 +68,8 @@ def _register() -> None:
     cli.add_command(sweep_command)
     cli.add_command(plot_group)
     cli.add_command(report_command)
+    for command in (profile_command, linkbench_command, run_command, validate_command):
+        cli.add_command(command)
 
 
 _register()

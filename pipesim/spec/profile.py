@@ -30,6 +30,7 @@ class Layer(FrozenModel):
             weights (activations, dropout, pooling, softmax: cheap to recompute, costly to
             keep) and false for layers with weights.
         param_bytes: bytes of the layer's weights.
+        update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
     """
@@ -44,6 +45,7 @@ class Layer(FrozenModel):
     weight_stash_bytes: float | None = Field(default=None, ge=0)
     selective_recompute: bool | None = None
     param_bytes: float = Field(ge=0)
+    update_s: float | None = Field(default=None, ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
     backward_std_s: float | None = Field(default=None, ge=0)
 
@@ -87,6 +89,9 @@ class Profile(FrozenModel):
         dtype: element type of the measurement, e.g. ``"float32"``.
         device: what it ran on, e.g. ``"V100 (assumed)"``.
         source: provenance in one line.
+        forward_overhead_s, backward_overhead_s, update_overhead_s: optional fixed cost of one F,
+            B or U op of a stage on top of its layers' times (the runtime's dispatch and
+            bookkeeping and the handling of the op's messages), seconds; counted once per op.
     """
 
     schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
@@ -96,6 +101,9 @@ class Profile(FrozenModel):
     dtype: str = "float32"
     device: str = "unknown"
     source: str = ""
+    forward_overhead_s: float | None = Field(default=None, ge=0)
+    backward_overhead_s: float | None = Field(default=None, ge=0)
+    update_overhead_s: float | None = Field(default=None, ge=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 

@@ -18,11 +18,13 @@ class StageCosts:
 
     Attributes:
         forward_s: F time, seconds (divided by the device's speed, and by the stage's replicas
-            when they share its work: ``Plan.replica_model == "round-robin"``).
+            when they share its work: ``Plan.replica_model == "round-robin"``); the profile's
+            per-op overheads are added once to every F, B (I) and U.
         backward_s: B time, seconds (including the recomputed forward when recompute is on).
         backward_input_s: I time when the profile splits backward, else None.
         backward_weight_s: W time when the profile splits backward, else None.
-        update_s: U time: the gradient all-reduce over the stage's replicas, seconds (see
+        update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``)
+            plus the gradient all-reduce over the stage's replicas, seconds (see
             ``replica_allreduce_s``).
         output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
@@ -180,6 +182,9 @@ def stage_costs(
     split = profile.has_split_backward
     per_microbatch = updates_per_microbatch(plan)
     round_robin = plan.replica_model == "round-robin"
+    forward_overhead = profile.forward_overhead_s or 0.0
+    backward_overhead = profile.backward_overhead_s or 0.0
+    update_overhead = profile.update_overhead_s or 0.0
     for stage, (start, end) in enumerate(partition):
         device = stage_devices[stage] if stage_devices is not None else plan.device_of(stage)
         if device >= topology.num_devices:
@@ -203,20 +208,23 @@ def stage_costs(
             stash.append(sum(layer.stashed_bytes for layer in layers))
         recomputed.append(recompute_s)
         weight_stash.append(sum(layer.weight_stashed_bytes for layer in layers))
-        forward.append(f)
-        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s)
+        forward.append(f + forward_overhead)
+        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s + backward_overhead)
         if split:
-            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s)
+            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s
+                           + backward_overhead)
             b_weight.append(sum(layer.backward_weight_s or 0.0 for layer in layers) / speed)
         output.append(layers[-1].activation_bytes)
         stage_params = sum(layer.param_bytes for layer in layers)
         params.append(stage_params)
+        # The optimizer step on the stage's weights (each replica steps its own copy at once).
+        step = sum(layer.update_s or 0.0 for layer in layers) / topology.devices[device].speed + update_overhead
         if round_robin:
             allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
-            update.append(allreduce_s / replicas if per_microbatch else allreduce_s)
+            update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))
         else:
             bandwidth = topology.bandwidth_bytes_per_s
-            update.append(2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0)
+            update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
     return StageCosts(

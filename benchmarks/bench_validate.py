@@ -1,0 +1,253 @@
+"""Prediction against real runs: profile, simulate and run the five schedules, repeatedly, into RESULTS.md.
+
+Every run gets its own fresh profile (per-op overheads calibrated), measured right before it, so
+that profile and run see the machine in the same state; the links are measured once per round.
+A run's error is the relative difference of the steady-state iteration times, predicted against
+measured. This machine is shared: a run, or the profile before it, during which a rank had its
+core for less than ``--quiet`` of its busy time (the trace's ``cpu_share``) ran on a loaded
+machine, whose load no profile can predict; such runs are reported apart, and the benchmark tries
+again (up to ``--attempts`` times per run) for a quiet one. Usage::
+
+    python benchmarks/bench_validate.py [--runs 5] [--quiet 0.9] [--attempts 4] [--quick] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.results_file import write_section  # noqa: E402
+from pipesim.harness.config import ModelSpec  # noqa: E402
+from pipesim.harness.linkbench import measure_links  # noqa: E402
+from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
+from pipesim.harness.validate import FreshProfiles, validate_schedule  # noqa: E402
+from pipesim.schedule.registry import SCHEDULES  # noqa: E402
+from pipesim.spec.topology import Topology  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model and pipeline shape to validate."""
+
+    label: str
+    spec: ModelSpec
+    microbatch_size: int
+    num_stages: int = 2
+    num_microbatches: int = 8
+    num_minibatches: int = 8
+
+
+CASES = [
+    Case("MLP, 8 layers of 512, microbatch 64", ModelSpec("mlp", depth=8, width=512), 64),
+    Case("transformer, 4 blocks of 128 (64 tokens, 4 heads), microbatch 8",
+         ModelSpec("transformer", depth=4, width=128, seq_len=64, heads=4), 8),
+]
+
+
+@dataclass
+class Tally:
+    """Per schedule, everything measured."""
+
+    quiet: list[float] = field(default_factory=list)
+    loaded: list[float] = field(default_factory=list)
+    predicted_s: list[float] = field(default_factory=list)
+    measured_s: list[float] = field(default_factory=list)
+    replay: list[float] = field(default_factory=list)
+    versions_ok: int = 0
+    runs: int = 0
+    ops_compared: int = 0
+    memory_errors: list[float] = field(default_factory=list)
+    utilization_errors: list[float] = field(default_factory=list)
+
+
+def machine() -> str:
+    """The CPU model and nproc."""
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
+    model = next((line.split(":", 1)[1].strip() for line in lscpu if line.startswith("Model name")), "?")
+    return f"{model}, nproc {os.cpu_count()}"
+
+
+def load() -> str:
+    """The load averages."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def commit() -> str:
+    """The current commit, short."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "?"
+
+
+def idle_fraction(seconds: float = 1.0) -> float:
+    """The fraction of the machine's CPU time that was idle over the next ``seconds`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return fields[3] + fields[4], sum(fields[:8])
+
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_idle(wanted: float, patience_s: float) -> float:
+    """Wait up to ``patience_s`` for a second in which the machine was at least ``wanted`` idle."""
+    deadline = time.perf_counter() + patience_s
+    idle = idle_fraction()
+    while idle < wanted and time.perf_counter() < deadline:
+        idle = idle_fraction()
+    return idle
+
+
+def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally) -> bool:
+    """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
+    timing = Timing(repeats=30, processes=case.num_stages)
+    source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
+    comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
+                                   num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
+                                   repeats=1)
+    report = comparison.to_dict()
+    run = comparison.runs[0]
+    error = run.iteration_time_error
+    profile_share = run.profile_cpu_share if run.profile_cpu_share is not None else 1.0
+    run_share = min((s for s in run.cpu_share if s is not None), default=1.0)
+    is_quiet = profile_share >= quiet and run_share >= quiet
+    (tally.quiet if is_quiet else tally.loaded).append(error)
+    if is_quiet:
+        tally.predicted_s.append(report["predicted"]["iteration_time_s"])
+        tally.measured_s.append(report["measured"]["iteration_time_s"])
+    tally.replay += [abs(e) for e in report["replay_error_runs"]]
+    tally.runs += 1
+    tally.versions_ok += int(comparison.versions_match)
+    tally.ops_compared += report["version_ops_compared"]
+    tally.memory_errors += [abs(e) for e in report["peak_memory_error"]]
+    if is_quiet:
+        tally.utilization_errors += [abs(e) for e in report["utilization_error"]]
+    print(f"  {name}: error {error:+.1%} (CPU share: profile {profile_share:.2f}, run {run_share:.2f}; "
+          f"{'quiet' if is_quiet else 'loaded'})", flush=True)
+    return is_quiet
+
+
+def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float,
+             deadline: float) -> tuple[dict[str, Tally], list[str]]:
+    """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
+    a ``time.perf_counter`` value); the tallies and notes."""
+    tallies = {name: Tally() for name in SCHEDULES}
+    idle = wait_for_idle(0.9, patience_s=patience_s)
+    topology, fits = measure_links(case.num_stages, max_bytes=4 << 20)
+    notes = [f"links: {1e6 * fits[0].latency_s:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s "
+             f"(linkbench, 4 B to 4 MB, the machine {idle:.0%} idle just before)"]
+    for run_index in range(runs):
+        for name, tally in tallies.items():
+            for _ in range(attempts):
+                if time.perf_counter() > deadline:
+                    break
+                wait_for_idle(0.9, patience_s=patience_s)
+                if one_run(case, name, topology, quiet, tally):
+                    break
+        print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
+    return tallies, notes
+
+
+def percent(values: list[float], how: str) -> str:
+    """Median or worst absolute value as a percentage, or a dash."""
+    if not values:
+        return "-"
+    magnitudes = [abs(v) for v in values]
+    return f"{(statistics.median(magnitudes) if how == 'median' else max(magnitudes)):.1%}"
+
+
+def table(tallies: dict[str, Tally]) -> list[str]:
+    """The per-schedule rows of the results table."""
+    rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | loaded runs: "
+            "median / worst error | replay error (median) | versions exact | peak memory error | "
+            "utilization error (max) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, t in tallies.items():
+        quiet_ms = (f"{1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f}"
+                    if t.quiet else "- | -")
+        rows.append(
+            f"| {name} | {len(t.quiet)} | {quiet_ms} | {percent(t.quiet, 'median')} | {percent(t.quiet, 'worst')} "
+            f"| {len(t.loaded)}: {percent(t.loaded, 'median')} / {percent(t.loaded, 'worst')} "
+            f"| {percent(t.replay, 'median')} | {t.versions_ok}/{t.runs} runs ({t.ops_compared} ops) "
+            f"| {max(t.memory_errors, default=0.0):.2%} | {max(t.utilization_errors, default=0.0):.1%} |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and write its section of RESULTS.md."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5, help="quiet runs wanted per schedule and case")
+    parser.add_argument("--quiet", type=float, default=0.9, help="least CPU share of a quiet profile and run")
+    parser.add_argument("--attempts", type=int, default=4, help="tries per wanted run")
+    parser.add_argument("--patience", type=float, default=60.0,
+                        help="seconds to wait, before each try, for the machine to be 90%% idle")
+    parser.add_argument("--budget", type=float, default=120.0, help="minutes after which no new try starts")
+    parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
+    parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
+    args = parser.parse_args(argv)
+    runs, attempts, cases = (1, 1, CASES[:1]) if args.quick else (args.runs, args.attempts, CASES)
+    load_start, started = load(), time.perf_counter()
+    lines = [
+        "## Prediction against real runs (issue 6, the torch harness)",
+        "",
+        "Written by `make bench-validate` (benchmarks/bench_validate.py).",
+        "",
+        f"- date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; commit {commit()}",
+        f"- machine: {machine()}; load average at start {load_start}",
+        f"- torch {__import__('torch').__version__}, gloo, 1 torch thread per rank, CPU; p = 2, m = 8, K = 8 "
+        "(the steady-state window drops the first and the last minibatch, as `metrics.steady_window` does)",
+        "- every run has its own profile, measured just before it: 2 processes timing the layers at once, the "
+        "mean of 30 repeats, per-op overheads calibrated by a run of null layers",
+        f"- a run is *quiet* when every rank of the run, and of the profile before it, had its CPU for at least "
+        f"{args.quiet:.0%} of its busy time; the others ran on a loaded machine and are counted apart; "
+        f"{runs} quiet runs wanted per schedule, {attempts} tries each, each try after waiting up to "
+        f"{args.patience:.0f} s for a second in which the machine was 90% idle",
+        "- replay error: the engine re-run with each op lasting as long as it did in the run, against the run "
+        "(the engine's model of order and communication alone)",
+        "",
+        "What the prediction models, all measured, none fitted to the runs: each layer's F, B and U timed as a "
+        "one-layer stage through the runtime's own code (1 torch thread, the runtime's allocator settings, a "
+        "training step's order, as many processes at once as ranks, the mean so that time lost to other "
+        "processes counts as it does in a run); the stage executor's fixed cost per op subtracted from every layer "
+        "and the runtime's cost per op (receiving an input already there, the isend, the records) added once per "
+        "op, measured by a two-rank run of null layers with messages as large as the model's; transfers as "
+        "latency + bytes / bandwidth fitted by linkbench with the runtime's primitives (receives posted ahead, "
+        "isend, wait); the optimizer step (every policy writes into a recycled second buffer, so it costs the "
+        "same under every schedule). Not modelled: gloo's copying threads competing with compute for the two "
+        "cores, and other processes taking the CPU (the reason runs are split into quiet and loaded).",
+        "",
+    ]
+    verdicts = []
+    for case in cases:
+        print(case.label, flush=True)
+        tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
+                                  deadline=started + 60 * args.budget * (cases.index(case) + 1) / len(cases))
+        lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
+        verdicts += [(t.quiet, runs) for t in tallies.values()]
+    elapsed = time.perf_counter() - started
+    lines.append(f"- load average at end {load()}; {elapsed / 60:.0f} min in all")
+    enough = all(len(quiet) >= wanted for quiet, wanted in verdicts)
+    met = enough and all(percent(q, "median") != "-" and statistics.median([abs(e) for e in q]) < 0.05
+                         and max(abs(e) for e in q) < 0.10 for q, _ in verdicts)
+    lines += ["", "Acceptance (quiet runs: median < 5%, worst < 10% for every schedule): "
+              + ("met" if met else "NOT met" + ("" if enough else " (too few quiet runs to judge)")) + " in this run."]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section("validate", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""``pipesim validate``: profile, simulate, run for real, and report predicted against measured."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import click
+
+from pipesim.cli.harness import build_spec, build_training, model_options, run_failed, training_options
+from pipesim.errors import ConfigError
+from pipesim.schedule.registry import SCHEDULES
+from pipesim.spec.files import load_profile, load_topology
+
+if TYPE_CHECKING:
+    from pipesim.harness.validate import FreshProfiles
+    from pipesim.spec.profile import Profile
+
+
+def parse_schedules(text: str) -> list[str]:
+    """``all`` or a comma-separated list of schedule names."""
+    names = list(SCHEDULES) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
+    for name in names:
+        if name not in SCHEDULES:
+            raise ConfigError("schedule", name, f"unknown schedule; known: {', '.join(SCHEDULES)}, or all")
+    return names
+
+
+@click.command("validate")
+@model_options
+@click.option("--microbatch-size", type=int, default=None, help="Samples per microbatch (or the --profile's).")
+@click.option("--schedule", "schedules", required=True, help="A schedule, a comma-separated list, or all.")
+@click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P.")
+@click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
+@click.option("--minibatches", "num_minibatches", type=int, default=4, show_default=True,
+              help="Minibatches K; the first (warm-up) and the last (drain) are outside the steady state.")
+@click.option("--repeats", type=int, default=3, show_default=True, help="Real runs per schedule (median).")
+@click.option("--profile", "profile_path", type=str, default=None, help="Use this profile instead of measuring.")
+@click.option("--topology", "topology_path", type=str, default=None, help="Use this topology instead of linkbench.")
+@click.option("--profile-repeats", type=int, default=30, show_default=True, help="Timed repeats per layer.")
+@click.option("--reprofile", is_flag=True,
+              help="Measure a fresh profile right before every run (on a machine whose load drifts).")
+@click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
+              help="Summary of the profile's repeats (see pipesim profile).")
+@training_options
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu runs on gloo; cuda on NCCL, one GPU per rank.")
+@click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per schedule (a list).")
+def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
+                     seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_microbatches: int,
+                     num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
+                     profile_repeats: int, reprofile: bool, statistic: str, learning_rate: float, pipemare_update: str,
+                     pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
+                     device: str, op_timeout_s: float, as_json: bool) -> None:
+    """Profile a model, simulate each schedule, run it for real, and compare the two."""
+    from pipesim.harness import RunFailedError, require_torch
+
+    require_torch()
+    from pipesim.harness.config import spec_of
+    from pipesim.harness.linkbench import measure_links
+    from pipesim.harness.profiler import Timing, measure_profile
+    from pipesim.harness.validate import FreshProfiles, validate_schedule
+
+    names = parse_schedules(schedules)
+    if repeats < 1:
+        raise ConfigError("repeats", repeats, "must be >= 1")
+    if profile_path:
+        profile = load_profile(profile_path)
+        spec = spec_of(profile)
+        if spec is None:
+            raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
+    elif microbatch_size is None:
+        raise ConfigError("microbatch_size", None, "give --microbatch-size (or a --profile)")
+    else:
+        spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
+    training = build_training(learning_rate, pipemare_warmup_updates, pipemare_correction, pipemare_correction_decay)
+    try:
+        if not profile_path:
+            assert microbatch_size is not None
+            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages, device=device)
+            first = measure_profile(spec, microbatch_size, timing=timing)
+            profile = first.profile
+        if topology_path:
+            topology = load_topology(topology_path)
+        else:
+            largest = int(max(layer.activation_bytes for layer in profile.layers))
+            topology, _ = measure_links(num_stages, max_bytes=max(4, largest),
+                                        backend="nccl" if device == "cuda" else "gloo")
+        reports = []
+        for name in names:
+            source: Profile | FreshProfiles = profile
+            if reprofile and not profile_path:
+                source = FreshProfiles(lambda: measure_profile(spec, microbatch_size or 1, timing=timing),
+                                       first=first if name == names[0] else None)
+            comparison = validate_schedule(
+                source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
+                num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
+                op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo")
+            reports.append(comparison.to_dict())
+            if not as_json:
+                print_report(reports[-1])
+    except RunFailedError as error:
+        run_failed(error)
+        return
+    if as_json:
+        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], sort_keys=True))
+
+
+def print_report(report: dict[str, object]) -> None:
+    """One schedule's comparison as a few readable lines."""
+    predicted, measured = report["predicted"], report["measured"]
+    assert isinstance(predicted, dict) and isinstance(measured, dict)
+    runs = ", ".join(f"{t * 1e3:.2f}" for t in measured["iteration_time_s_runs"])
+    click.echo(f"{report['schedule']}: p={report['num_stages']} m={report['num_microbatches']} "
+               f"K={report['num_minibatches']} partition {report['partition']}")
+    click.echo(f"  iteration time  predicted {predicted['iteration_time_s'] * 1e3:.3f} ms  measured "
+               f"{measured['iteration_time_s'] * 1e3:.3f} ms (runs: {runs})  "
+               f"error {report['iteration_time_error']:+.1%}")
+    replays = report["replay_error_runs"]
+    assert isinstance(replays, list)
+    click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)
+               + " (the engine's order and communication model alone)")
+    for stage, (pu, mu) in enumerate(zip(predicted["utilization"], measured["utilization"], strict=True)):
+        pm, mm = predicted["peak_memory_bytes"][stage], measured["peak_memory_bytes"][stage]
+        click.echo(f"  stage {stage}: utilization predicted {pu:.1%} measured {mu:.1%}; "
+                   f"peak tracked memory predicted {pm / 1e6:.3f} MB measured {mm / 1e6:.3f} MB")
+    verdict = "all match" if report["versions_match"] else f"MISMATCH: {report['version_mismatches']}"
+    click.echo(f"  weight versions: {report['version_ops_compared']} ops compared, {verdict}")

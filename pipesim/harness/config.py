@@ -1,0 +1,206 @@
+"""What a run is: the model, the training rule and the RunConfig passed to every rank as JSON (no torch here)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from pipesim.errors import ConfigError
+from pipesim.schedule.ir import Schedule
+from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
+from pipesim.spec.profile import Profile
+
+BACKENDS = ("gloo", "nccl")
+# A harness profile keeps the model it measured in its ``source``, after this prefix.
+SOURCE_PREFIX = "pipesim.harness model="
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What model to build, identically on every rank.
+
+    Attributes:
+        name: ``"mlp"``, ``"transformer"``, ``"null"`` (layers that do nothing, to time the
+            harness itself), or ``"MODULE:CALLABLE"`` / ``"FILE.py:CALLABLE"`` naming a function
+            that returns an ``nn.Sequential``.
+        depth: layers of a built-in model (MLP: linear layers; transformer: blocks).
+        width: hidden size of a built-in model.
+        seq_len: tokens per sample (transformer).
+        heads: attention heads (transformer); must divide ``width``.
+        input_shape: per-sample input shape of a user model (required for one).
+        seed: seed of the weights and of the synthetic data.
+    """
+
+    name: str = "mlp"
+    depth: int = 8
+    width: int = 512
+    seq_len: int = 32
+    heads: int = 4
+    input_shape: tuple[int, ...] = ()
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form (for the workers' config)."""
+        return {"name": self.name, "depth": self.depth, "width": self.width, "seq_len": self.seq_len,
+                "heads": self.heads, "input_shape": list(self.input_shape), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> ModelSpec:
+        """Inverse of ``to_dict``."""
+        shape = data.get("input_shape") or []
+        assert isinstance(shape, list)
+        return cls(name=str(data["name"]), depth=int(str(data["depth"])), width=int(str(data["width"])),
+                   seq_len=int(str(data["seq_len"])), heads=int(str(data["heads"])),
+                   input_shape=tuple(int(v) for v in shape), seed=int(str(data["seed"])))
+
+
+@dataclass(frozen=True)
+class TrainingOptions:
+    """How the harness trains: plain SGD, and PipeMare's two techniques as options.
+
+    Every U applies ``w -= lr_k * mean(gradients accumulated since the previous U)``.
+
+    Attributes:
+        learning_rate: base step size.
+        pipemare_warmup_updates: PipeMare's learning-rate rescheduling: update k of a stage with
+            forward delay tau (in updates, at least 1) uses ``lr / tau ** (1 - min(k / K, 1))``
+            for K = this many updates; 0 turns it off.
+        pipemare_correction: PipeMare's discrepancy correction: a backward that runs D updates
+            after its forward uses ``w - D * delta`` instead of the current ``w``, where delta is
+            an exponential moving average of the per-update change of ``w``.
+        pipemare_correction_decay: the moving average's decay gamma:
+            ``delta <- gamma * delta + (1 - gamma) * (w_new - w_old)``.
+    """
+
+    learning_rate: float = 0.01
+    pipemare_warmup_updates: int = 0
+    pipemare_correction: bool = False
+    pipemare_correction_decay: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not self.learning_rate > 0:
+            raise ConfigError("learning_rate", self.learning_rate, "must be > 0")
+        if self.pipemare_warmup_updates < 0:
+            raise ConfigError("pipemare_warmup_updates", self.pipemare_warmup_updates, "must be >= 0")
+        if not 0 <= self.pipemare_correction_decay < 1:
+            raise ConfigError("pipemare_correction_decay", self.pipemare_correction_decay, "must be in [0, 1)")
+
+    def step_size(self, update_index: int, stage_delay: int) -> float:
+        """The learning rate of update ``update_index`` on a stage whose forward delay is ``stage_delay``."""
+        if self.pipemare_warmup_updates == 0:
+            return self.learning_rate
+        exponent = 1.0 - min(update_index / self.pipemare_warmup_updates, 1.0)
+        return float(self.learning_rate / float(max(1, stage_delay)) ** exponent)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One pipelined run.
+
+    Attributes:
+        model: the model to build on every rank.
+        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare).
+        num_stages, num_microbatches, num_minibatches: p, m and K.
+        microbatch_size: samples per microbatch.
+        partition: per stage, its half-open layer range (the loss layer is the model's last).
+        pipemare_update: PipeMare's update cadence, ``"minibatch"`` or ``"microbatch"``.
+        training: learning rate and PipeMare options.
+        backend: ``"gloo"`` (CPU) or ``"nccl"`` (CUDA).
+        device: ``"cpu"`` or ``"cuda"``.
+        threads: torch threads per rank.
+        comm_timeout_s: torch.distributed's timeout for a blocked collective or receive.
+        trace_out: where rank 0 writes the trace (JSON), or "" for nowhere.
+        weights_out: a folder where each rank saves its stages' final weights, or "".
+    """
+
+    model: ModelSpec
+    schedule: str
+    num_stages: int
+    num_microbatches: int
+    num_minibatches: int
+    microbatch_size: int
+    partition: tuple[tuple[int, int], ...]
+    pipemare_update: str = "minibatch"
+    training: TrainingOptions = field(default_factory=TrainingOptions)
+    backend: str = "gloo"
+    device: str = "cpu"
+    threads: int = 1
+    comm_timeout_s: float = 600.0
+    trace_out: str = ""
+    weights_out: str = ""
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("schedule", self.schedule, f"unknown schedule; known: {', '.join(SCHEDULES)}")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError("device", self.device, "must be cpu or cuda")
+        if self.backend == "nccl" and self.device != "cuda":
+            raise ConfigError("backend", self.backend, "nccl needs --device cuda")
+        if self.microbatch_size < 1:
+            raise ConfigError("microbatch_size", self.microbatch_size, "must be >= 1")
+        if self.threads < 1:
+            raise ConfigError("threads", self.threads, "must be >= 1")
+        if len(self.partition) != self.num_stages:
+            raise ConfigError("partition", [list(r) for r in self.partition],
+                              f"must have one range per stage ({self.num_stages})")
+        if self.pipemare_update not in ("minibatch", "microbatch"):
+            raise ConfigError("pipemare_update", self.pipemare_update, "must be minibatch or microbatch")
+
+    def build_schedule(self) -> Schedule:
+        """The Schedule this run interprets (the same object the engines simulate)."""
+        options: dict[str, Any] = {"update": self.pipemare_update} if self.schedule == "pipemare" else {}
+        return build_schedule(self.schedule, self.num_stages, self.num_microbatches,
+                              num_minibatches=self.num_minibatches, **options)
+
+    def to_json(self) -> str:
+        """JSON text (sorted keys)."""
+        data = asdict(self)
+        data["model"] = self.model.to_dict()
+        data["partition"] = [list(r) for r in self.partition]
+        return json.dumps(data, sort_keys=True, indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        """Inverse of ``to_json``."""
+        data = json.loads(text)
+        data["model"] = ModelSpec.from_dict(data["model"])
+        data["training"] = TrainingOptions(**data["training"])
+        data["partition"] = tuple((int(a), int(b)) for a, b in data["partition"])
+        return cls(**data)
+
+    def with_outputs(self, trace_out: str | Path = "", weights_out: str | Path = "") -> RunConfig:
+        """A copy writing its trace and weights where asked."""
+        return replace(self, trace_out=str(trace_out), weights_out=str(weights_out))
+
+
+def default_minibatches(schedule: str, num_minibatches: int | None) -> int:
+    """K when none is given: the simulator's default."""
+    return num_minibatches if num_minibatches is not None else default_num_minibatches(schedule)
+
+
+def check_partition(partition: tuple[tuple[int, int], ...], num_layers: int) -> None:
+    """The ranges must tile ``0..num_layers`` in order, each non-empty.
+
+    Raises:
+        ConfigError: they do not.
+    """
+    expected = 0
+    for index, (start, end) in enumerate(partition):
+        if start != expected or end <= start:
+            raise ConfigError("partition", [list(r) for r in partition],
+                              f"stage {index} is [{start}, {end}) but must start at {expected} and be non-empty")
+        expected = end
+    if expected != num_layers:
+        raise ConfigError("partition", [list(r) for r in partition],
+                          f"must end at the number of layers ({num_layers}, the loss included), ends at {expected}")
+
+
+def spec_of(profile: Profile) -> ModelSpec | None:
+    """The ModelSpec a harness profile was measured on (kept in its ``source``), or None."""
+    if not profile.source.startswith(SOURCE_PREFIX):
+        return None
+    return ModelSpec.from_dict(json.loads(profile.source[len(SOURCE_PREFIX):]))

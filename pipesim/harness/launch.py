@@ -1,0 +1,254 @@
+"""Spawning the ranks on this machine and watching them: any failure, hang or death ends the whole run.
+
+The launcher starts one worker process per rank (as torchrun would: RANK, WORLD_SIZE,
+MASTER_ADDR=127.0.0.1 and a free MASTER_PORT), then polls. A rank that exits non-zero, is killed,
+or makes no progress for ``op_timeout_s`` ends the run: the others are stopped (SIGTERM, then
+SIGKILL), the records every rank left are merged into a partial trace, and RunFailedError names
+the rank and the op. Workers die with the launcher (PR_SET_PDEATHSIG), so nothing is orphaned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pipesim.harness import RunFailedError
+from pipesim.harness.config import RunConfig
+from pipesim.harness.recorder import (
+    COMPUTING,
+    PHASE,
+    PHASE_NAMES,
+    POSITION,
+    SINCE,
+    STARTING,
+    WAITING,
+    header_of,
+    merge,
+    read_rank,
+    trace_meta,
+)
+from pipesim.harness.zygote import die_with_parent, shared_zygote
+from pipesim.schedule.ir import Schedule
+from pipesim.spec.files import write_text_atomic
+
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Who failed, where, and how."""
+
+    rank: int
+    op: str
+    reason: str
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class RankProcess(Protocol):
+    """What the launcher needs of a rank's process (subprocess.Popen has it, so does ForkedRank)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...  # noqa: D102
+
+    def terminate(self) -> None: ...  # noqa: D102
+
+    def kill(self) -> None: ...  # noqa: D102
+
+    def wait(self, timeout: float | None = None) -> int: ...  # noqa: D102
+
+
+def spawn(module: str, args: list[str], world_size: int, folder: Path, threads: int) -> list[RankProcess]:
+    """Start ``module.main(args)`` once per rank with torchrun's environment; logs go to ``folder``.
+
+    Ranks are forked from the shared fork server (torch already imported) on Linux; set
+    PIPESIM_SPAWN=subprocess to start each as a fresh ``python -m module`` instead.
+    """
+    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads), "PIPESIM_RUN_DIR": str(folder)}
+    envs = [dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank)) for rank in range(world_size)]
+    logs = [str(folder / f"rank{rank}.log") for rank in range(world_size)]
+    if sys.platform == "linux" and os.environ.get("PIPESIM_SPAWN", "fork") != "subprocess":
+        return list(shared_zygote().start(module, args, envs, logs))
+    processes: list[RankProcess] = []
+    try:
+        for env, log_path in zip(envs, logs, strict=True):
+            with open(log_path, "wb") as log:
+                processes.append(subprocess.Popen(
+                    [sys.executable, "-m", module, *args], env=dict(os.environ, **env), stdout=log,
+                    stderr=subprocess.STDOUT, preexec_fn=die_with_parent))
+    except BaseException:
+        stop(processes)
+        raise
+    return processes
+
+
+def wait_all(processes: list[RankProcess], folder: Path, what: str, timeout_s: float) -> None:
+    """Wait for helper ranks (no progress records) to finish; stop them all if one fails or time runs out.
+
+    Raises:
+        RunFailedError: a rank exited non-zero or the time ran out; names the rank and its last log line.
+    """
+    deadline = time.perf_counter() + timeout_s
+    try:
+        while time.perf_counter() < deadline:
+            codes = [process.poll() for process in processes]
+            if all(code == 0 for code in codes) or any(code not in (None, 0) for code in codes):
+                break
+            time.sleep(POLL_S)
+    finally:
+        stop(processes)
+    codes = [process.poll() for process in processes]
+    bad = [rank for rank, code in enumerate(codes) if code != 0]
+    if bad:
+        log_path = folder / f"rank{bad[0]}.log"
+        log = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines() if log_path.exists() else []
+        reason = log[-1] if log else f"exited with status {codes[bad[0]]}" if codes[bad[0]] is not None else "timed out"
+        raise RunFailedError(bad[0], "", f"{what} failed: {reason}")
+
+
+def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: float = 120.0,
+           startup_timeout_s: float = 180.0, keep_run_dir: bool = False) -> float:
+    """Run ``config`` on ``config.num_stages`` local processes; return the wall time in seconds.
+
+    Raises:
+        RunFailedError: a rank raised, died, or hung; the partial trace is written to
+            ``config.trace_out`` when that is set.
+    """
+    made_dir = run_dir is None
+    folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in [*folder.glob("rank*.npy"), *folder.glob("error*.json")]:
+        stale.unlink()
+    config_path = folder / "config.json"
+    write_text_atomic(config_path, config.to_json())
+    schedule = config.build_schedule()
+    world_size = schedule.num_ranks
+    processes: list[RankProcess] = []
+    started = time.perf_counter()
+    failure: Failure | None = None
+    try:
+        processes += spawn("pipesim.harness.worker", [str(config_path)], world_size, folder, config.threads)
+        failure = _watch(processes, folder, schedule, op_timeout_s, startup_timeout_s)
+    finally:
+        stop(processes)
+    wall = time.perf_counter() - started
+    if failure is not None:
+        trace_path = _write_partial(config, schedule, folder, failure)
+        if made_dir and not keep_run_dir:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise RunFailedError(failure.rank, failure.op, failure.reason, trace_path)
+    if made_dir and not keep_run_dir:
+        shutil.rmtree(folder, ignore_errors=True)
+    return wall
+
+
+def _watch(processes: list[RankProcess], folder: Path, schedule: Schedule, op_timeout_s: float,
+           startup_timeout_s: float) -> Failure | None:
+    started = time.perf_counter()
+    while True:
+        codes = [process.poll() for process in processes]
+        if all(code == 0 for code in codes):
+            return None
+        exited = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if exited:
+            time.sleep(0.2)  # let the peers of a dead rank write their own errors before blaming
+            return _blame_exit([(rank, processes[rank].poll() or code) for rank, code in exited], folder, schedule)
+        now = time.perf_counter()
+        headers = [header_of(folder / f"rank{rank}.npy") for rank in range(len(processes))]
+        if any(h is None or int(h[PHASE]) == STARTING for h in headers):
+            if now - started > startup_timeout_s:
+                late = [rank for rank, h in enumerate(headers) if h is None or int(h[PHASE]) == STARTING]
+                return Failure(late[0], "", f"did not start within {startup_timeout_s:g} s (ranks {late})")
+        else:
+            stuck = [rank for rank, h in enumerate(headers) if h is not None
+                     and int(h[PHASE]) in (WAITING, COMPUTING) and now - float(h[SINCE]) > op_timeout_s]
+            if stuck:
+                return _blame_hang(headers, schedule, now)
+        time.sleep(POLL_S)
+
+
+def _op_at(schedule: Schedule, rank: int, header: object) -> str:
+    if header is None:
+        return ""
+    position = int(header[POSITION])  # type: ignore[index]
+    ops = schedule.ranks[rank]
+    return str(ops[position]) if 0 <= position < len(ops) else ""
+
+
+def _blame_exit(exited: list[tuple[int, int]], folder: Path, schedule: Schedule) -> Failure:
+    """The culprit among exited ranks: one killed by a signal, else the earliest error."""
+    killed = [(rank, code) for rank, code in exited if code < 0]
+    if killed:
+        rank, code = killed[0]
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        return Failure(rank, _op_at(schedule, rank, header_of(folder / f"rank{rank}.npy")), f"killed by {name}")
+    reports = []
+    for rank, code in exited:
+        path = folder / f"error{rank}.json"
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            reports.append((path.stat().st_mtime_ns, rank, str(report.get("op", "")), str(report["message"])))
+        except (OSError, ValueError, KeyError):
+            op = _op_at(schedule, rank, header_of(folder / f"rank{rank}.npy"))
+            reports.append((sys.maxsize, rank, op, f"exited with status {code}"))
+    _, rank, op, message = min(reports)
+    return Failure(rank, op, message)
+
+
+def _blame_hang(headers: Sequence[object], schedule: Schedule, now: float) -> Failure:
+    """The rank stuck computing the longest, else the rank waiting the longest (a stuck transfer)."""
+    states = []
+    for rank, header in enumerate(headers):
+        assert header is not None
+        phase = int(header[PHASE])  # type: ignore[index]
+        if phase in (WAITING, COMPUTING):
+            states.append((phase != COMPUTING, float(header[SINCE]), rank, phase))  # type: ignore[index]
+    _, since, rank, phase = min(states)
+    others = ", ".join(f"rank {r} {PHASE_NAMES[p]} at {_op_at(schedule, r, headers[r])}"
+                       for _, _, r, p in sorted(states, key=lambda s: s[2]) if r != rank)
+    detail = f"; {others}" if others else ""
+    return Failure(rank, _op_at(schedule, rank, headers[rank]),
+                   f"no progress for {now - since:.1f} s ({PHASE_NAMES[phase]}){detail}")
+
+
+def stop(processes: list[RankProcess]) -> None:
+    """SIGTERM every live worker, then SIGKILL what is left after 2 s; reap them all."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.perf_counter() + 2.0
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _write_partial(config: RunConfig, schedule: Schedule, folder: Path, failure: Failure) -> str | None:
+    if not config.trace_out:
+        return None
+    ranks = [read_rank(folder / f"rank{rank}.npy") for rank in range(schedule.num_ranks)]
+    meta = trace_meta(config, schedule, [0.0] * schedule.num_stages, [0.0] * schedule.num_stages)
+    meta["partial"] = True
+    meta["failure"] = {"rank": failure.rank, "op": failure.op, "reason": failure.reason}
+    write_text_atomic(config.trace_out, merge(schedule, ranks, meta).to_json())
+    return config.trace_out

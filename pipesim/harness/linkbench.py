@@ -1,0 +1,115 @@
+"""Link benchmark: point-to-point ping-pong over the real process group, fitted as latency + bytes/bandwidth.
+
+``measure_links`` spawns one process per rank running pipesim.harness.linkbench_rank: each pair of
+neighbouring ranks ping-pongs with the same primitives the runtime uses (a receive posted
+ahead, ``isend``, ``wait``), rank 0 writes the one-way medians, and this side fits them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipesim.errors import ConfigError
+from pipesim.spec.topology import Topology
+from pipesim.spec.validation import build
+
+RESULT = "linkbench.json"  # written by linkbench_rank
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """One directed pair's measurements and fit.
+
+    Attributes:
+        src, dst: the ranks.
+        sizes_bytes, one_way_s: message sizes and the median one-way times.
+        latency_s, bandwidth_bytes_per_s: the fit ``one_way = latency + bytes / bandwidth``.
+    """
+
+    src: int
+    dst: int
+    sizes_bytes: tuple[int, ...]
+    one_way_s: tuple[float, ...]
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def predicted_s(self, num_bytes: float) -> float:
+        """The fit at ``num_bytes``."""
+        return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
+
+
+def message_sizes(max_bytes: int) -> list[int]:
+    """4 bytes, then x4 steps, up to and including ``max_bytes`` (multiples of 4 bytes)."""
+    sizes, size = [], 4
+    while size < max_bytes:
+        sizes.append(size)
+        size *= 4
+    sizes.append(max(4, max_bytes // 4 * 4))
+    return sorted(set(sizes))
+
+
+def fit_link(sizes: list[int], times: list[float]) -> tuple[float, float]:
+    """Least squares of ``latency + bytes / bandwidth`` on relative error; latency >= 0, bandwidth > 0."""
+    x = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    weights = 1.0 / t
+    design = np.stack([np.ones_like(x), x], axis=1) * weights[:, None]
+    (latency, inverse), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        inverse = float(np.sum(x * t * weights**2) / np.sum(x * x * weights**2))
+    bandwidth = 1.0 / inverse if inverse > 0 else float("inf")
+    return float(latency), float(bandwidth)
+
+
+def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int = 30, warmup: int = 5,
+                  timeout_s: float = 300.0, backend: str = "gloo") -> tuple[Topology, list[LinkFit]]:
+    """Ping-pong every pair of neighbouring ranks on this machine (gloo on CPU tensors, or NCCL on
+    one GPU per rank); fit each link.
+
+    Returns:
+        a Topology (uniform for two ranks, else pairwise links between neighbours), and the fits.
+
+    Raises:
+        ConfigError: fewer than 2 ranks or a size below 4 bytes; RunFailedError: a rank failed.
+    """
+    from pipesim.harness.launch import spawn, wait_all
+
+    if num_ranks < 2:
+        raise ConfigError("ranks", num_ranks, "must be >= 2")
+    if max_bytes < 4:
+        raise ConfigError("max_bytes", max_bytes, "must be >= 4")
+    if backend not in ("gloo", "nccl"):
+        raise ConfigError("backend", backend, "must be gloo or nccl")
+    sizes = message_sizes(max_bytes)
+    folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
+    try:
+        processes = spawn("pipesim.harness.linkbench_rank", [json.dumps(sizes), str(repeats), str(warmup), backend],
+                          num_ranks, folder, threads=1)
+        wait_all(processes, folder, "linkbench", timeout_s)
+        pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    fits = []
+    for pair in pairs:
+        latency, bandwidth = fit_link(pair["sizes_bytes"], pair["one_way_s"])
+        fits.append(LinkFit(pair["src"], pair["dst"], tuple(pair["sizes_bytes"]), tuple(pair["one_way_s"]),
+                            latency, bandwidth))
+    return topology_of(num_ranks, fits), fits
+
+
+def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:
+    """The Topology of measured links: uniform when there is one link, else one link per pair."""
+    if len(fits) == 1:
+        return Topology.uniform(num_devices=num_ranks, bandwidth=fits[0].bandwidth_bytes_per_s,
+                                latency=fits[0].latency_s)
+    devices = [{"name": f"rank{rank}"} for rank in range(num_ranks)]
+    links = [{"src": f.src, "dst": f.dst, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s, "latency_s": f.latency_s}
+             for f in fits]
+    return build(Topology, {"devices": devices, "links": links})

@@ -1,0 +1,89 @@
+"""The harness's own cost per op, measured and folded into the profile rather than guessed.
+
+Two parts. The stage executor's fixed cost per F, B and U (building the stash, starting the
+autograd engine, ...) is in every one-layer timing, so the profiler subtracts it from each layer:
+a stage of k layers pays it once, not k times. The runtime's cost per op beyond its layers
+(that fixed cost again, the receive of an input that has already arrived, the isend, the
+records) is measured by running a model of layers that do nothing through the real runtime on
+two ranks, with messages as large as the model's, and goes into the profile's per-op overheads,
+which the simulator adds once to every op of a stage.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipesim.engine.trace import Trace
+from pipesim.harness.config import ModelSpec, RunConfig
+from pipesim.schedule.ir import Op
+
+KINDS = ("F", "B", "U")
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Seconds per F, B and U op."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+
+    def of(self, kind: str) -> float:
+        """The cost of an op kind ("F", "B" or "U")."""
+        return {"F": self.forward_s, "B": self.backward_s, "U": self.update_s}[kind]
+
+    def __add__(self, other: OpCosts) -> OpCosts:
+        return OpCosts(self.forward_s + other.forward_s, self.backward_s + other.backward_s,
+                       self.update_s + other.update_s)
+
+
+def net_of(times: Sequence[float], executor: OpCosts) -> OpCosts:
+    """A layer's own time from its one-layer stage timing ``(F, B, U, ...)``, less the executor's
+    fixed cost (at least 0)."""
+    return OpCosts(max(0.0, times[0] - executor.forward_s), max(0.0, times[1] - executor.backward_s),
+                   max(0.0, times[2] - executor.update_s))
+
+
+def summarize(samples: list[float], statistic: str) -> float:
+    """The mean or the median of ``samples``."""
+    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
+
+
+def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], statistic: str = "mean", *,
+                  threads: int = 1, device: str = "cpu", num_microbatches: int = 16,
+                  num_minibatches: int = 4) -> tuple[OpCosts, float]:
+    """The runtime's cost per op beyond its layers' own time, from a real two-rank run of null layers.
+
+    The null model of ``elements`` numbers per sample (one null layer on rank 0; a null layer and
+    the loss on rank 1, whose net times are ``null_net``) runs GPipe. Per rank and kind, the
+    ``statistic`` of its spans in the minibatches after the first, less the net time of that
+    stage's layers; the mean over the two ranks.
+
+    Returns:
+        the costs, and the smallest CPU share of the run's ranks (see Trace meta ``cpu_share``).
+    """
+    from pipesim.harness.launch import launch
+
+    spec = ModelSpec("null", depth=2, width=max(1, elements))
+    stage_net = [null_net[0], null_net[1] + null_net[2]]
+    config = RunConfig(model=spec, schedule="gpipe", num_stages=2, num_microbatches=num_microbatches,
+                       num_minibatches=num_minibatches, microbatch_size=microbatch_size, partition=((0, 1), (1, 3)),
+                       threads=threads, device=device, backend="nccl" if device == "cuda" else "gloo")
+    with tempfile.TemporaryDirectory(prefix="pipesim-overheads-") as folder:
+        trace_path = Path(folder) / "trace.json"
+        launch(config.with_outputs(trace_out=trace_path), op_timeout_s=120)
+        trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
+    spans: dict[tuple[int, str], list[float]] = {}
+    for span in trace.iter_spans():
+        if span.stream == "compute" and span.minibatch >= 1:
+            spans.setdefault((span.device, Op.parse(span.op).kind.value), []).append(span.end_s - span.start_s)
+    costs = []
+    for kind in KINDS:
+        per_rank = [summarize(spans[(rank, kind)], statistic) - stage_net[rank].of(kind) for rank in (0, 1)]
+        costs.append(max(0.0, statistics.fmean(per_rank)))
+    shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
+    return OpCosts(*costs), min(shares, default=1.0)

@@ -1,0 +1,92 @@
+"""Point-to-point transfers of one rank: receives posted ahead of need, sends that never block compute."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """A message an op of this rank needs: from ``source`` with ``tag``, of ``shape``."""
+
+    position: int
+    source: int
+    tag: int
+    shape: tuple[int, ...]
+
+
+class Links:
+    """The rank's side of every link it uses.
+
+    Receives are posted ``window`` messages ahead, in the order the rank's ops need them, so a
+    message travels while the rank computes (gloo and NCCL only move data once the receive is
+    posted). Sends are ``isend``s whose handles are kept until they complete. Messages between
+    stages on the same rank skip the process group.
+
+    Args:
+        rank: this rank.
+        incoming: the messages this rank's ops need, in op order.
+        dtype, device: of the buffers.
+        window: receives kept posted ahead.
+        now: the clock that stamps arrivals.
+    """
+
+    def __init__(self, rank: int, incoming: list[Incoming], dtype: torch.dtype, device: torch.device,
+                 window: int, now: Callable[[], float]) -> None:
+        self.rank = rank
+        self.incoming = [message for message in incoming if message.source != rank]
+        self.dtype = dtype
+        self.device = device
+        self.window = max(1, window)
+        self.now = now
+        self.posted: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
+        self.next_index = 0
+        self.local: dict[int, torch.Tensor] = {}
+        self.sending: deque[tuple[Any, torch.Tensor]] = deque()
+        self._post_ahead()
+
+    def _post_ahead(self) -> None:
+        while self.next_index < len(self.incoming) and len(self.posted) < self.window:
+            message = self.incoming[self.next_index]
+            buffer = torch.empty(message.shape, dtype=self.dtype, device=self.device)
+            work = dist.irecv(buffer, src=message.source, tag=message.tag)
+            self.posted[(message.source, message.tag)] = (work, buffer)
+            self.next_index += 1
+
+    def ready(self, source: int, tag: int) -> bool:
+        """True when message ``tag`` from ``source`` is already in hand (receiving it will not wait)."""
+        if source == self.rank:
+            return tag in self.local
+        posted = self.posted.get((source, tag))
+        return posted is not None and bool(posted[0].is_completed())
+
+    def receive(self, source: int, tag: int) -> tuple[torch.Tensor, float]:
+        """Wait for message ``tag`` from ``source``; return it and when it was in hand."""
+        if source == self.rank:
+            return self.local.pop(tag), self.now()
+        work, buffer = self.posted.pop((source, tag))
+        work.wait()
+        arrived = self.now()
+        self._post_ahead()
+        return buffer, arrived
+
+    def send(self, tensor: torch.Tensor, target: int, tag: int) -> None:
+        """Start sending ``tensor`` to ``target``; return at once."""
+        if target == self.rank:
+            self.local[tag] = tensor.detach().clone()
+            return
+        payload = tensor.detach().contiguous()
+        self.sending.append((dist.isend(payload, dst=target, tag=tag), payload))
+        while self.sending and self.sending[0][0].is_completed():
+            self.sending.popleft()[0].wait()
+
+    def finish(self) -> None:
+        """Wait until every send has completed."""
+        while self.sending:
+            self.sending.popleft()[0].wait()

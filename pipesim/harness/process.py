@@ -1,0 +1,41 @@
+"""The set-up every harness process shares (torch threads, allocator), so profiles and runs time the same thing."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+
+# glibc mallopt parameters.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # the largest glibc accepts on 64-bit
+_TRIM_THRESHOLD = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc keep freed memory for reuse instead of returning it to the OS (Linux only).
+
+    By default a CPU tensor of 128 KB or more gets fresh pages from mmap and every page faults on
+    first touch, which is slow under virtualization; how often that happens depends on the order
+    of allocations, so a layer timed alone and the same layer inside a pipeline would pay
+    differently. With a high mmap threshold and no trimming, a steady state reuses the same memory.
+
+    Returns:
+        True when the allocator accepted both settings.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
+            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return False
+
+
+def configure_process(threads: int) -> None:
+    """Pin torch to ``threads`` intra-op threads and keep freed memory, as every rank and the profiler do."""
+    torch.set_num_threads(threads)
+    keep_freed_memory()

@@ -1,0 +1,172 @@
+"""One pipeline stage's compute: the F, B and U of its layers, as both the profiler and the runtime run them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipesim.harness.config import TrainingOptions
+from pipesim.harness.models import ModelBundle, MSELossLayer
+from pipesim.harness.weights import MemoryDelta, WeightStore
+from pipesim.schedule.ir import WeightPolicy
+
+
+class SavedTensors:
+    """saved_tensors_hooks of one forward: counts the activation bytes autograd keeps for the backward.
+
+    Each distinct storage counts once; weights are not activations. Under SINGLE weights (PipeMare)
+    a saved weight is replaced by a reference to its slot, so that the backward reads whatever
+    weights ``backward_weights`` holds when it runs, while activations stay those of the forward.
+    """
+
+    def __init__(self, store: WeightStore, *, by_reference: bool) -> None:
+        self.store = store
+        self.by_reference = by_reference
+        self.storages: set[int] = set()
+        self.bytes = 0.0
+        self.backward_weights: list[torch.Tensor] = []
+
+    def pack(self, tensor: torch.Tensor) -> Any:
+        """Count an activation; under SINGLE, swap a weight (or a view of one) for its slot."""
+        slot = self.store.slot_of(tensor)
+        if slot >= 0:
+            if self.by_reference:
+                return (slot, tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+            return tensor
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self.storages:
+            self.storages.add(pointer)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    def unpack(self, packed: Any) -> torch.Tensor:
+        """The saved tensor, or the backward's weight for a slot reference."""
+        if isinstance(packed, torch.Tensor):
+            return packed
+        slot, shape, stride, offset = packed
+        return torch.as_strided(self.backward_weights[slot], shape, stride, offset)
+
+
+@dataclass
+class Stashed:
+    """What a forward leaves for its backward."""
+
+    inputs: torch.Tensor
+    output: torch.Tensor
+    version: int
+    weights: list[torch.Tensor]
+    saved: SavedTensors
+    microbatch: int
+
+
+@dataclass
+class OpResult:
+    """What an op produced: the tensor to send (if any), the version used, and memory changes."""
+
+    version: int
+    send: torch.Tensor | None = None
+    memory: list[MemoryDelta] = field(default_factory=list)
+
+
+class StageExecutor:
+    """Runs F, B and U for one stage made of ``bundle.layers[start:end]``.
+
+    Args:
+        bundle: the whole model (every rank builds it identically).
+        start, end: the stage's layer range.
+        policy: the schedule's weight policy.
+        options: learning rate and PipeMare options.
+        stage_delay: forward delay of the stage in updates (PipeMare's learning-rate rescheduling).
+        num_microbatches, num_minibatches: the run's m and K (double buffering counts users).
+    """
+
+    def __init__(self, bundle: ModelBundle, start: int, end: int, policy: WeightPolicy,
+                 options: TrainingOptions, *, stage_delay: int = 1, num_microbatches: int = 1,
+                 num_minibatches: int = 1) -> None:
+        self.layers = bundle.layers[start:end]
+        self.module = nn.Sequential(*self.layers)
+        self.policy = policy
+        self.takes_gradient_input = start > 0
+        self.loss = self.layers[-1] if isinstance(self.layers[-1], MSELossLayer) else None
+        self.store = WeightStore(self.layers, policy, options, stage_delay=stage_delay,
+                                 num_microbatches=num_microbatches, num_minibatches=num_minibatches)
+        self.stash: dict[int, Stashed] = {}
+        self.stash_bytes_seen = 0.0
+
+    @property
+    def has_loss(self) -> bool:
+        """True on the stage that ends with the loss (the last stage)."""
+        return self.loss is not None
+
+    def forward(self, microbatch: int, minibatch: int, inputs: torch.Tensor,
+                target: torch.Tensor | None = None) -> OpResult:
+        """F: run the stage on ``inputs`` with the policy's version; stash what the backward needs.
+
+        Returns:
+            the version used, the output to send (None on the loss stage), and the stashed
+            activations as a memory change.
+        """
+        version = self.store.forward_version(minibatch)
+        self.store.load(version)
+        if self.takes_gradient_input:
+            inputs.requires_grad_(True)
+        if self.loss is not None:
+            self.loss.target = target
+        saved = SavedTensors(self.store, by_reference=self.policy is WeightPolicy.SINGLE)
+        with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+            output = self.module(inputs)
+        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch)
+        self.store.acquire(version)
+        self.stash_bytes_seen = max(self.stash_bytes_seen, saved.bytes)
+        memory = [("activations", saved.bytes, 1), *self.store.finished(version, is_backward=False)]
+        send = None if self.loss is not None else output.detach()
+        return OpResult(version=version, send=send, memory=memory)
+
+    def backward(self, microbatch: int, grad_output: torch.Tensor | None) -> OpResult:
+        """B: backpropagate microbatch's gradient through the stage; accumulate weight gradients.
+
+        Returns:
+            the version the backward ran on, the input gradient to send (None on the first
+            stage), and the freed activations (and any dropped version) as memory changes.
+        """
+        stashed = self.stash.pop(microbatch)
+        forward_version = stashed.version
+        if self.policy is WeightPolicy.SINGLE:
+            version = self.store.current
+            stashed.saved.backward_weights = self.store.backward_tensors(forward_version)
+        else:
+            version = forward_version
+        # The gradients are those of the forward's weight tensors (under SINGLE their values may be
+        # gone: the saved ones resolve to the backward's weights, see SavedTensors).
+        wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(stashed.weights)
+        # A first stage without weights has nothing to backpropagate into.
+        grads = torch.autograd.grad(stashed.output, wanted, grad_output, allow_unused=True) if wanted else ()
+        offset = 1 if self.takes_gradient_input else 0
+        self.store.accumulate(list(grads[offset:]))
+        send = grads[0] if self.takes_gradient_input else None
+        memory = [("activations", -stashed.saved.bytes, -1),
+                  *self.store.finished(forward_version, is_backward=True)]
+        return OpResult(version=version, send=send, memory=memory)
+
+    def update(self, update_index: int) -> OpResult:
+        """U: the optimizer step; returns the version it updated and any version added or dropped."""
+        version = self.store.current
+        memory = self.store.update(update_index)
+        return OpResult(version=version, memory=memory)
+
+    def warm_up(self, inputs: torch.Tensor, target: torch.Tensor | None) -> None:
+        """One untimed forward and backward (no update) so that first-touch costs are paid before timing."""
+        probe = inputs.detach().clone()
+        users = dict(self.store.users)
+        result = self.forward(-1, 0, probe, target)
+        grad = None if result.send is None else torch.ones_like(result.send)
+        self.backward(-1, grad)
+        with torch.no_grad():
+            for buffer in self.store.grads:
+                buffer.zero_()
+        self.store.pending = 0
+        self.store.users = users

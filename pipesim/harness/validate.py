@@ -1,0 +1,261 @@
+"""Predicted against measured: profile, simulate, run for real, and compare time, utilization, memory, versions."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from pipesim.engine.des import run_des
+from pipesim.engine.lowering import Program
+from pipesim.engine.trace import STREAMS, Trace
+from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
+from pipesim.harness.launch import launch
+from pipesim.metrics import Metrics, compute_metrics
+from pipesim.simulation import prepare, simulate
+from pipesim.spec.profile import Profile
+from pipesim.spec.stages import balance_partition
+from pipesim.spec.topology import Topology
+
+_COMPUTE = STREAMS.index("compute")
+
+
+@dataclass(frozen=True)
+class VersionCheck:
+    """Op-by-op agreement of weight versions between a prediction and a run."""
+
+    num_ops: int
+    mismatches: tuple[str, ...]
+
+    @property
+    def matches(self) -> bool:
+        """True when every op ran on the predicted version (and the same ops ran)."""
+        return not self.mismatches
+
+
+def compare_versions(predicted: Trace, measured: Trace) -> VersionCheck:
+    """Every compute op's weight version in ``measured`` against ``predicted``, keyed by op text."""
+
+    def versions(trace: Trace) -> dict[str, int]:
+        return {span.op: span.weight_version for span in trace.iter_spans() if span.stream == "compute"}
+
+    expected, actual = versions(predicted), versions(measured)
+    mismatches = [f"{op}: predicted {expected.get(op)}, measured {actual.get(op)}"
+                  for op in sorted(set(expected) | set(actual)) if expected.get(op) != actual.get(op)]
+    return VersionCheck(num_ops=len(expected), mismatches=tuple(mismatches))
+
+
+def replay(program: Program, measured: Trace) -> Trace:
+    """Simulate ``program`` again with every op lasting as long as it did in ``measured``."""
+    durations = {(span.device, span.position): span.end_s - span.start_s
+                 for span in measured.iter_spans() if span.stream == "compute"}
+    table = program.ops
+    replayed = np.array([durations[(int(rank), int(position))] for rank, position in zip(table.rank, table.position,
+                                                                                          strict=True)])
+    return run_des(dataclasses.replace(program, ops=dataclasses.replace(table, duration_s=replayed)))
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    """``(predicted - measured) / measured`` (0 when both are 0)."""
+    if measured == 0:
+        return 0.0 if predicted == 0 else float("inf")
+    return (predicted - measured) / measured
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """One real run against its prediction.
+
+    Attributes:
+        predicted: the simulation's metrics (from the profile measured for this run, or shared).
+        measured: the run's metrics.
+        replayed: the simulation again with each op lasting as long as it did in the run: it
+            separates the engine's model of order and communication (replayed against
+            measured) from the profile's op times (predicted against replayed).
+        versions: op-by-op check of weight versions.
+        cpu_share: per rank, the fraction of its busy time it had a CPU for (below 1 on a
+            loaded machine: time the OS gave to other processes, which no profile predicts).
+        profile_cpu_share: the same for the profile's timings, when measured for this run.
+        cuda_peaks: on GPU, each rank's ``torch.cuda.max_memory_allocated``.
+    """
+
+    predicted: Metrics
+    measured: Metrics
+    replayed: Metrics
+    versions: VersionCheck
+    cpu_share: tuple[float | None, ...] = ()
+    profile_cpu_share: float | None = None
+    cuda_peaks: tuple[float, ...] = ()
+
+    @property
+    def iteration_time_error(self) -> float:
+        """``(predicted - measured) / measured`` of the steady-state iteration time."""
+        return relative_error(self.predicted.iteration_time_s, self.measured.iteration_time_s)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One schedule, predicted against measured over repeated runs.
+
+    Attributes:
+        runs: each run against its prediction.
+        partition: the layer ranges the stages ran.
+        notes: caveats of this comparison.
+    """
+
+    runs: tuple[RunComparison, ...]
+    partition: tuple[tuple[int, int], ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def iteration_time_error(self) -> float:
+        """The median over runs of each run's relative error (with one profile for all runs, the
+        error of the prediction against the median run)."""
+        return statistics.median(run.iteration_time_error for run in self.runs)
+
+    @property
+    def versions_match(self) -> bool:
+        """True when every op of every run used the predicted weight version."""
+        return all(run.versions.matches for run in self.runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``validate --json`` object."""
+        first = self.runs[0].predicted
+        stages = range(first.num_stages)
+
+        def side(metrics: list[Metrics]) -> dict[str, Any]:
+            return {
+                "iteration_time_s": statistics.median(m.iteration_time_s for m in metrics),
+                "utilization": [statistics.median(m.stages[s].utilization for m in metrics) for s in stages],
+                "peak_memory_bytes": [max(m.stages[s].peak_memory_bytes for m in metrics) for s in stages],
+                "bubble_fraction": statistics.median(m.bubble_fraction for m in metrics),
+                "window_start_s": statistics.median(m.window_start_s for m in metrics),
+                "window_end_s": statistics.median(m.window_end_s for m in metrics),
+            }
+
+        predicted = side([run.predicted for run in self.runs])
+        predicted["iteration_time_s_runs"] = [run.predicted.iteration_time_s for run in self.runs]
+        measured = side([run.measured for run in self.runs])
+        measured["iteration_time_s_runs"] = [run.measured.iteration_time_s for run in self.runs]
+        measured["cpu_share_runs"] = [list(run.cpu_share) for run in self.runs]
+        if self.runs[0].profile_cpu_share is not None:
+            predicted["profile_cpu_share_runs"] = [run.profile_cpu_share for run in self.runs]
+        if self.runs[0].cuda_peaks:
+            measured["cuda_max_memory_allocated_bytes"] = [max(run.cuda_peaks[r] for run in self.runs)
+                                                           for r in range(len(self.runs[0].cuda_peaks))]
+        return {
+            "schedule": first.schedule,
+            "num_stages": first.num_stages,
+            "num_microbatches": first.num_microbatches,
+            "num_minibatches": first.num_minibatches,
+            "warmup_minibatches": first.warmup_minibatches,
+            "cooldown_minibatches": first.cooldown_minibatches,
+            "partition": [list(r) for r in self.partition],
+            "predicted": predicted,
+            "measured": measured,
+            "iteration_time_error": self.iteration_time_error,
+            "iteration_time_errors_runs": [run.iteration_time_error for run in self.runs],
+            "replayed_iteration_time_s_runs": [run.replayed.iteration_time_s for run in self.runs],
+            "replay_error_runs": [relative_error(run.replayed.iteration_time_s, run.measured.iteration_time_s)
+                                  for run in self.runs],
+            "utilization_error": [pu - mu for pu, mu in zip(predicted["utilization"], measured["utilization"],
+                                                            strict=True)],
+            "peak_memory_error": [relative_error(pm, mm) for pm, mm in zip(
+                predicted["peak_memory_bytes"], measured["peak_memory_bytes"], strict=True)],
+            "versions_match": self.versions_match,
+            "version_ops_compared": sum(run.versions.num_ops for run in self.runs),
+            "version_mismatches": [m for run in self.runs for m in run.versions.mismatches][:20],
+            "notes": list(self.notes),
+        }
+
+
+class Measured(Protocol):
+    """What a profile measurement gives: the profile and the CPU share of its timings."""
+
+    @property
+    def profile(self) -> Profile: ...  # noqa: D102
+
+    @property
+    def cpu_share(self) -> float: ...  # noqa: D102
+
+
+class FreshProfiles:
+    """A profile source for ``validate_schedule``: a new measurement before every run.
+
+    Args:
+        measure: measures a profile (``pipesim.harness.profiler.measure_profile`` bound to a model).
+        first: a measurement already made, used for the first run.
+    """
+
+    def __init__(self, measure: Callable[[], Measured], first: Measured | None = None) -> None:
+        self.measure = measure
+        self.first = first
+
+    def __call__(self) -> tuple[Profile, float]:
+        """The next profile and its CPU share."""
+        measured, self.first = self.first or self.measure(), None
+        return measured.profile, measured.cpu_share
+
+
+ProfileSource = Callable[[], tuple[Profile, float]]
+
+
+def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec: ModelSpec, *, schedule: str,
+                      num_stages: int, num_microbatches: int, num_minibatches: int, repeats: int = 3,
+                      training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
+                      partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
+                      backend: str = "gloo", device: str = "cpu") -> Comparison:
+    """Simulate ``schedule`` on a profile and ``topology``, run it ``repeats`` times, and compare.
+
+    Args:
+        profile: a Profile used for every run, or a function measuring a fresh one (and its CPU
+            share) before each run, so that on a machine whose load drifts each prediction is
+            made in the conditions of the run it predicts. The runs use the partition of the
+            first profile, so every run cuts the model at the same layers.
+
+    Raises:
+        ConfigError: bad counts or a profile whose model cannot be built;
+        RunFailedError: a run failed.
+    """
+    fixed = profile if isinstance(profile, Profile) else None
+    cuts = partition
+    config: RunConfig | None = None
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
+        trace_path = Path(folder) / "trace.json"
+        for _ in range(repeats):
+            profile_share: float | None = None
+            if fixed is not None:
+                current = fixed
+            else:
+                assert callable(profile)
+                current, profile_share = profile()
+            cuts = cuts or balance_partition(current, num_stages)
+            result = simulate(current, topology, schedule=schedule, num_stages=num_stages,
+                              num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
+                              optimizer_state_multiplier=0.0, pipemare_update=pipemare_update)
+            if config is None:
+                config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages,
+                                   num_microbatches=num_microbatches, num_minibatches=num_minibatches,
+                                   microbatch_size=current.microbatch_size, partition=cuts,
+                                   pipemare_update=pipemare_update, training=training or TrainingOptions(),
+                                   backend=backend, device=device).with_outputs(trace_out=trace_path)
+            launch(config, op_timeout_s=op_timeout_s)
+            trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
+            peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()
+            runs.append(RunComparison(
+                predicted=result.metrics, measured=compute_metrics(trace),
+                replayed=compute_metrics(replay(prepare(current, topology, result.plan), trace)),
+                versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
+                profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks)))
+    notes = []
+    if schedule == "pipemare" and training is not None and training.pipemare_correction:
+        notes.append("discrepancy correction adds work per backward and update that the profile does not time")
+    assert cuts is not None
+    return Comparison(runs=tuple(runs), partition=cuts, notes=tuple(notes))
