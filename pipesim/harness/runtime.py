@@ -24,7 +24,20 @@ from pipesim.harness.config import RunConfig
 from pipesim.harness.models import build_model
 from pipesim.harness.p2p import Incoming, Links
 from pipesim.harness.process import configure_process
-from pipesim.harness.recorder import COMPUTING, FAILED, FINISHED, WAITING, Recorder, merge, message_tag, trace_meta
+from pipesim.harness.recorder import (
+    COMPUTING,
+    FAILED,
+    FINISHED,
+    NUM_ARRIVALS,
+    NUM_COMPUTE,
+    NUM_MEMORY,
+    NUM_SENDS,
+    WAITING,
+    Recorder,
+    merge,
+    message_tag,
+    trace_meta,
+)
 from pipesim.harness.stage import OpResult, StageExecutor
 from pipesim.schedule.deps import gradient_kind, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule
@@ -223,8 +236,8 @@ class RankRuntime:
             if self.clock.cuda:
                 self._deferred.append((position, result.version, minibatch, start, finish))
             else:
-                self.recorder.compute(position, result.version, minibatch, op_start, end)
                 cpu_now = time.thread_time()
+                self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - cpu_last)
                 self.recorder.cpu_time(cpu_now - cpu_last, end - op_start)
                 cpu_last = cpu_now
             previous_minibatch = minibatch
@@ -271,7 +284,8 @@ class RankRuntime:
         blocks = {name: self.recorder.blocks[name].copy() for name in ("header", "compute", "sends", "arrivals",
                                                                        "memory")}
         header = blocks["header"]
-        for name, counter in (("compute", 3), ("sends", 4), ("arrivals", 5), ("memory", 6)):
+        for name, counter in (("compute", NUM_COMPUTE), ("sends", NUM_SENDS), ("arrivals", NUM_ARRIVALS),
+                              ("memory", NUM_MEMORY)):
             blocks[name] = blocks[name][: int(header[counter])]
         cuda_peak = float(torch.cuda.max_memory_allocated(self.device)) if self.clock.cuda else None
         gathered: list[Any] = [None] * dist.get_world_size()
