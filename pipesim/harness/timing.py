@@ -13,6 +13,7 @@ import torch
 from pipesim.harness.config import TrainingOptions
 from pipesim.harness.models import ModelBundle
 from pipesim.harness.overheads import summarize
+from pipesim.harness.process import without_gc
 from pipesim.harness.stage import StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
@@ -79,16 +80,17 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
         setups.append((executor, inputs, target if executor.has_loss else None, grad))
     samples: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in chosen]
     cpu_s = wall_s = 0.0
-    for repeat in range(warmup + repeats):
-        if repeat == warmup:
-            cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
-        for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
-            x = inputs.clone()
-            forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
-        for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
-            backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
-        for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
-            update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
+    with without_gc():
+        for repeat in range(warmup + repeats):
+            if repeat == warmup:
+                cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
+            for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
+                x = inputs.clone()
+                forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
+            for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
+                backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
+            for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
+                update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
     cpu_s += time.thread_time()
     wall_s += time.perf_counter()
     share = min(1.0, cpu_s / wall_s) if wall_s > 0 and device.type == "cpu" else 1.0
