@@ -109,9 +109,8 @@ def wait_for_idle(wanted: float, patience_s: float) -> float:
     return idle
 
 
-def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally) -> bool:
+def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing) -> bool:
     """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
-    timing = Timing(repeats=30, processes=case.num_stages)
     source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
     comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
                                    num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
@@ -138,8 +137,8 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     return is_quiet
 
 
-def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float,
-             deadline: float) -> tuple[dict[str, Tally], list[str]]:
+def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float, deadline: float,
+             timing: Timing) -> tuple[dict[str, Tally], list[str]]:
     """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
     a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES}
@@ -153,7 +152,7 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: flo
                 if time.perf_counter() > deadline:
                     break
                 wait_for_idle(0.9, patience_s=patience_s)
-                if one_run(case, name, topology, quiet, tally):
+                if one_run(case, name, topology, quiet, tally, timing):
                     break
         print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
     return tallies, notes
@@ -193,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patience", type=float, default=60.0,
                         help="seconds to wait, before each try, for the machine to be 90%% idle")
     parser.add_argument("--budget", type=float, default=120.0, help="minutes after which no new try starts")
+    parser.add_argument("--statistic", choices=["mean", "median"], default="mean", help="the profile's statistic")
+    parser.add_argument("--repeats", type=int, default=30, help="the profile's timed repeats per layer")
     parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
@@ -207,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         f"- machine: {machine()}; load average at start {load_start}",
         f"- torch {__import__('torch').__version__}, gloo, 1 torch thread per rank, CPU; p = 2, m = 8, K = 8 "
         "(the steady-state window drops the first and the last minibatch, as `metrics.steady_window` does)",
-        "- every run has its own profile, measured just before it: 2 processes timing the layers at once, the "
-        "mean of 30 repeats, per-op overheads calibrated by a run of null layers",
+        f"- every run has its own profile, measured just before it: 2 processes timing the layers at once, the "
+        f"{args.statistic} of {args.repeats} repeats, per-op overheads calibrated by a run of null layers",
         f"- a run is *quiet* when every rank of the run, and of the profile before it, had its CPU for at least "
         f"{args.quiet:.0%} of its busy time; the others ran on a loaded machine and are counted apart; "
         f"{runs} quiet runs wanted per schedule, {attempts} tries each, each try after waiting up to "
@@ -231,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = []
     for case in cases:
         print(case.label, flush=True)
+        timing = Timing(repeats=args.repeats, statistic=args.statistic, processes=case.num_stages)
         tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
-                                  deadline=started + 60 * args.budget * (cases.index(case) + 1) / len(cases))
+                                  started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing)
         lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
     elapsed = time.perf_counter() - started

@@ -55,7 +55,7 @@ def summarize(samples: list[float], statistic: str) -> float:
 
 def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], statistic: str = "mean", *,
                   threads: int = 1, device: str = "cpu", num_microbatches: int = 16,
-                  num_minibatches: int = 4) -> tuple[OpCosts, float]:
+                  num_minibatches: int = 8) -> tuple[OpCosts, float]:
     """The runtime's cost per op beyond its layers' own time, from a real two-rank run of null layers.
 
     The null model of ``elements`` numbers per sample (one null layer on rank 0; a null layer and

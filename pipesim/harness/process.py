@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -39,3 +41,21 @@ def configure_process(threads: int) -> None:
     """Pin torch to ``threads`` intra-op threads and keep freed memory, as every rank and the profiler do."""
     torch.set_num_threads(threads)
     keep_freed_memory()
+
+
+@contextlib.contextmanager
+def without_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a timed section (it would stop an op at a moment
+    that depends on every allocation before it), then a collection.
+
+    The profiler's timing loops and the runtime's op loop both run under it, so neither times
+    collections; the objects a step leaves behind are freed by reference counting either way.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.collect()

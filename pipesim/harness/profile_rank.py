@@ -65,7 +65,7 @@ def _rows(times: list[LayerTimes]) -> list[list[float]]:
 
 
 def measure(spec: ModelSpec, microbatch_size: int, *, warmup: int, repeats: int, statistic: str, device: str,
-            threads: int, calibrate: bool) -> dict[str, Any]:
+            threads: int, calibrate: bool, clock: str = "wall") -> dict[str, Any]:
     """Everything the profiler needs from one process, as plain data.
 
     Returns:
@@ -93,16 +93,17 @@ def measure(spec: ModelSpec, microbatch_size: int, *, warmup: int, repeats: int,
                         for layer in bundle.layers],
     }
     null = build_model(ModelSpec("null", depth=2, width=1), 1)
-    (executor,) = time_layers(null, 1, target, warmup=20, repeats=200, statistic=statistic, indices=[1])
+    (executor,) = time_layers(null, 1, target, warmup=20, repeats=200, statistic=statistic, indices=[1],
+                               clock=clock)
     result["executor"] = [executor.forward_s, executor.backward_s, executor.update_s]
     result["layers"] = _rows(time_layers(bundle, microbatch_size, target, warmup=warmup, repeats=repeats,
-                                         statistic=statistic))
+                                         statistic=statistic, clock=clock))
     if calibrate:
         elements = max(_numel(shape) for shape in bundle.output_shapes[:-1])
         stand_in = build_model(ModelSpec("null", depth=2, width=elements), microbatch_size)
         result["null_elements"] = elements
         result["null_layers"] = _rows(time_layers(stand_in, microbatch_size, target, warmup=5, repeats=50,
-                                                  statistic=statistic))
+                                                  statistic=statistic, clock=clock))
     return result
 
 

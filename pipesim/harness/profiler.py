@@ -32,6 +32,8 @@ class Timing:
             run pays too) or ``"median"``.
         processes: processes timing at once (as many as the run's ranks).
         threads: torch threads per process; device: ``"cpu"`` or ``"cuda"``.
+        clock: on CPU, ``"wall"`` (perf_counter) or ``"cpu"`` (the thread's CPU time: what an op
+            costs without time lost to other processes; a diagnostic, runs are wall-clock).
     """
 
     warmup: int = 5
@@ -40,6 +42,7 @@ class Timing:
     processes: int = 2
     threads: int = 1
     device: str = "cpu"
+    clock: str = "wall"
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.repeats < 1:
@@ -50,6 +53,8 @@ class Timing:
             raise ConfigError("processes", self.processes, "must be >= 1")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError("device", self.device, "must be cpu or cuda")
+        if self.clock not in ("wall", "cpu"):
+            raise ConfigError("clock", self.clock, "must be wall or cpu")
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ def _measure(spec: ModelSpec, microbatch_size: int, timing: Timing, calibrate: b
 
     request = json.dumps({"spec": spec.to_dict(), "microbatch_size": microbatch_size, "warmup": timing.warmup,
                           "repeats": timing.repeats, "statistic": timing.statistic, "device": timing.device,
-                          "threads": timing.threads, "calibrate": calibrate})
+                          "threads": timing.threads, "calibrate": calibrate, "clock": timing.clock})
     with tempfile.TemporaryDirectory(prefix="pipesim-profile-") as name:
         folder = Path(name)
         processes = spawn("pipesim.harness.profile_rank", [request], timing.processes, folder, timing.threads)

@@ -25,7 +25,7 @@ PHASE_NAMES = ("starting", "waiting for input", "computing", "finished", "failed
 HEADER = 16
 # Header cells.
 POSITION, PHASE, SINCE, NUM_COMPUTE, NUM_SENDS, NUM_ARRIVALS, NUM_MEMORY, ORIGIN, PID, RANK, CPU_S, WALL_S = range(12)
-COMPUTE_COLUMNS = 5  # position, version, minibatch, start, end
+COMPUTE_COLUMNS = 6  # position, version, minibatch, start, end, thread CPU seconds
 SEND_COLUMNS = 5  # position, start, bytes, peer, tag
 ARRIVAL_COLUMNS = 3  # source rank, tag, time
 MEMORY_COLUMNS = 5  # time, stage, category, delta_bytes, delta_count
@@ -105,9 +105,10 @@ class Recorder:
             flat[start + column] = value
         flat[counter] = index + 1
 
-    def compute(self, position: int, version: int, minibatch: int, start: float, end: float) -> None:
-        """A compute span of op ``position``."""
-        self._append("compute", NUM_COMPUTE, (position, version, minibatch, start, end))
+    def compute(self, position: int, version: int, minibatch: int, start: float, end: float,
+                cpu_s: float = -1.0) -> None:
+        """A compute span of op ``position`` and the CPU time its thread used for it (-1: unknown)."""
+        self._append("compute", NUM_COMPUTE, (position, version, minibatch, start, end, cpu_s))
 
     def cpu_time(self, cpu_s: float, wall_s: float) -> None:
         """Add to the totals of thread CPU time and wall time spent inside compute spans."""
@@ -205,7 +206,7 @@ def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | N
         if blocks is None:
             continue
         ops = schedule.ranks[rank_index]
-        for position, version, minibatch, start, end in blocks["compute"].tolist():
+        for position, version, minibatch, start, end, _ in blocks["compute"].tolist():
             op = ops[int(position)]
             builder.span(rank_index, compute_code, KINDS.index(op.kind.value), op.stage, op.microbatch,
                          int(minibatch), int(version), start - origin, end - origin, 0.0, -1, int(position))

@@ -23,8 +23,21 @@ from pipesim.errors import ConfigError
 from pipesim.harness.config import RunConfig
 from pipesim.harness.models import build_model
 from pipesim.harness.p2p import Incoming, Links
-from pipesim.harness.process import configure_process
-from pipesim.harness.recorder import COMPUTING, FAILED, FINISHED, WAITING, Recorder, merge, message_tag, trace_meta
+from pipesim.harness.process import configure_process, without_gc
+from pipesim.harness.recorder import (
+    COMPUTING,
+    FAILED,
+    FINISHED,
+    NUM_ARRIVALS,
+    NUM_COMPUTE,
+    NUM_MEMORY,
+    NUM_SENDS,
+    WAITING,
+    Recorder,
+    merge,
+    message_tag,
+    trace_meta,
+)
 from pipesim.harness.stage import OpResult, StageExecutor
 from pipesim.schedule.deps import gradient_kind, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule
@@ -41,6 +54,15 @@ def forward_delays(schedule: Schedule) -> list[int]:
         if forward is not None:
             delays[stage] = max(delays[stage], plan.version_of[update] - forward)
     return delays
+
+
+@dataclass
+class _Last:
+    """What the previous op left: its end, the thread's CPU clock then, and its minibatch."""
+
+    end: float
+    cpu: float
+    minibatch: int = 0
 
 
 @dataclass
@@ -185,54 +207,58 @@ class RankRuntime:
             for category, size in (("weights", executor.store.param_bytes), ("gradients", executor.store.param_bytes),
                                    ("optimizer", 0.0)):
                 self.recorder.memory(origin, stage, category, size, 1)
-        previous_minibatch = 0
-        p = self.schedule.num_stages
-        last_end, cpu_last = self.clock.now(), time.thread_time()
-        for position, op in enumerate(self.ops):
-            # An op's span runs from when it can start (its input in hand) to when its output is
-            # handed to the link: the receive of an input that had already arrived, the send and
-            # the bookkeeping are the op's work, as the profile's per-op overheads count them;
-            # only waiting for an input that has not arrived is idle time.
-            self.state.position, self.state.op = position, str(op)
-            op_start = last_end
-            self.recorder.progress(position, WAITING, self.clock.now())
-            received = None
-            incoming = self._incoming_message(op)
-            if incoming is not None:
-                source, tag = incoming
-                was_ready = links.ready(source, tag)
-                received, arrived = links.receive(source, tag)
-                self.recorder.arrival(source, tag, arrived)
-                if not was_ready:
-                    op_start = arrived
-            self.recorder.progress(position, COMPUTING, op_start)
-            minibatch = previous_minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
-            start = self.clock.mark()
-            result = self._execute(op, self.executors[op.stage], minibatch, received)
-            finish = self.clock.mark()
-            target_stage = sends_to(op, p, self.grad_kind)
-            if target_stage is not None and result.send is not None:
-                target = self.schedule.stage_to_rank[target_stage]
-                tag = message_tag(op.kind, op.microbatch)
-                links.send(result.send, target, tag)
-                self.recorder.send(position, self.clock.now(), float(result.send.numel() * result.send.element_size()),
-                                   target, tag)
-            end = self.clock.now()
-            for category, delta_bytes, delta_count in result.memory:
-                self.recorder.memory(end, op.stage, category, delta_bytes, delta_count)
-            if self.clock.cuda:
-                self._deferred.append((position, result.version, minibatch, start, finish))
-            else:
-                self.recorder.compute(position, result.version, minibatch, op_start, end)
-                cpu_now = time.thread_time()
-                self.recorder.cpu_time(cpu_now - cpu_last, end - op_start)
-                cpu_last = cpu_now
-            previous_minibatch = minibatch
-            last_end = end
+        last = _Last(end=self.clock.now(), cpu=time.thread_time())
+        with without_gc():
+            for position, op in enumerate(self.ops):
+                self._run_op(position, op, links, last)
         links.finish()
         self.resolve_marks()
         self.recorder.progress(len(self.ops), FINISHED, self.clock.now())
         self.recorder.flush()
+
+    def _run_op(self, position: int, op: Op, links: Links, last: _Last) -> None:
+        """One op: its input, its compute, its output, its records.
+
+        An op's span runs from when it can start (its input in hand) to when its output is handed
+        to the link: the receive of an input that had already arrived, the send and the
+        bookkeeping are the op's work, as the profile's per-op overheads count them; only waiting
+        for an input that has not arrived is idle time.
+        """
+        self.state.position, self.state.op = position, str(op)
+        op_start = last.end
+        self.recorder.progress(position, WAITING, self.clock.now())
+        received = None
+        incoming = self._incoming_message(op)
+        if incoming is not None:
+            source, tag = incoming
+            was_ready = links.ready(source, tag)
+            received, arrived = links.receive(source, tag)
+            self.recorder.arrival(source, tag, arrived)
+            if not was_ready:
+                op_start = arrived
+        self.recorder.progress(position, COMPUTING, op_start)
+        minibatch = last.minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
+        start = self.clock.mark()
+        result = self._execute(op, self.executors[op.stage], minibatch, received)
+        finish = self.clock.mark()
+        target_stage = sends_to(op, self.schedule.num_stages, self.grad_kind)
+        if target_stage is not None and result.send is not None:
+            target = self.schedule.stage_to_rank[target_stage]
+            tag = message_tag(op.kind, op.microbatch)
+            links.send(result.send, target, tag)
+            num_bytes = float(result.send.numel() * result.send.element_size())
+            self.recorder.send(position, self.clock.now(), num_bytes, target, tag)
+        end = self.clock.now()
+        for category, delta_bytes, delta_count in result.memory:
+            self.recorder.memory(end, op.stage, category, delta_bytes, delta_count)
+        if self.clock.cuda:
+            self._deferred.append((position, result.version, minibatch, start, finish))
+        else:
+            cpu_now = time.thread_time()
+            self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - last.cpu)
+            self.recorder.cpu_time(cpu_now - last.cpu, end - op_start)
+            last.cpu = cpu_now
+        last.minibatch, last.end = minibatch, end
 
     def _incoming_message(self, op: Op) -> tuple[int, int] | None:
         """(source rank, tag) of the message ``op`` needs, or None."""
@@ -271,7 +297,8 @@ class RankRuntime:
         blocks = {name: self.recorder.blocks[name].copy() for name in ("header", "compute", "sends", "arrivals",
                                                                        "memory")}
         header = blocks["header"]
-        for name, counter in (("compute", 3), ("sends", 4), ("arrivals", 5), ("memory", 6)):
+        for name, counter in (("compute", NUM_COMPUTE), ("sends", NUM_SENDS), ("arrivals", NUM_ARRIVALS),
+                              ("memory", NUM_MEMORY)):
             blocks[name] = blocks[name][: int(header[counter])]
         cuda_peak = float(torch.cuda.max_memory_allocated(self.device)) if self.clock.cuda else None
         gathered: list[Any] = [None] * dist.get_world_size()

@@ -13,6 +13,7 @@ import torch
 from pipesim.harness.config import TrainingOptions
 from pipesim.harness.models import ModelBundle
 from pipesim.harness.overheads import summarize
+from pipesim.harness.process import without_gc
 from pipesim.harness.stage import StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
@@ -30,8 +31,9 @@ class LayerTimes:
     cpu_share: float = 1.0
 
 
-def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
-    """Seconds one call takes: perf_counter on CPU, CUDA events on GPU."""
+def timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], Any]], float]:
+    """Seconds one call takes: CUDA events on GPU; on CPU ``perf_counter`` (``clock="wall"``) or the
+    thread's CPU time (``clock="cpu"``: what the op costs, without time lost to other processes)."""
     if device.type == "cuda":
         def cuda_time(call: Callable[[], Any]) -> float:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
@@ -43,15 +45,17 @@ def timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
             return float(start.elapsed_time(end)) / 1e3
         return cuda_time
 
-    def cpu_time(call: Callable[[], Any]) -> float:
-        start = time.perf_counter()
+    read = time.thread_time if clock == "cpu" else time.perf_counter
+
+    def host_time(call: Callable[[], Any]) -> float:
+        start = read()
         call()
-        return time.perf_counter() - start
-    return cpu_time
+        return read() - start
+    return host_time
 
 
 def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device, *, warmup: int, repeats: int,
-                statistic: str = "mean", indices: list[int] | None = None) -> list[LayerTimes]:
+                statistic: str = "mean", indices: list[int] | None = None, clock: str = "wall") -> list[LayerTimes]:
     """Time F, B and U of each layer run as a one-layer stage, exactly as the runtime runs a stage.
 
     A repeat runs every layer's F in order, then every B (with a random output gradient) in
@@ -63,7 +67,7 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
     drops it.
     """
     chosen = list(range(bundle.num_layers)) if indices is None else indices
-    measure = timer(device)
+    measure = timer(device, clock)
     setups: list[tuple[StageExecutor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     for index in chosen:
         executor = StageExecutor(bundle, index, index + 1, WeightPolicy.FLUSH, TrainingOptions(learning_rate=1e-9))
@@ -76,16 +80,17 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
         setups.append((executor, inputs, target if executor.has_loss else None, grad))
     samples: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in chosen]
     cpu_s = wall_s = 0.0
-    for repeat in range(warmup + repeats):
-        if repeat == warmup:
-            cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
-        for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
-            x = inputs.clone()
-            forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
-        for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
-            backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
-        for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
-            update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
+    with without_gc():
+        for repeat in range(warmup + repeats):
+            if repeat == warmup:
+                cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
+            for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
+                x = inputs.clone()
+                forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
+            for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
+                backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
+            for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
+                update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
     cpu_s += time.thread_time()
     wall_s += time.perf_counter()
     share = min(1.0, cpu_s / wall_s) if wall_s > 0 and device.type == "cpu" else 1.0
