@@ -29,11 +29,13 @@ THREE_STAGES = ((0, 2), (2, 3), (3, 5))
 
 
 def run(tmp_path: Path, schedule: str, partition: tuple[tuple[int, int], ...], m: int, k: int,
-        training: TrainingOptions | None = None, pipemare_update: str = "minibatch") -> list[torch.Tensor]:
+        training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
+        num_ranks: int = 0) -> list[torch.Tensor]:
     config = RunConfig(model=SPEC, schedule=schedule, num_stages=len(partition), num_microbatches=m,
                        num_minibatches=k, microbatch_size=BATCH, partition=partition,
                        training=training or TrainingOptions(learning_rate=LR), pipemare_update=pipemare_update,
-                       weights_out=str(tmp_path / "weights"), trace_out=str(tmp_path / "trace.json"))
+                       weights_out=str(tmp_path / "weights"), trace_out=str(tmp_path / "trace.json"),
+                       num_ranks=num_ranks)
     launch(config, op_timeout_s=60)
     check_against_simulation(config, Trace.from_json((tmp_path / "trace.json").read_text()))
     return [w for s in range(len(partition)) for w in torch.load(tmp_path / "weights" / f"stage{s}.pt")]
@@ -52,7 +54,8 @@ def check_against_simulation(config: RunConfig, measured: Trace) -> None:
     predicted = simulate(profile, schedule=config.schedule, num_stages=config.num_stages,
                          num_microbatches=config.num_microbatches, num_minibatches=config.num_minibatches,
                          partition=config.partition, optimizer_state_multiplier=0.0,
-                         pipemare_update=config.pipemare_update)
+                         pipemare_update=config.pipemare_update,
+                         stages_per_rank=config.num_stages // config.num_ranks if config.num_ranks else 1)
     check = compare_versions(predicted.trace, measured)
     assert check.matches and check.num_ops == measured.num_spans - sum(1 for s in measured.iter_spans()
                                                                         if s.stream == "send"), check.mismatches
@@ -75,6 +78,13 @@ def assert_same(got: list[torch.Tensor], want: list[torch.Tensor], atol: float =
 def test_flush_schedules_equal_non_pipelined_training(tmp_path: Path, schedule: str) -> None:
     got = run(tmp_path, schedule, TWO_STAGES, m=4, k=2)
     want = flush_reference(build_model(SPEC, BATCH), m=4, k=2, batch=BATCH, lr=LR)
+    assert_same(got, want)
+
+
+def test_interleaved_1f1b_with_two_stages_per_rank_equals_non_pipelined_training(tmp_path: Path) -> None:
+    four_stages = ((0, 1), (1, 2), (2, 3), (3, 5))
+    got = run(tmp_path, "interleaved-1f1b", four_stages, m=2, k=2, num_ranks=2)
+    want = flush_reference(build_model(SPEC, BATCH), m=2, k=2, batch=BATCH, lr=LR)
     assert_same(got, want)
 
 

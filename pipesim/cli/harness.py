@@ -173,6 +173,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
 @click.option("--partition", type=str, default=None, help="Layer ranges per stage (default: balance the profile).")
+@click.option("--ranks", "num_ranks", type=int, default=0,
+              help="Processes, for schedules with several stages per rank (default: one per stage).")
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
@@ -184,7 +186,7 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
 @click.option("--out", "out_path", required=True, help="Trace JSON to write (partial if the run fails).")
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
-                partition: str | None, backend: str, device: str, threads: int, learning_rate: float,
+                partition: str | None, num_ranks: int, backend: str, device: str, threads: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
                 pipemare_correction_decay: float, op_timeout_s: float, weights_out: str, run_dir: str | None,
                 as_json: bool, out_path: str) -> None:
@@ -212,7 +214,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
         partition=cuts, pipemare_update=pipemare_update, backend=backend, device=device, threads=threads,
         training=build_training(learning_rate, pipemare_warmup_updates, pipemare_correction,
                                 pipemare_correction_decay),
-        trace_out=out_path, weights_out=weights_out)
+        trace_out=out_path, weights_out=weights_out, num_ranks=num_ranks)
     try:
         wall = launch(config, op_timeout_s=op_timeout_s, run_dir=Path(run_dir) if run_dir else None)
     except RunFailedError as error:

@@ -31,6 +31,8 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--microbatch-size", type=int, default=None, help="Samples per microbatch (or the --profile's).")
 @click.option("--schedule", "schedules", required=True, help="A schedule, a comma-separated list, or all.")
 @click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P.")
+@click.option("--ranks", "num_ranks", type=int, default=0,
+              help="Processes, for schedules with several stages per rank (default: one per stage).")
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=4, show_default=True,
               help="Minibatches K; the first (warm-up) and the last (drain) are outside the steady state.")
@@ -48,7 +50,8 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per schedule (a list).")
 def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
-                     seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_microbatches: int,
+                     seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_ranks: int,
+                     num_microbatches: int,
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
                      profile_repeats: int, reprofile: bool, statistic: str, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
@@ -78,14 +81,15 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     try:
         if not profile_path:
             assert microbatch_size is not None
-            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_stages, device=device)
+            timing = Timing(repeats=profile_repeats, statistic=statistic, processes=num_ranks or num_stages,
+                            device=device)
             first = measure_profile(spec, microbatch_size, timing=timing)
             profile = first.profile
         if topology_path:
             topology = load_topology(topology_path)
         else:
             largest = int(max(layer.activation_bytes for layer in profile.layers))
-            topology, _ = measure_links(num_stages, max_bytes=max(4, largest),
+            topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
         reports = []
         for name in names:
@@ -96,7 +100,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             comparison = validate_schedule(
                 source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
                 num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
-                op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo")
+                op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo",
+                num_ranks=num_ranks)
             reports.append(comparison.to_dict())
             if not as_json:
                 print_report(reports[-1])

@@ -9,7 +9,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Schedule
-from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
+from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD, build_schedule, default_num_minibatches
 from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
@@ -101,8 +101,11 @@ class RunConfig:
 
     Attributes:
         model: the model to build on every rank.
-        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare).
+        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare; or a multi-stage schedule
+            without split backward, such as interleaved-1f1b).
         num_stages, num_microbatches, num_minibatches: p, m and K.
+        num_ranks: processes; 0 means one per stage (multi-stage schedules put several stages on
+            a rank).
         microbatch_size: samples per microbatch.
         partition: per stage, its half-open layer range (the loss layer is the model's last).
         pipemare_update: PipeMare's update cadence, ``"minibatch"`` or ``"microbatch"``.
@@ -130,6 +133,7 @@ class RunConfig:
     comm_timeout_s: float = 600.0
     trace_out: str = ""
     weights_out: str = ""
+    num_ranks: int = 0
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -149,10 +153,17 @@ class RunConfig:
                               f"must have one range per stage ({self.num_stages})")
         if self.pipemare_update not in ("minibatch", "microbatch"):
             raise ConfigError("pipemare_update", self.pipemare_update, "must be minibatch or microbatch")
+        if self.schedule in SPLIT_BACKWARD:
+            raise ConfigError("schedule", self.schedule,
+                              "splits the backward into I and W ops, which the harness does not run (full B only)")
+        if self.num_ranks < 0:
+            raise ConfigError("num_ranks", self.num_ranks, "must be >= 1 (or 0: one per stage)")
 
     def build_schedule(self) -> Schedule:
         """The Schedule this run interprets (the same object the engines simulate)."""
         options: dict[str, Any] = {"update": self.pipemare_update} if self.schedule == "pipemare" else {}
+        if self.num_ranks:
+            options["num_ranks"] = self.num_ranks
         return build_schedule(self.schedule, self.num_stages, self.num_microbatches,
                               num_minibatches=self.num_minibatches, **options)
 

@@ -31,9 +31,10 @@ ARRIVAL_COLUMNS = 3  # source rank, tag, time
 MEMORY_COLUMNS = 5  # time, stage, category, delta_bytes, delta_count
 
 
-def message_tag(kind: OpKind, microbatch: int) -> int:
-    """The p2p tag of the output of an op: activations even, gradients odd."""
-    return 2 * microbatch + (0 if kind is OpKind.F else 1)
+def message_tag(kind: OpKind, stage: int, microbatch: int, num_stages: int) -> int:
+    """The p2p tag of the output of stage ``stage``'s op for ``microbatch``: activations even,
+    gradients odd, one tag per (stage, microbatch) so that two stages on one rank never share one."""
+    return 2 * (microbatch * num_stages + stage) + (0 if kind is OpKind.F else 1)
 
 
 @dataclass(frozen=True)

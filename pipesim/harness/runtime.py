@@ -244,7 +244,7 @@ class RankRuntime:
         target_stage = sends_to(op, self.schedule.num_stages, self.grad_kind)
         if target_stage is not None and result.send is not None:
             target = self.schedule.stage_to_rank[target_stage]
-            tag = message_tag(op.kind, op.microbatch)
+            tag = message_tag(op.kind, op.stage, op.microbatch, self.schedule.num_stages)
             links.send(result.send, target, tag)
             num_bytes = float(result.send.numel() * result.send.element_size())
             self.recorder.send(position, self.clock.now(), num_bytes, target, tag)
@@ -264,9 +264,10 @@ class RankRuntime:
         """(source rank, tag) of the message ``op`` needs, or None."""
         p = self.schedule.num_stages
         if op.kind is OpKind.F and op.stage > 0:
-            return self.schedule.stage_to_rank[op.stage - 1], message_tag(OpKind.F, op.microbatch)
+            return self.schedule.stage_to_rank[op.stage - 1], message_tag(OpKind.F, op.stage - 1, op.microbatch, p)
         if op.kind is self.grad_kind and op.stage < p - 1:
-            return self.schedule.stage_to_rank[op.stage + 1], message_tag(self.grad_kind, op.microbatch)
+            source = self.schedule.stage_to_rank[op.stage + 1]
+            return source, message_tag(self.grad_kind, op.stage + 1, op.microbatch, p)
         return None
 
     def _execute(self, op: Op, executor: StageExecutor, minibatch: int, received: torch.Tensor | None) -> OpResult:

@@ -210,10 +210,11 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                       num_stages: int, num_microbatches: int, num_minibatches: int, repeats: int = 3,
                       training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
                       partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
-                      backend: str = "gloo", device: str = "cpu") -> Comparison:
+                      backend: str = "gloo", device: str = "cpu", num_ranks: int = 0) -> Comparison:
     """Simulate ``schedule`` on a profile and ``topology``, run it ``repeats`` times, and compare.
 
     Args:
+        num_ranks: processes, for schedules that put several stages on a rank (0: one per stage).
         profile: a Profile used for every run, or a function measuring a fresh one (and its CPU
             share) before each run, so that on a machine whose load drifts each prediction is
             made in the conditions of the run it predicts. The runs use the partition of the
@@ -239,13 +240,15 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
             cuts = cuts or balance_partition(current, num_stages)
             result = simulate(current, topology, schedule=schedule, num_stages=num_stages,
                               num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
-                              optimizer_state_multiplier=0.0, pipemare_update=pipemare_update)
+                              optimizer_state_multiplier=0.0, pipemare_update=pipemare_update,
+                              stages_per_rank=num_stages // num_ranks if num_ranks else 1)
             if config is None:
                 config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages,
                                    num_microbatches=num_microbatches, num_minibatches=num_minibatches,
                                    microbatch_size=current.microbatch_size, partition=cuts,
                                    pipemare_update=pipemare_update, training=training or TrainingOptions(),
-                                   backend=backend, device=device).with_outputs(trace_out=trace_path)
+                                   backend=backend, device=device,
+                                   num_ranks=num_ranks).with_outputs(trace_out=trace_path)
             launch(config, op_timeout_s=op_timeout_s)
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
             peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()

@@ -7,6 +7,7 @@ so does ``pipesim run``) and PIPESIM_RUN_DIR for its record file (a temporary fo
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import traceback
@@ -25,7 +26,8 @@ def main(argv: list[str]) -> int:
         return 2
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    run_dir = Path(os.environ.get("PIPESIM_RUN_DIR") or tempfile.mkdtemp(prefix=f"pipesim-rank{rank}-"))
+    given = os.environ.get("PIPESIM_RUN_DIR")
+    run_dir = Path(given or tempfile.mkdtemp(prefix=f"pipesim-rank{rank}-"))
     runtime = None
     try:
         config = RunConfig.from_json(Path(argv[0]).read_text(encoding="utf-8"))
@@ -34,12 +36,15 @@ def main(argv: list[str]) -> int:
         runtime.run()
         runtime.finish()
         dist.destroy_process_group()
+        if not given:  # under torchrun: the records served their purpose (rank 0 wrote the trace)
+            shutil.rmtree(run_dir, ignore_errors=True)
     except BaseException as error:  # noqa: BLE001 - every failure must be reported, even KeyboardInterrupt
         if runtime is not None:
             runtime.fail(run_dir, error)
         else:
             write_error(run_dir, rank, "", error)
         traceback.print_exc()
+        print(f"rank {rank}: records kept in {run_dir}", file=sys.stderr)
         sys.stderr.flush()
         # Leave without tearing the process group down: its peers may be dead or hung.
         os._exit(1)
