@@ -14,7 +14,6 @@ from pipesim.engine.columns import (
     KIND_CODES,
     KIND_ORDER,
     F_CODE,
-    ScheduleColumns,
     minibatch_column,
     schedule_columns,
     send_target_column,
@@ -220,9 +219,36 @@ def lower(
     minibatch = minibatch_column(schedule, columns)
     version = version_column(schedule, columns, minibatch)
     wait = wait_column(schedule, columns)
+    p = schedule.num_stages
+    halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
+    durations_by_kind = {
+        OpKind.F: costs.forward_s,
+        OpKind.B: costs.backward_s,
+        OpKind.I: costs.backward_input_s if halves is None else halves[0],
+        OpKind.W: costs.backward_weight_s if halves is None else halves[1],
+        OpKind.U: costs.update_s,
+    }
+    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(-1)
+    duration = table[columns.kind * p + columns.stage]
     target = send_target_column(schedule, columns)
-    return _program(schedule, costs, topology, devices, columns, minibatch, version, wait, target,
-                    microbatch_size=microbatch_size, optimizer_state_multiplier=optimizer_state_multiplier)
+    sends = target >= 0
+    stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
+    send_rank = np.where(sends, stage_to_rank[np.maximum(target, 0)], -1)
+    is_forward = columns.kind == F_CODE
+    boundary = np.where(is_forward, columns.stage, target)
+    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
+    send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
+    remote = sends & (send_rank != columns.rank)
+    transfer = transfer_column(topology, devices, stage_to_rank, columns.stage, is_forward, remote, output_bytes)
+    _check_finite(duration, transfer)
+    ops = OpTable(
+        rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
+        kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
+        duration_s=duration, wait=wait, send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer,
+    )
+    ops.__dict__["is_remote_send"] = remote  # the cached property, already known
+    return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
+                    optimizer_state_multiplier=optimizer_state_multiplier)
 
 
 def lower_columnar(
@@ -235,25 +261,64 @@ def lower_columnar(
     optimizer_state_multiplier: float = 1.0,
 ) -> Program:
     """``lower`` for a schedule generated as columns (``schedule.columnar``): the same Program,
-    column for column, without reading Op objects; ``Program.schedule`` builds them when read.
+    column for column, without reading Op objects (``Program.schedule`` builds them when read).
+
+    Every stage runs F, B and U only; F(s, i) sends stage s's output to s + 1 and B(s, i) the
+    gradient of stage s-1's output to s - 1, so each column is written through the order's
+    per-(stage, microbatch) indices from per-stage values.
 
     Raises:
         ConfigError: as ``lower``.
     """
     schedule = order.schedule
     devices = _devices(schedule, costs, topology, rank_devices)
-    p, length = schedule.num_stages, order.ops_per_rank
-    columns = ScheduleColumns(
+    p, length, total = schedule.num_stages, order.ops_per_rank, order.num_ops
+    forward_at, backward_at, update_at = order.forward_at, order.backward_at, order.update_at
+    duration = np.empty(total, dtype=np.float64)
+    for at, values in ((forward_at, costs.forward_s), (backward_at, costs.backward_s), (update_at, costs.update_s)):
+        duration[at] = np.asarray(values, dtype=np.float64)[:, None]
+    # Rank r runs stage r. The ops that send: F of stage s < p-1 to s + 1, B of s > 0 to s - 1,
+    # each with stage s's output (or its gradient) of ``output_bytes[s]`` for boundary s.
+    downstream, upstream = forward_at[:-1], backward_at[1:]
+    boundaries = np.arange(p - 1, dtype=np.int64)[:, None]
+    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)[:-1, None]
+    send_rank = np.full(total, -1, dtype=np.int64)
+    send_rank[downstream] = boundaries + 1
+    send_rank[upstream] = boundaries
+    send_bytes = np.zeros(total, dtype=np.float64)
+    send_bytes[downstream] = output_bytes
+    send_bytes[upstream] = output_bytes
+    remote = np.zeros(total, dtype=np.bool_)
+    remote[downstream] = True
+    remote[upstream] = True
+    transfer = np.zeros(total, dtype=np.float64)
+    for at, step in ((downstream, 1), (upstream, -1)):
+        transfer[at] = np.array([
+            topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
+            for s in range(p) if 0 <= s + step < p
+        ], dtype=np.float64).reshape(-1, 1)
+    _check_finite(duration, transfer)
+    ops = OpTable(
         rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
         rank=order.stage.copy(),
         position=np.tile(np.arange(length, dtype=np.int64), p),
         stage=order.stage,
         kind=order.kind,
         microbatch=order.microbatch,
+        minibatch=order.minibatch,
+        version=order.version,
+        duration_s=duration,
+        wait=order.wait,
+        send_rank=send_rank,
+        send_bytes=send_bytes,
+        transfer_s=transfer,
     )
-    return _program(schedule, costs, topology, devices, columns, order.minibatch, order.version, order.wait,
-                    order.send_target, microbatch_size=microbatch_size,
-                    optimizer_state_multiplier=optimizer_state_multiplier, previous_send=order.previous_send)
+    # The cached properties the order already gives (each rank's sends over a link run in
+    # microbatch order).
+    ops.__dict__["is_remote_send"] = remote
+    ops.__dict__["previous_send"] = order.previous_send
+    return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
+                    optimizer_state_multiplier=optimizer_state_multiplier)
 
 
 def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
@@ -273,60 +338,22 @@ def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
     return devices
 
 
-def _program(
-    schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], columns: ScheduleColumns,
-    minibatch: IntArray, version: IntArray, wait: IntArray, target: IntArray, *, microbatch_size: int,
-    optimizer_state_multiplier: float, previous_send: IntArray | None = None,
-) -> Program:
-    """Costs, sends and transfers of the ordered ops, and the Program around them."""
-    p = schedule.num_stages
-    halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
-    durations_by_kind = {
-        OpKind.F: costs.forward_s,
-        OpKind.B: costs.backward_s,
-        OpKind.I: costs.backward_input_s if halves is None else halves[0],
-        OpKind.W: costs.backward_weight_s if halves is None else halves[1],
-        OpKind.U: costs.update_s,
-    }
-    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(-1)
-    duration = table[columns.kind * p + columns.stage]
-    sends = target >= 0
-    stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
-    send_rank = np.where(sends, stage_to_rank[np.maximum(target, 0)], -1)
-    is_forward = columns.kind == F_CODE
-    boundary = np.where(is_forward, columns.stage, target)
-    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
-    send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
-    remote = sends & (send_rank != columns.rank)
-    transfer = transfer_column(topology, devices, stage_to_rank, columns.stage, is_forward, remote, output_bytes)
-    paths, nic_bandwidth = shared_paths(topology, devices, columns.rank, send_rank, remote)
+def _check_finite(duration: FloatArray, transfer: FloatArray) -> None:
     for name, values in (("duration_s", duration), ("transfer_s", transfer)):
         if not np.isfinite(values).all():
             raise ConfigError(name, float(values[~np.isfinite(values)][0]), "every op's time must be finite")
-    ops = OpTable(
-        rank_offsets=columns.rank_offsets,
-        rank=columns.rank,
-        position=columns.position,
-        stage=columns.stage,
-        kind=columns.kind,
-        microbatch=columns.microbatch,
-        minibatch=minibatch,
-        version=version,
-        duration_s=duration,
-        wait=wait,
-        send_rank=send_rank,
-        send_bytes=send_bytes,
-        transfer_s=transfer,
-    )
-    # Cached properties already known: the remote sends, and their order on each link when the
-    # generator gives it.
-    ops.__dict__["is_remote_send"] = remote
-    if previous_send is not None:
-        ops.__dict__["previous_send"] = previous_send
+
+
+def _program(
+    schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], ops: OpTable, *,
+    microbatch_size: int, optimizer_state_multiplier: float,
+) -> Program:
+    """The Program around an OpTable: sizes for memory, the run's meta, shared paths."""
+    paths, nic_bandwidth = shared_paths(topology, devices, ops.rank, ops.send_rank, ops.is_remote_send)
     meta = {
         "schedule": schedule.name,
         "weights": schedule.weights.value,
-        "num_stages": p,
+        "num_stages": schedule.num_stages,
         "num_microbatches": schedule.num_microbatches,
         "num_minibatches": schedule.num_minibatches,
         "num_ranks": schedule.num_ranks,

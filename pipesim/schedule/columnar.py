@@ -42,12 +42,13 @@ class ColumnarOrder:
     Attributes:
         schedule: the schedule's description; its ``ranks`` are built only when read.
         ops_per_rank: L, the length of every rank's order (rank r holds ``r*L:(r+1)*L``).
-        stage, kind, microbatch: per op (kind codes as ``OpKind``'s order; the update index for U).
-        minibatch: step index (a U counts in the minibatch of the op before it).
+        stage, kind, microbatch: per op (kind codes in ``OpKind``'s order; the update index for U).
+        minibatch: step index (a U counts in the minibatch of the backward before it).
         version: weight version used (for U: the version it updates), as ``assign_versions``.
         wait: flat index of the op of another stage whose output it waits for, or -1.
-        send_target: stage receiving the op's output, or -1.
         previous_send: flat index of the previous op sending over the same rank pair, or -1.
+        forward_at, backward_at: ``(p, K*m)``, flat index of F(s, i) and of B(s, i).
+        update_at: ``(p, updates per stage)``, flat index of the stage's U number j.
     """
 
     schedule: Schedule
@@ -58,37 +59,15 @@ class ColumnarOrder:
     minibatch: IntArray
     version: IntArray
     wait: IntArray
-    send_target: IntArray
     previous_send: IntArray
+    forward_at: IntArray
+    backward_at: IntArray
+    update_at: IntArray
 
     @property
     def num_ops(self) -> int:
         """Number of ops."""
         return int(self.stage.shape[0])
-
-
-def block_order(num_stages: int, num_microbatches: int, *, flush_all: bool) -> tuple[IntArray, IntArray]:
-    """Kind codes and microbatches of every stage's 1F1B (or GPipe) order, as ``(p, 2n)`` arrays.
-
-    Row s is ``one_f_one_b_order(p, s, n)``: position t holds a warm-up forward while
-    ``t < w`` (w = min(p - s - 1, n)), then F(j + w), B(j) pairs (t - w = 2j, 2j + 1), then the
-    cool-down backwards B(t - n) once ``t >= 2n - w``. GPipe is the same with w = n::
-
-        t:      0   1   2   3   4   5   6   7          p = 3, n = 4
-        s=0:   F0  F1  F2  B0  F3  B1  B2  B3          w = 2
-        s=2:   F0  B0  F1  B1  F2  B2  F3  B3          w = 0
-    """
-    n = num_microbatches
-    t = np.arange(2 * n, dtype=np.int64)[None, :]
-    stages = np.arange(num_stages, dtype=np.int64)[:, None]
-    w = np.full_like(stages, n) if flush_all else np.minimum(num_stages - 1 - stages, n)
-    offset = t - w
-    middle = (offset >= 0) & (t < 2 * n - w)
-    pair, odd = offset >> 1, offset & 1
-    is_forward = (offset < 0) | (middle & (odd == 0))
-    microbatch = np.where(offset < 0, t, np.where(middle, pair + w * (1 - odd), t - n))
-    kind = np.where(is_forward, F_CODE, B_CODE)
-    return kind, microbatch
 
 
 def columnar_order(
@@ -101,84 +80,89 @@ def columnar_order(
 ) -> ColumnarOrder:
     """The schedule ``build_schedule(name, p, m, num_minibatches=K)`` describes, as columns.
 
-    Flush schedules (gpipe, 1f1b) repeat one minibatch's order K times, a U after each; the
-    asynchronous ones run the 1F1B order over all K*m microbatches with a U after every
-    ``e``-th backward (e = 1 for pipedream and per-microbatch pipemare, else m). Call only
-    where ``is_columnar`` holds.
+    Flush schedules (gpipe, 1f1b) repeat one minibatch's order K times (blocks of n = m
+    microbatches), a U after its last backward; the asynchronous ones run one block of
+    n = K*m microbatches with a U after every e-th backward (e = 1 for pipedream and
+    per-microbatch pipemare, else m). Within a block, stage s runs the 1F1B order
+    (``one_f_one_b_order``): w = min(p - s - 1, n) warm-up forwards, then F(i + w), B(i)
+    pairs, then the cool-down backwards; GPipe is the same with w = n::
+
+        t:      0   1   2   3   4   5   6   7          p = 3, n = 4, no U
+        s=0:   F0  F1  F2  B0  F3  B1  B2  B3          w = 2
+        s=2:   F0  B0  F1  B1  F2  B2  F3  B3          w = 0
+
+    So F(i) sits at t = i (i < w) or 2i - w, and B(i) at w + 2i + 1 (i < n - w) or i + n;
+    each op then moves right by the U's before it: one per e backwards already run, and
+    max(0, i - w) backwards run before F(i), i before B(i). Call only where ``is_columnar``
+    holds.
     """
     assert is_columnar(name, num_stages, num_microbatches), (name, num_stages, num_microbatches)
-    p, m, k = num_stages, num_microbatches, num_minibatches
+    p, m = num_stages, num_microbatches
     policy = POLICIES[name]
     if policy is WeightPolicy.FLUSH:
-        num_blocks, n, every = k, m, m
+        num_blocks, n, every = num_minibatches, m, m
     else:
-        num_blocks, n = 1, k * m
+        num_blocks, n = 1, num_minibatches * m
         every = 1 if name == "pipedream" or (name == "pipemare" and update == "microbatch") else m
-    base_kind, base_micro = block_order(p, n, flush_all=name == "gpipe")
-    # Each triggering backward is followed by its U: base position t moves right by the
-    # number of triggers before it.
-    trigger = (base_kind == B_CODE) & ((base_micro + 1) % every == 0)
-    shift = np.cumsum(trigger, axis=1) - trigger
-    per_block = n // every  # updates in a block; each row has exactly these triggers
+    per_block = n // every  # U's in a block (n is a multiple of e)
     width = 2 * n + per_block
-    destination = np.arange(2 * n, dtype=np.int64)[None, :] + shift
-    update_at = destination[trigger].reshape(p, per_block) + 1
-    blocks = np.arange(num_blocks, dtype=np.int64)[None, :, None]
-    kind = np.empty((p, num_blocks, width), dtype=np.int64)
-    micro = np.empty((p, num_blocks, width), dtype=np.int64)
-    rows = np.arange(p, dtype=np.int64)[:, None, None]
-    kind[rows, blocks, destination[:, None, :]] = base_kind[:, None, :]
-    micro[rows, blocks, destination[:, None, :]] = base_micro[:, None, :] + blocks * n
-    kind[rows, blocks, update_at[:, None, :]] = U_CODE
-    micro[rows, blocks, update_at[:, None, :]] = np.arange(per_block, dtype=np.int64)[None, None, :] + blocks * per_block
     length = num_blocks * width
-    kind_flat, micro_flat = kind.reshape(-1), micro.reshape(-1)
-    return _derived_columns(name, p, m, k, update, policy, length, kind_flat, micro_flat)
+    stages = np.arange(p, dtype=np.int64)[:, None]
+    warmup = np.full_like(stages, n) if name == "gpipe" else np.minimum(p - 1 - stages, n)
+    i = np.arange(n, dtype=np.int64)[None, :]
+    forward_updates = np.maximum(i - warmup, 0) // every
+    backward_updates = np.broadcast_to(i // every, (p, n))
+    forward_pos = np.where(i < warmup, i, 2 * i - warmup) + forward_updates
+    backward_pos = np.where(i < n - warmup, warmup + 2 * i + 1, i + n) + backward_updates
+    update_pos = backward_pos[:, every - 1::every] + 1
+    # Flat index: rank offset + block offset + position in the block.
+    base = stages[:, :, None] * length + np.arange(num_blocks, dtype=np.int64)[None, :, None] * width
+    forward_at = (base + forward_pos[:, None, :]).reshape(p, -1)
+    backward_at = (base + backward_pos[:, None, :]).reshape(p, -1)
+    update_at = (base + update_pos[:, None, :]).reshape(p, -1)
+    # The stage's updates so far (its current version) at each F and B.
+    block_updates = np.arange(num_blocks, dtype=np.int64)[None, :, None] * per_block
+    forward_now = (block_updates + forward_updates[:, None, :]).reshape(p, -1)
+    backward_now = (block_updates + backward_updates[:, None, :]).reshape(p, -1)
 
-
-def _derived_columns(
-    name: str, p: int, m: int, k: int, update: str, policy: WeightPolicy, length: int,
-    kind: IntArray, micro: IntArray,
-) -> ColumnarOrder:
-    """Minibatch, version, wait, send target and previous send of the order (kind, micro)."""
     total = p * length
-    stage = np.repeat(np.arange(p, dtype=np.int64), length)
-    is_update = kind == U_CODE
-    is_forward, is_backward = kind == F_CODE, kind == B_CODE
-    minibatch = micro // m
-    updates = np.flatnonzero(is_update)
-    minibatch[updates] = minibatch[updates - 1]  # the backward it follows (never a U, never across ranks)
-    # Flat index of the F and of the B of every (stage, microbatch).
-    num_micro = k * m
-    forward_at = np.empty(p * num_micro, dtype=np.int64)
-    backward_at = np.empty(p * num_micro, dtype=np.int64)
-    forwards, backwards = np.flatnonzero(is_forward), np.flatnonzero(is_backward)
-    forward_at[stage[forwards] * num_micro + micro[forwards]] = forwards
-    backward_at[stage[backwards] * num_micro + micro[backwards]] = backwards
-    forward_at, backward_at = forward_at.reshape(p, num_micro), backward_at.reshape(p, num_micro)
-    now = np.cumsum(is_update.reshape(p, length), axis=1).reshape(-1) - is_update
+    num_micro, num_updates = num_blocks * n, num_blocks * per_block
+    micro_index = np.arange(num_micro, dtype=np.int64)
+    update_index = np.arange(num_updates, dtype=np.int64)
+    kind = np.full(total, B_CODE, dtype=np.int64)
+    kind[forward_at] = F_CODE
+    kind[update_at] = U_CODE
+    microbatch = np.empty(total, dtype=np.int64)
+    microbatch[forward_at] = micro_index
+    microbatch[backward_at] = micro_index
+    microbatch[update_at] = update_index
+    minibatch = np.empty(total, dtype=np.int64)
+    step = micro_index // m
+    minibatch[forward_at] = step
+    minibatch[backward_at] = step
+    minibatch[update_at] = ((update_index + 1) * every - 1) // m  # the backward before it
+    version = np.empty(total, dtype=np.int64)
+    version[update_at] = update_index
     if policy is WeightPolicy.DOUBLE_BUFFER:
-        version = np.where(is_update, now, np.maximum(0, minibatch - 1))
-    elif policy is WeightPolicy.STASH:
-        version = now.copy()
-        version[backward_at.reshape(-1)] = now[forward_at.reshape(-1)]
+        version[forward_at] = version[backward_at] = np.maximum(step - 1, 0)
     else:
-        version = now
-    # Inputs from other stages and where outputs go: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i).
+        version[forward_at] = forward_now
+        # STASH: a backward on its forward's version; FLUSH and SINGLE: the current one.
+        version[backward_at] = forward_now if policy is WeightPolicy.STASH else backward_now
+    # Inputs from other stages: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i); a rank's sends
+    # over one link are its forwards (or its backwards) in microbatch order.
     wait = np.full(total, -1, dtype=np.int64)
-    send_target = np.full(total, -1, dtype=np.int64)
-    previous_send = np.full(total, -1, dtype=np.int64)
     wait[forward_at[1:]] = forward_at[:-1]
     wait[backward_at[:-1]] = backward_at[1:]
-    send_target[forward_at[:-1]] = np.arange(1, p, dtype=np.int64)[:, None]
-    send_target[backward_at[1:]] = np.arange(0, p - 1, dtype=np.int64)[:, None]
-    # A rank's sends over one link are its forwards (or its backwards) in microbatch order.
+    previous_send = np.full(total, -1, dtype=np.int64)
     previous_send[forward_at[:-1, 1:]] = forward_at[:-1, :-1]
     previous_send[backward_at[1:, 1:]] = backward_at[1:, :-1]
-    schedule = deferred_schedule(name, p, m, k, update, policy, total)
-    return ColumnarOrder(schedule=schedule, ops_per_rank=length, stage=stage, kind=kind, microbatch=micro,
-                         minibatch=minibatch, version=version, wait=wait, send_target=send_target,
-                         previous_send=previous_send)
+    schedule = deferred_schedule(name, p, m, num_minibatches, update, policy, total)
+    return ColumnarOrder(
+        schedule=schedule, ops_per_rank=length, stage=np.repeat(np.arange(p, dtype=np.int64), length), kind=kind,
+        microbatch=microbatch, minibatch=minibatch, version=version, wait=wait, previous_send=previous_send,
+        forward_at=forward_at, backward_at=backward_at, update_at=update_at,
+    )
 
 
 def _registry_ranks(name: str, num_stages: int, num_microbatches: int, num_minibatches: int,
@@ -234,5 +218,5 @@ def deferred_schedule(name: str, num_stages: int, num_microbatches: int, num_min
     return schedule
 
 
-__all__ = ["ColumnarOrder", "DeferredSchedule", "POLICIES", "block_order", "columnar_order",
+__all__ = ["ColumnarOrder", "DeferredSchedule", "POLICIES", "columnar_order",
            "deferred_schedule", "is_columnar"]
