@@ -146,6 +146,7 @@ def prepare(
     *,
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
+    columnar: bool = True,
 ) -> Program:
     """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
     and the topology.
@@ -155,7 +156,8 @@ def prepare(
     and dominated simulate() at large p); a schedule passed in is validated. gpipe, 1f1b,
     pipedream, 2bw and pipemare on one stage per rank are generated as columns
     (``schedule.columnar``) and lowered without Op objects: the Program's schedule builds its
-    ops only when something reads them (a test holds both ways equal, column by column).
+    ops only when something reads them (a test holds both ways equal, column by column);
+    ``columnar=False`` takes the Op way for them too (the reference, for tests and benchmarks).
 
     Raises:
         ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
@@ -165,7 +167,7 @@ def prepare(
     is_given = schedule is not None
     options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
     order: ColumnarOrder | None = None
-    if schedule is None and is_columnar(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks):
+    if columnar and schedule is None and is_columnar(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks):
         order = columnar_order(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches,
                                **options)
         schedule = order.schedule

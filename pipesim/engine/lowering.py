@@ -300,7 +300,7 @@ def lower_columnar(
     _check_finite(duration, transfer)
     ops = OpTable(
         rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
-        rank=order.stage.copy(),
+        rank=order.stage,  # rank r runs stage r: one (read-only) array
         position=np.tile(np.arange(length, dtype=np.int64), p),
         stage=order.stage,
         kind=order.kind,

@@ -120,10 +120,6 @@ def columnar_order(
     forward_at = (base + forward_pos[:, None, :]).reshape(p, -1)
     backward_at = (base + backward_pos[:, None, :]).reshape(p, -1)
     update_at = (base + update_pos[:, None, :]).reshape(p, -1)
-    # The stage's updates so far (its current version) at each F and B.
-    block_updates = np.arange(num_blocks, dtype=np.int64)[None, :, None] * per_block
-    forward_now = (block_updates + forward_updates[:, None, :]).reshape(p, -1)
-    backward_now = (block_updates + backward_updates[:, None, :]).reshape(p, -1)
 
     total = p * length
     num_micro, num_updates = num_blocks * n, num_blocks * per_block
@@ -141,14 +137,17 @@ def columnar_order(
     minibatch[forward_at] = step
     minibatch[backward_at] = step
     minibatch[update_at] = ((update_index + 1) * every - 1) // m  # the backward before it
-    version = np.empty(total, dtype=np.int64)
-    version[update_at] = update_index
-    if policy is WeightPolicy.DOUBLE_BUFFER:
-        version[forward_at] = version[backward_at] = np.maximum(step - 1, 0)
+    if policy is WeightPolicy.FLUSH:
+        version = minibatch  # minibatch k runs on version k: its stage has made k updates
     else:
-        version[forward_at] = forward_now
-        # STASH: a backward on its forward's version; FLUSH and SINGLE: the current one.
-        version[backward_at] = forward_now if policy is WeightPolicy.STASH else backward_now
+        version = np.empty(total, dtype=np.int64)
+        version[update_at] = update_index
+        if policy is WeightPolicy.DOUBLE_BUFFER:
+            version[forward_at] = version[backward_at] = np.maximum(step - 1, 0)
+        else:  # one block: the updates before an op are its stage's current version
+            version[forward_at] = forward_updates
+            # STASH: a backward on its forward's version; SINGLE: the current one.
+            version[backward_at] = forward_updates if policy is WeightPolicy.STASH else backward_updates
     # Inputs from other stages: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i); a rank's sends
     # over one link are its forwards (or its backwards) in microbatch order.
     wait = np.full(total, -1, dtype=np.int64)
@@ -157,11 +156,14 @@ def columnar_order(
     previous_send = np.full(total, -1, dtype=np.int64)
     previous_send[forward_at[:-1, 1:]] = forward_at[:-1, :-1]
     previous_send[backward_at[1:, 1:]] = backward_at[1:, :-1]
+    stage = np.repeat(np.arange(p, dtype=np.int64), length)
+    for column in (stage, kind, microbatch, minibatch, version, wait, previous_send):
+        column.flags.writeable = False  # read only: columns may be shared (version is minibatch under FLUSH)
     schedule = deferred_schedule(name, p, m, num_minibatches, update, policy, total)
     return ColumnarOrder(
-        schedule=schedule, ops_per_rank=length, stage=np.repeat(np.arange(p, dtype=np.int64), length), kind=kind,
-        microbatch=microbatch, minibatch=minibatch, version=version, wait=wait, previous_send=previous_send,
-        forward_at=forward_at, backward_at=backward_at, update_at=update_at,
+        schedule=schedule, ops_per_rank=length, stage=stage, kind=kind, microbatch=microbatch, minibatch=minibatch,
+        version=version, wait=wait, previous_send=previous_send, forward_at=forward_at, backward_at=backward_at,
+        update_at=update_at,
     )
 
 
