@@ -89,14 +89,15 @@ def machine() -> str:
 def table(compiled: dict[str, Any], plain: dict[str, Any], kept: dict[str, Any],
           baseline: dict[str, Any] | None) -> list[str]:
     head = "| schedule | p | m | ops | Op path ms | columnar ms | speed-up | columnar, plain ms | " \
-           "columnar, memory kept ms | analytic engine ms | prepare / engine |"
-    lines = [head + (" main's prepare ms |" if baseline else ""), "|" + "---|" * (11 + bool(baseline))]
+           "columnar, memory kept ms | analytic engine ms | engine, plain ms | prepare / engine |"
+    lines = [head + (" main's prepare ms |" if baseline else ""), "|" + "---|" * (12 + bool(baseline))]
     for index, row in enumerate(compiled["rows"]):
         plain_row, kept_row = plain["rows"][index], kept["rows"][index]
         cells = [row["schedule"], row["p"], row["m"], f"{row['ops']:,}", f"{row['op'] * 1e3:.1f}",
                  f"{row['columnar'] * 1e3:.2f}", f"{row['op'] / row['columnar']:.0f}x",
                  f"{plain_row['columnar'] * 1e3:.2f}", f"{kept_row['columnar'] * 1e3:.2f}",
-                 f"{row['engine'] * 1e3:.1f}", f"{row['columnar'] / row['engine']:.2f}"]
+                 f"{row['engine'] * 1e3:.1f}", f"{plain_row['engine'] * 1e3:.1f}",
+                 f"{row['columnar'] / row['engine']:.2f}"]
         if baseline:
             cells.append(f"{baseline['rows'][index]['columnar'] * 1e3:.1f}")
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
