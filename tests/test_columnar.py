@@ -169,3 +169,19 @@ def test_other_schedules_and_bad_counts_keep_the_op_path() -> None:
     assert not isinstance(program.schedule, DeferredSchedule)
     with pytest.raises(ConfigError, match="must be >= num_stages for 2bw"):
         prepare(profile, Topology.uniform(num_devices=4), plan_for(profile, "2bw", 4, 3, 2))
+
+
+def test_a_time_that_is_not_finite_is_refused_as_on_the_op_path() -> None:
+    from pipesim.engine.lowering import lower, lower_columnar
+
+    profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=8.0)
+    topology = Topology.uniform(num_devices=4)
+    fast = prepare(profile, topology, plan_for(profile, "1f1b", 4, 4, 1))
+    costs = dataclasses.replace(fast.costs, backward_s=(2e-3, float("inf"), 2e-3, 2e-3))
+    messages = []
+    for run in (lambda: lower_columnar(columnar_order("1f1b", 4, 4, 1), costs, topology),
+                lambda: lower(build_schedule("1f1b", 4, 4), costs, topology)):
+        with pytest.raises(ConfigError, match="every op's time must be finite") as error:
+            run()
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]

@@ -274,9 +274,10 @@ def lower_columnar(
     devices = _devices(schedule, costs, topology, rank_devices)
     p, length, total = schedule.num_stages, order.ops_per_rank, order.num_ops
     forward_at, backward_at, update_at = order.forward_at, order.backward_at, order.update_at
+    per_stage = [np.asarray(values, dtype=np.float64) for values in (costs.forward_s, costs.backward_s, costs.update_s)]
     duration = np.empty(total, dtype=np.float64)
-    for at, values in ((forward_at, costs.forward_s), (backward_at, costs.backward_s), (update_at, costs.update_s)):
-        duration[at] = np.asarray(values, dtype=np.float64)[:, None]
+    for at, values in zip((forward_at, backward_at, update_at), per_stage, strict=True):
+        duration[at] = values[:, None]
     # Rank r runs stage r. The ops that send: F of stage s < p-1 to s + 1, B of s > 0 to s - 1,
     # each with stage s's output (or its gradient) of ``output_bytes[s]`` for boundary s.
     downstream, upstream = forward_at[:-1], backward_at[1:]
@@ -293,11 +294,16 @@ def lower_columnar(
     remote[upstream] = True
     transfer = np.zeros(total, dtype=np.float64)
     for at, step in ((downstream, 1), (upstream, -1)):
-        transfer[at] = np.array([
+        times = np.array([
             topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
             for s in range(p) if 0 <= s + step < p
-        ], dtype=np.float64).reshape(-1, 1)
-    _check_finite(duration, transfer)
+        ], dtype=np.float64)
+        transfer[at] = times[:, None]
+        per_stage.append(times)
+    # Every value above lands in its column (every stage runs F, B and U; every boundary
+    # carries sends both ways), so the columns are finite when these are.
+    if not all(np.isfinite(values).all() for values in per_stage):
+        _check_finite(duration, transfer)  # raises, naming the first op's value
     ops = OpTable(
         rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
         rank=order.stage,  # rank r runs stage r: one (read-only) array
