@@ -167,9 +167,9 @@ def prepare(
     is_given = schedule is not None
     options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
     order: ColumnarOrder | None = None
-    if columnar and schedule is None and is_columnar(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_ranks):
-        order = columnar_order(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches,
-                               **options)
+    p, m = plan.num_stages, plan.num_microbatches
+    if columnar and schedule is None and is_columnar(plan.schedule, p, m, plan.num_ranks):
+        order = columnar_order(plan.schedule, p, m, plan.num_minibatches, **options)
         schedule = order.schedule
     if schedule is None:
         schedule = build_schedule(

@@ -228,8 +228,8 @@ def lower(
         OpKind.W: costs.backward_weight_s if halves is None else halves[1],
         OpKind.U: costs.update_s,
     }
-    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(-1)
-    duration = table[columns.kind * p + columns.stage]
+    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(len(KIND_ORDER), p)
+    duration = table[columns.kind, columns.stage]
     target = send_target_column(schedule, columns)
     sends = target >= 0
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)

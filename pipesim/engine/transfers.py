@@ -29,7 +29,6 @@ class SharedPath:
     nics: tuple[str, ...]
 
 
-
 def transfer_column(
     topology: Topology, devices: tuple[int, ...], stage_to_rank: IntArray, stage: IntArray, is_forward: BoolArray,
     remote: BoolArray, output_bytes: FloatArray,
