@@ -69,3 +69,9 @@ bench-schedules: $(STAMP)
 # into its section of benchmarks/RESULTS.md (takes several minutes; run it on a quiet machine).
 bench-validate: $(STAMP)
 	$(PY) benchmarks/bench_validate.py
+
+# prepare() per point: the columnar schedules against the Op path, compiled and plain kernels,
+# into its section of benchmarks/RESULTS.md (a minute or two).
+.PHONY: bench-prepare
+bench-prepare: $(STAMP)
+	$(PY) benchmarks/bench_prepare.py

@@ -10,11 +10,12 @@ import numpy as np
 
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
-from pipesim.engine.lowering import Program, lower
+from pipesim.engine.lowering import Program, lower, lower_columnar
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics
+from pipesim.schedule.columnar import ColumnarOrder, columnar_order, is_columnar
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
 from pipesim.spec.plan import Plan
@@ -145,24 +146,32 @@ def prepare(
     *,
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
+    columnar: bool = True,
 ) -> Program:
     """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
     and the topology.
 
     A schedule built here comes from the registry, whose generators are held valid by the
     property tests, so it is lowered without re-validating it (validation is O(ops) in Python
-    and dominated simulate() at large p); a schedule passed in is validated.
+    and dominated simulate() at large p); a schedule passed in is validated. gpipe, 1f1b,
+    pipedream, 2bw and pipemare on one stage per rank are generated as columns
+    (``schedule.columnar``) and lowered without Op objects: the Program's schedule builds its
+    ops only when something reads them (a test holds both ways equal, column by column);
+    ``columnar=False`` takes the Op way for them too (the reference, for tests and benchmarks).
 
     Raises:
         ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
             larger than ``max_ops``, or an input breaks a rule.
     """
     check_size(plan, profile, max_ops)
-    trusted = schedule is None
+    is_given = schedule is not None
+    options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
+    order: ColumnarOrder | None = None
+    p, m = plan.num_stages, plan.num_microbatches
+    if columnar and schedule is None and is_columnar(plan.schedule, p, m, plan.num_ranks):
+        order = columnar_order(plan.schedule, p, m, plan.num_minibatches, **options)
+        schedule = order.schedule
     if schedule is None:
-        options: dict[str, Any] = {}
-        if plan.schedule == "pipemare":
-            options["update"] = plan.pipemare_update
         schedule = build_schedule(
             plan.schedule, plan.num_stages, plan.num_microbatches,
             num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options,
@@ -179,13 +188,11 @@ def prepare(
     devices = rank_devices(schedule, plan)
     stage_devices = tuple(devices[rank] for rank in schedule.stage_to_rank)
     costs = stage_costs(profile, plan, topology, stage_devices=stage_devices)
-    return lower(
-        schedule, costs, topology,
-        rank_devices=devices,
-        microbatch_size=profile.microbatch_size,
-        optimizer_state_multiplier=plan.optimizer_state_multiplier,
-        check=not trusted,
-    )
+    common: dict[str, Any] = {"rank_devices": devices, "microbatch_size": profile.microbatch_size,
+                              "optimizer_state_multiplier": plan.optimizer_state_multiplier}
+    if order is not None:
+        return lower_columnar(order, costs, topology, **common)
+    return lower(schedule, costs, topology, check=is_given, **common)
 
 
 def simulate_plan(

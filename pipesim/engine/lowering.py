@@ -20,17 +20,20 @@ from pipesim.engine.columns import (
     version_column,
     wait_column,
 )
+from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
+from pipesim.schedule.columnar import ColumnarOrder
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts
 from pipesim.spec.topology import Topology
 
-__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "SharedPath", "lower", "split_evenly"]
+__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "SharedPath", "lower", "lower_columnar", "split_evenly"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -131,20 +134,6 @@ class OpTable:
         return previous
 
 
-@dataclass(frozen=True)
-class SharedPath:
-    """A rank-to-rank path whose bandwidth is shared with other flows (DES engine only).
-
-    Attributes:
-        latency_s: fixed cost of every transfer on it, seconds.
-        nics: the NICs it crosses (``Topology.shared_nics``); each NIC's bandwidth is split
-            max-min fairly among the flows crossing it at any moment.
-    """
-
-    latency_s: float
-    nics: tuple[str, ...]
-
-
 @dataclass(frozen=True, eq=False)
 class Program:
     """A schedule lowered for the engines: its ops by column, plus sizes for memory.
@@ -223,22 +212,13 @@ def lower(
             duration that is not finite.
         ScheduleError: the schedule is invalid (when ``check``) or its versions cannot be assigned.
     """
-    if costs.num_stages != schedule.num_stages:
-        raise ConfigError(
-            "num_stages", schedule.num_stages, f"schedule and stage costs disagree "
-            f"(schedule: {schedule.num_stages}, costs: {costs.num_stages})",
-        )
-    devices = rank_devices or tuple(range(schedule.num_ranks))
-    if len(devices) != schedule.num_ranks or max(devices) >= topology.num_devices:
-        raise ConfigError(
-            "devices", topology.num_devices,
-            f"the topology must have a device for each of the {schedule.num_ranks} ranks",
-        )
+    devices = _devices(schedule, costs, topology, rank_devices)
     if check:
         validate(schedule)
     columns = schedule_columns(schedule)
     minibatch = minibatch_column(schedule, columns)
     version = version_column(schedule, columns, minibatch)
+    wait = wait_column(schedule, columns)
     p = schedule.num_stages
     halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
     durations_by_kind = {
@@ -254,33 +234,132 @@ def lower(
     sends = target >= 0
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     send_rank = np.where(sends, stage_to_rank[np.maximum(target, 0)], -1)
-    boundary = np.where(columns.kind == F_CODE, columns.stage, target)
+    is_forward = columns.kind == F_CODE
+    boundary = np.where(is_forward, columns.stage, target)
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
     send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
-    transfer = _transfer_column(topology, devices, columns.rank, send_rank, np.maximum(boundary, 0), output_bytes)
-    shared_paths, nic_bandwidth = _shared_paths(topology, devices, columns.rank, send_rank)
-    for name, values in (("duration_s", duration), ("transfer_s", transfer)):
-        if not np.isfinite(values).all():
-            raise ConfigError(name, float(values[~np.isfinite(values)][0]), "every op's time must be finite")
+    remote = sends & (send_rank != columns.rank)
+    transfer = transfer_column(topology, devices, stage_to_rank, columns.stage, is_forward, remote, output_bytes)
+    _check_finite(duration, transfer)
     ops = OpTable(
-        rank_offsets=columns.rank_offsets,
-        rank=columns.rank,
-        position=columns.position,
-        stage=columns.stage,
-        kind=columns.kind,
-        microbatch=columns.microbatch,
-        minibatch=minibatch,
-        version=version,
+        rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
+        kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
+        duration_s=duration, wait=wait, send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer,
+    )
+    ops.__dict__["is_remote_send"] = remote  # the cached property, already known
+    return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
+                    optimizer_state_multiplier=optimizer_state_multiplier)
+
+
+def lower_columnar(
+    order: ColumnarOrder,
+    costs: StageCosts,
+    topology: Topology,
+    *,
+    rank_devices: tuple[int, ...] | None = None,
+    microbatch_size: int = 1,
+    optimizer_state_multiplier: float = 1.0,
+) -> Program:
+    """``lower`` for a schedule generated as columns (``schedule.columnar``): the same Program,
+    column for column, without reading Op objects (``Program.schedule`` builds them when read).
+
+    Every stage runs F, B and U only; F(s, i) sends stage s's output to s + 1 and B(s, i) the
+    gradient of stage s-1's output to s - 1, so each column is written through the order's
+    per-(stage, microbatch) indices from per-stage values.
+
+    Raises:
+        ConfigError: as ``lower``.
+    """
+    schedule = order.schedule
+    devices = _devices(schedule, costs, topology, rank_devices)
+    p, length, total = schedule.num_stages, order.ops_per_rank, order.num_ops
+    forward_at, backward_at, update_at = order.forward_at, order.backward_at, order.update_at
+    per_stage = [np.asarray(values, dtype=np.float64) for values in (costs.forward_s, costs.backward_s, costs.update_s)]
+    duration = np.empty(total, dtype=np.float64)
+    for at, values in zip((forward_at, backward_at, update_at), per_stage, strict=True):
+        duration[at] = values[:, None]
+    # Rank r runs stage r. The ops that send: F of stage s < p-1 to s + 1, B of s > 0 to s - 1,
+    # each with stage s's output (or its gradient) of ``output_bytes[s]`` for boundary s.
+    downstream, upstream = forward_at[:-1], backward_at[1:]
+    boundaries = np.arange(p - 1, dtype=np.int64)[:, None]
+    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)[:-1, None]
+    send_rank = np.full(total, -1, dtype=np.int64)
+    send_rank[downstream] = boundaries + 1
+    send_rank[upstream] = boundaries
+    send_bytes = np.zeros(total, dtype=np.float64)
+    send_bytes[downstream] = output_bytes
+    send_bytes[upstream] = output_bytes
+    remote = np.zeros(total, dtype=np.bool_)
+    remote[downstream] = True
+    remote[upstream] = True
+    transfer = np.zeros(total, dtype=np.float64)
+    for at, step in ((downstream, 1), (upstream, -1)):
+        times = np.array([
+            topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
+            for s in range(p) if 0 <= s + step < p
+        ], dtype=np.float64)
+        transfer[at] = times[:, None]
+        per_stage.append(times)
+    # Every value above lands in its column (every stage runs F, B and U; every boundary
+    # carries sends both ways), so the columns are finite when these are.
+    if not all(np.isfinite(values).all() for values in per_stage):
+        _check_finite(duration, transfer)  # raises, naming the first op's value
+    ops = OpTable(
+        rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
+        rank=order.stage,  # rank r runs stage r: one (read-only) array
+        position=np.tile(np.arange(length, dtype=np.int64), p),
+        stage=order.stage,
+        kind=order.kind,
+        microbatch=order.microbatch,
+        minibatch=order.minibatch,
+        version=order.version,
         duration_s=duration,
-        wait=wait_column(schedule, columns),
+        wait=order.wait,
         send_rank=send_rank,
         send_bytes=send_bytes,
         transfer_s=transfer,
     )
+    # The cached properties the order already gives (each rank's sends over a link run in
+    # microbatch order).
+    ops.__dict__["is_remote_send"] = remote
+    ops.__dict__["previous_send"] = order.previous_send
+    return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
+                    optimizer_state_multiplier=optimizer_state_multiplier)
+
+
+def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
+             rank_devices: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The device of every rank, after checking costs and topology fit the schedule."""
+    if costs.num_stages != schedule.num_stages:
+        raise ConfigError(
+            "num_stages", schedule.num_stages, f"schedule and stage costs disagree "
+            f"(schedule: {schedule.num_stages}, costs: {costs.num_stages})",
+        )
+    devices = rank_devices or tuple(range(schedule.num_ranks))
+    if len(devices) != schedule.num_ranks or max(devices) >= topology.num_devices:
+        raise ConfigError(
+            "devices", topology.num_devices,
+            f"the topology must have a device for each of the {schedule.num_ranks} ranks",
+        )
+    return devices
+
+
+def _check_finite(duration: FloatArray, transfer: FloatArray) -> None:
+    for name, values in (("duration_s", duration), ("transfer_s", transfer)):
+        if not np.isfinite(values).all():
+            raise ConfigError(name, float(values[~np.isfinite(values)][0]), "every op's time must be finite")
+
+
+def _program(
+    schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], ops: OpTable, *,
+    microbatch_size: int, optimizer_state_multiplier: float,
+) -> Program:
+    """The Program around an OpTable: sizes for memory, the run's meta, shared paths."""
+    paths, nic_bandwidth = shared_paths(topology, devices, ops.rank, ops.send_rank, ops.is_remote_send)
     meta = {
         "schedule": schedule.name,
         "weights": schedule.weights.value,
-        "num_stages": p,
+        "num_stages": schedule.num_stages,
         "num_microbatches": schedule.num_microbatches,
         "num_minibatches": schedule.num_minibatches,
         "num_ranks": schedule.num_ranks,
@@ -302,48 +381,7 @@ def lower(
         ops=ops,
         keeps_versions=schedule.weights in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER),
         meta=meta,
-        has_link_contention=bool(shared_paths),
-        shared_paths=shared_paths,
+        has_link_contention=bool(paths),
+        shared_paths=paths,
         nic_bandwidth_bytes_per_s=nic_bandwidth,
     )
-
-
-def _transfer_column(
-    topology: Topology, devices: tuple[int, ...], rank: IntArray, send_rank: IntArray, boundary: IntArray,
-    output_bytes: FloatArray,
-) -> FloatArray:
-    """Link time of every op's send: ``topology.transfer_s`` once per (rank, peer, boundary)."""
-    transfer = np.zeros(rank.shape[0], dtype=np.float64)
-    remote = np.flatnonzero((send_rank >= 0) & (send_rank != rank))
-    if remote.size == 0:
-        return transfer
-    num_ranks, num_stages = len(devices), output_bytes.shape[0]
-    key = (rank[remote] * num_ranks + send_rank[remote]) * num_stages + boundary[remote]
-    unique, inverse = np.unique(key, return_inverse=True)
-    times = np.array([
-        topology.transfer_s(devices[k // num_stages // num_ranks], devices[k // num_stages % num_ranks],
-                            float(output_bytes[k % num_stages]))
-        for k in unique.tolist()
-    ], dtype=np.float64)
-    transfer[remote] = times[inverse.reshape(-1)]
-    return transfer
-
-
-def _shared_paths(
-    topology: Topology, devices: tuple[int, ...], rank: IntArray, send_rank: IntArray,
-) -> tuple[dict[tuple[int, int], SharedPath], dict[str, float]]:
-    """The rank pairs that carry sends over shared NICs, and those NICs' capacities."""
-    if not topology.has_contention:
-        return {}, {}
-    remote = (send_rank >= 0) & (send_rank != rank)
-    pairs = np.unique(np.stack([rank[remote], send_rank[remote]], axis=1), axis=0)
-    shared: dict[tuple[int, int], SharedPath] = {}
-    capacity: dict[str, float] = {}
-    for source, target in pairs.tolist():
-        src, dst = devices[source], devices[target]
-        nics = topology.shared_nics(src, dst)
-        latency_s, bandwidth = topology.link_cost(src, dst)
-        if nics is not None and math.isfinite(bandwidth):
-            shared[(source, target)] = SharedPath(latency_s=latency_s, nics=nics)
-            capacity.update(dict.fromkeys(nics, bandwidth))
-    return shared, capacity
