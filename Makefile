@@ -43,7 +43,7 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep bench-validate
+bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-validate
 
 .PHONY: bench-planner
 # Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
