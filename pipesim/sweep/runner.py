@@ -95,7 +95,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     if count < 1:
         raise ConfigError("workers", count, "must be >= 1")
     cluster = LocalCluster(  # type: ignore[no-untyped-call]
-        n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+        # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
+        # another cluster holds that port, so let the OS choose one.
+        n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
         silence_logs=logging.ERROR,
     )
     try:
