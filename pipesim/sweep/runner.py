@@ -257,7 +257,7 @@ def _identity(value: Any) -> Any:
 
 
 def _span(future: Any, futures: list[Any], batches: list[list[dict[str, Any]]]) -> str:
-    """"FIRST..LAST", the points of the batch a future ran."""
+    """The points of the batch a future ran, as "FIRST..LAST"."""
     batch = batches[futures.index(future)]
     return f"{batch[0]['point']}..{batch[-1]['point']}"
 
