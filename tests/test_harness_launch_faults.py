@@ -118,7 +118,6 @@ def test_a_rendezvous_port_taken_under_the_launcher_fails_rank_0_naming_the_port
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize(("extra", "expected"), [
     (("--backend", "nccl", "--device", "cuda"), "backend='nccl': needs CUDA, and torch"),
-    (("--backend", "gloo", "--device", "cuda"), "device='cuda': needs CUDA, and torch"),
     (("--backend", "nccl"), "backend='nccl': nccl needs --device cuda"),
     (("--backend", "mpi"), "'mpi' is not one of 'gloo', 'nccl'"),
 ])

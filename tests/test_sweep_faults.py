@@ -258,8 +258,11 @@ def test_a_write_refused_by_the_disk_keeps_the_chunks_and_resume_completes(tmp_p
 def user_namespaces_work(folder: Path) -> bool:
     if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                           capture_output=True, timeout=30)
+    try:
+        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return probe.returncode == 0
 
 
