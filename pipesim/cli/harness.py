@@ -181,6 +181,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @training_options
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True,
               help="Seconds a rank may stay on one op before the run is declared hung.")
+@click.option("--master-port", type=int, default=None,
+              help="Rendezvous port on 127.0.0.1 (default: one the OS reports free).")
 @click.option("--weights-out", type=str, default="", help="Folder for each stage's final weights (stageS.pt).")
 @click.option("--run-dir", type=str, default=None, help="Keep the ranks' logs and records in this folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
@@ -188,15 +190,15 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
                 partition: str | None, num_ranks: int, backend: str, device: str, threads: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
-                pipemare_correction_decay: float, op_timeout_s: float, weights_out: str, run_dir: str | None,
-                as_json: bool, out_path: str) -> None:
+                pipemare_correction_decay: float, op_timeout_s: float, master_port: int | None, weights_out: str,
+                run_dir: str | None, as_json: bool, out_path: str) -> None:
     """Run SCHEDULE for real on P local processes (torch.distributed) and write the measured trace."""
     from pipesim.harness import RunFailedError, require_torch
 
     require_torch()
     from pipesim.engine.trace import Trace
     from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
-    from pipesim.harness.launch import launch
+    from pipesim.harness.launch import check_port, launch
     from pipesim.metrics import compute_metrics
     from pipesim.spec.stages import balance_partition
 
@@ -215,8 +217,11 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
         training=build_training(learning_rate, pipemare_warmup_updates, pipemare_correction,
                                 pipemare_correction_decay),
         trace_out=out_path, weights_out=weights_out, num_ranks=num_ranks)
+    if master_port is not None:
+        check_port(master_port)
     try:
-        wall = launch(config, op_timeout_s=op_timeout_s, run_dir=Path(run_dir) if run_dir else None)
+        wall = launch(config, op_timeout_s=op_timeout_s, run_dir=Path(run_dir) if run_dir else None,
+                      master_port=master_port)
     except RunFailedError as error:
         run_failed(error)
         return

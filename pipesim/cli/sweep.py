@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from pathlib import Path
@@ -9,7 +10,8 @@ from typing import Any
 
 import click
 
-from pipesim.sweep.runner import run_sweep
+from pipesim.sweep.runner import WORKER_TIMEOUT_S, run_sweep
+from pipesim.sweep.store import SweepFailedError
 
 
 class _ProgressBar:
@@ -52,22 +54,34 @@ class _ProgressBar:
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep from OUT.parts/, skipping finished points.")
 @click.option("--batch-size", type=int, default=None, help="Points per Dask task (default: about 32 tasks per worker).")
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+@click.option("--worker-timeout", "worker_timeout_s", type=float, default=WORKER_TIMEOUT_S, show_default=True,
+              help="Seconds the cluster may have no worker before the sweep stops (finished points are kept).")
 def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str | None, resume: bool,
-                  batch_size: int | None, progress: bool | None) -> None:
+                  batch_size: int | None, progress: bool | None, worker_timeout_s: float) -> None:
     """Simulate every point of SPEC.yaml (the product of its lists, filtered by where:) into one table.
 
     Rows stream to OUT.parts/ as batches finish; an interrupted sweep continues with --resume.
     """
     if workers is not None and scheduler is not None:
         raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
+    import distributed  # noqa: F401 - sets its loggers' levels on import, so quiet them after
+
+    # Dask's and tornado's own logs of a lost worker or scheduler would break the one-line messages below.
+    for name in [*logging.root.manager.loggerDict, "distributed", "tornado"]:
+        if name.split(".")[0] in ("distributed", "tornado"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     bar = _ProgressBar(sys.stderr.isatty() if progress is None else progress)
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
-                            batch_size=batch_size, progress=bar)
+                            batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)
     except KeyboardInterrupt:
         bar.stop()
         click.echo(f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)", err=True)
         sys.exit(130)
+    except SweepFailedError as error:  # the cluster or the disk failed, not the input: exit 1
+        bar.stop()
+        click.echo(f"pipesim: error: {error}", err=True)
+        sys.exit(1)
     finally:
         bar.stop()
     errors = f", {summary.num_errors} with errors (see the error column)" if summary.num_errors else ""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from pipesim.errors import ConfigError
 from pipesim.harness import RunFailedError
 from pipesim.harness.config import RunConfig
 from pipesim.harness.recorder import (
@@ -61,6 +62,44 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def check_port(port: int) -> None:
+    """Refuse a rendezvous port that is out of range or already bound on 127.0.0.1.
+
+    Raises:
+        ConfigError: it is.
+    """
+    if not 1 <= port <= 65535:
+        raise ConfigError("master_port", port, "must be in 1..65535")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does: TIME_WAIT is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError("master_port", port, f"cannot be bound on 127.0.0.1 ({exc.strerror}): pick another "
+                              "port, or leave the option out to let the OS choose a free one") from None
+
+
+def check_backend(backend: str, device: str) -> None:
+    """Refuse, before any rank starts, a backend or device this torch cannot use here.
+
+    gloo on CPU is always there, and is checked without importing torch in this process.
+
+    Raises:
+        ConfigError: CUDA is asked for but torch sees no GPU, or NCCL is not built into torch.
+    """
+    if backend == "gloo" and device == "cpu":
+        return
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        field, value = ("backend", backend) if backend != "gloo" else ("device", device)
+        raise ConfigError(field, value, f"needs CUDA, and torch {torch.__version__} sees no GPU here: use "
+                          "--backend gloo --device cpu")
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise ConfigError("backend", backend, f"is not built into torch {torch.__version__}: use --backend gloo")
+
+
 class RankProcess(Protocol):
     """What the launcher needs of a rank's process (subprocess.Popen has it, so does ForkedRank)."""
 
@@ -75,13 +114,16 @@ class RankProcess(Protocol):
     def wait(self, timeout: float | None = None) -> int: ...  # noqa: D102
 
 
-def spawn(module: str, args: list[str], world_size: int, folder: Path, threads: int) -> list[RankProcess]:
+def spawn(module: str, args: list[str], world_size: int, folder: Path, threads: int,
+          master_port: int | None = None) -> list[RankProcess]:
     """Start ``module.main(args)`` once per rank with torchrun's environment; logs go to ``folder``.
 
-    Ranks are forked from the shared fork server (torch already imported) on Linux; set
+    Rank 0 serves the rendezvous on ``master_port`` (default: a port the OS reports free). Ranks
+    are forked from the shared fork server (torch already imported) on Linux; set
     PIPESIM_SPAWN=subprocess to start each as a fresh ``python -m module`` instead.
     """
-    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
+    port = free_port() if master_port is None else master_port
+    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                 "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads), "PIPESIM_RUN_DIR": str(folder)}
     envs = [dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank)) for rank in range(world_size)]
     logs = [str(folder / f"rank{rank}.log") for rank in range(world_size)]
@@ -125,13 +167,17 @@ def wait_all(processes: list[RankProcess], folder: Path, what: str, timeout_s: f
 
 
 def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: float = 120.0,
-           startup_timeout_s: float = 180.0, keep_run_dir: bool = False) -> float:
+           startup_timeout_s: float = 180.0, keep_run_dir: bool = False, master_port: int | None = None) -> float:
     """Run ``config`` on ``config.num_stages`` local processes; return the wall time in seconds.
 
+    ``master_port`` is the rendezvous port on 127.0.0.1 (default: one the OS reports free).
+
     Raises:
-        RunFailedError: a rank raised, died, or hung; the partial trace is written to
-            ``config.trace_out`` when that is set.
+        ConfigError: the backend or device is not available here (checked before any rank starts).
+        RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
+            the partial trace is written to ``config.trace_out`` when that is set.
     """
+    check_backend(config.backend, config.device)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -145,8 +191,12 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
     started = time.perf_counter()
     failure: Failure | None = None
     try:
-        processes += spawn("pipesim.harness.worker", [str(config_path)], world_size, folder, config.threads)
+        port = free_port() if master_port is None else master_port
+        processes += spawn("pipesim.harness.worker", [str(config_path)], world_size, folder, config.threads, port)
         failure = _watch(processes, folder, schedule, op_timeout_s, startup_timeout_s)
+        if failure is not None and "EADDRINUSE" in failure.reason:  # torch's store could not listen
+            failure = Failure(failure.rank, failure.op, f"the rendezvous port {port} on 127.0.0.1 is already in use "
+                              "(EADDRINUSE when the rank listened on it)")
     finally:
         stop(processes)
     wall = time.perf_counter() - started

@@ -79,7 +79,7 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
     Raises:
         ConfigError: fewer than 2 ranks or a size below 4 bytes; RunFailedError: a rank failed.
     """
-    from pipesim.harness.launch import spawn, wait_all
+    from pipesim.harness.launch import check_backend, spawn, wait_all
 
     if num_ranks < 2:
         raise ConfigError("ranks", num_ranks, "must be >= 2")
@@ -87,6 +87,7 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", backend, "must be gloo or nccl")
+    check_backend(backend, "cuda" if backend == "nccl" else "cpu")
     sizes = message_sizes(max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
     try:

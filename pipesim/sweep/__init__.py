@@ -3,7 +3,7 @@
 from pipesim.sweep.points import COLUMNS, METRIC_COLUMNS, PointRunner, even_partition, metrics_row
 from pipesim.sweep.runner import SweepSummary, make_batches, run_sweep
 from pipesim.sweep.spec import AXES, Resolved, SweepSpec, load_spec, parse_spec
-from pipesim.sweep.store import read_table, write_table
+from pipesim.sweep.store import SweepFailedError, read_table, write_table
 from pipesim.sweep.where import Expression
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Expression",
     "PointRunner",
     "Resolved",
+    "SweepFailedError",
     "SweepSpec",
     "SweepSummary",
     "even_partition",

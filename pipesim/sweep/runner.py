@@ -6,7 +6,8 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from concurrent.futures import CancelledError
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,12 @@ from typing import Any
 from pipesim.errors import ConfigError
 from pipesim.sweep.points import COLUMNS, PointRunner
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
-from pipesim.sweep.store import ResultStore, finished_digest, read_table
+from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 
 Progress = Callable[[int, int], None]
 BATCHES_PER_WORKER = 32
+WORKER_TIMEOUT_S = 120.0
+POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     if count < 1:
         raise ConfigError("workers", count, "must be >= 1")
     cluster = LocalCluster(  # type: ignore[no-untyped-call]
-        n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+        # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
+        # another cluster holds that port, so let the OS choose one.
+        n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
         silence_logs=logging.ERROR,
     )
     try:
@@ -115,6 +120,7 @@ def run_sweep(
     batch_size: int | None = None,
     progress: Progress | None = None,
     base_dir: Path | None = None,
+    worker_timeout_s: float = WORKER_TIMEOUT_S,
 ) -> SweepSummary:
     """Simulate every point of a sweep on Dask and write one row per point to ``out``.
 
@@ -127,9 +133,12 @@ def run_sweep(
         resume: continue an interrupted sweep from the chunks in ``OUT.parts/``.
         batch_size: points per Dask task (default: about BATCHES_PER_WORKER tasks per worker).
         progress: called with (points done, total) at the start and after each batch.
+        worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
 
     Raises:
         ConfigError: a bad spec, existing chunks without ``resume``, or no scheduler.
+        SweepFailedError: the scheduler was lost, no worker came for ``worker_timeout_s``, a batch
+            killed its workers, or the disk refused a write; finished points stay in ``OUT.parts/``.
     """
     started = time.perf_counter()
     if isinstance(spec, str | Path):
@@ -163,7 +172,8 @@ def run_sweep(
                 batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
             else:
                 batches = make_batches(todo, BATCHES_PER_WORKER * num_workers)
-            _submit_and_collect(client, PointRunner(resolved), batches, store, progress, len(points))
+            _submit_and_collect(client, PointRunner(resolved), batches, store, progress, len(points),
+                                worker_timeout_s)
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
@@ -173,17 +183,141 @@ def run_sweep(
 
 
 def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dict[str, Any]]], store: ResultStore,
-                        progress: Progress | None, total: int) -> None:
+                        progress: Progress | None, total: int, worker_timeout_s: float) -> None:
+    """Submit every batch and write each one's chunk as it finishes.
+
+    Raises:
+        SweepFailedError: the scheduler was lost, the cluster had no worker for ``worker_timeout_s``,
+            or a batch killed the workers that ran it (Dask's KilledWorker).
+    """
     from distributed import as_completed
 
-    shared = client.scatter(runner, broadcast=True)
-    futures = [client.submit(run_batch, shared, batch, pure=False) for batch in batches]
+    address = str(client.scheduler.address)
+    watch = _WorkerWatch(client, address, store, worker_timeout_s)
+    futures: list[Any] = []
     try:
-        for future in as_completed(futures):  # type: ignore[no-untyped-call]
-            store.write_chunk(future.result())
-            future.release()
-            if progress:
-                progress(len(store.done), total)
+        watch.wait_for_a_worker()
+        try:
+            # A task rather than scattered data: if every worker holding it dies, Dask recomputes it.
+            shared = client.submit(_identity, runner, pure=False)
+            futures = [client.submit(run_batch, shared, batch, pure=False) for batch in batches]
+        except (OSError, TimeoutError) as exc:
+            raise watch.lost(exc) from exc
+        # Results are gathered in the background: a finished batch whose worker died before its rows
+        # were fetched is recomputed by Dask while this loop keeps watching the cluster.
+        completed = as_completed(futures, with_results=True, raise_errors=False)  # type: ignore[no-untyped-call]
+        while not completed.is_empty():  # type: ignore[no-untyped-call]
+            ready = completed.next_batch(block=False)  # type: ignore[no-untyped-call]
+            if not ready:
+                watch.check()
+                time.sleep(POLL_S)
+                continue
+            for future, result in ready:
+                store.write_chunk(_rows(result, watch, lambda: _span(future, futures, batches)))
+                future.release()
+                if progress:
+                    progress(len(store.done), total)
     except BaseException:
-        client.cancel(futures)
+        if futures and client.status == "running":
+            with suppress(Exception):
+                client.cancel(futures)
         raise
+
+
+def _rows(result: Any, watch: _WorkerWatch, span: Callable[[], str]) -> list[dict[str, Any]]:
+    """A batch's rows from ``as_completed(with_results=True, raise_errors=False)``.
+
+    Raises:
+        SweepFailedError: the batch was cancelled (the scheduler lost) or killed its workers.
+    """
+    from distributed import KilledWorker
+
+    # An error comes as (type, exception, traceback), a cancellation as the exception, rows as a list
+    # (the future's status may have moved on since, if its worker died after the rows were fetched).
+    error = result[1] if isinstance(result, tuple) else result
+    if not isinstance(error, BaseException):
+        return list(result)
+    if isinstance(error, KilledWorker):
+        raise SweepFailedError(f"the batch of points {span()} killed every Dask worker that ran it (KilledWorker at "
+                               f"{watch.address}); {watch.hint()}") from error
+    if isinstance(error, CancelledError):
+        reason = str(getattr(error, "reason", ""))
+        if watch.client.status != "running" or reason == "scheduler-connection-lost":
+            raise watch.lost(error) from error
+        raise SweepFailedError(f"Dask cancelled the batch of points {span()} ({reason or error}) at {watch.address}; "
+                               f"{watch.hint()}") from error
+    if isinstance(error, OSError | TimeoutError):
+        raise watch.lost(error) from error
+    raise error  # a bug in a task (points' own errors are rows), shown as it is
+
+
+def _identity(value: Any) -> Any:
+    """The task that holds the PointRunner on the cluster."""
+    return value
+
+
+def _span(future: Any, futures: list[Any], batches: list[list[dict[str, Any]]]) -> str:
+    """The points of the batch a future ran, as "FIRST..LAST"."""
+    batch = batches[futures.index(future)]
+    return f"{batch[0]['point']}..{batch[-1]['point']}"
+
+
+class _WorkerWatch:
+    """Notices, while results are awaited, a lost scheduler or a cluster left without workers."""
+
+    def __init__(self, client: Any, address: str, store: ResultStore, timeout_s: float) -> None:
+        self.client = client
+        self.address = address
+        self.store = store
+        self.timeout_s = timeout_s
+        self.checked = time.monotonic()
+        self.workers_seen = time.monotonic()
+
+    def wait_for_a_worker(self) -> None:
+        """Return once the cluster has a worker.
+
+        Raises:
+            SweepFailedError: none came within the timeout, or the scheduler is gone.
+        """
+        try:
+            self.client.wait_for_workers(1, timeout=self.timeout_s)
+        except TimeoutError as exc:
+            raise self.no_workers() from exc
+        except OSError as exc:
+            raise self.lost(exc) from exc
+
+    def check(self) -> None:
+        """At most once a second: the client still connected, and a worker seen within the timeout.
+
+        Raises:
+            SweepFailedError: the scheduler is gone, or no worker for ``timeout_s``.
+        """
+        now = time.monotonic()
+        if now - self.checked < 1.0:
+            return
+        self.checked = now
+        if self.client.status != "running":
+            raise self.lost(None)
+        try:
+            workers = len(self.client.nthreads())
+        except (OSError, TimeoutError) as exc:
+            raise self.lost(exc) from exc
+        if workers:
+            self.workers_seen = now
+        elif now - self.workers_seen > self.timeout_s:
+            raise self.no_workers()
+
+    def hint(self) -> str:
+        """What is kept and how to go on."""
+        return resume_hint(self.store.parts, len(self.store.done))
+
+    def lost(self, exc: BaseException | None) -> SweepFailedError:
+        """The error for a scheduler that can no longer be reached."""
+        why = f" ({type(exc).__name__})" if exc is not None else ""
+        return SweepFailedError(f"lost the Dask scheduler at {self.address}{why}; "
+                                f"{self.hint()}")
+
+    def no_workers(self) -> SweepFailedError:
+        """The error for a cluster without workers."""
+        return SweepFailedError(f"the Dask scheduler at {self.address} has had no workers for {self.timeout_s:g} s; "
+                                f"{self.hint()}")

@@ -12,16 +12,43 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipesim.errors import ConfigError
+from pipesim.errors import ConfigError, PipesimError
 from pipesim.spec.files import dumps, read_json, write_text_atomic
 
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
 DIGEST_KEY = b"pipesim.sweep.digest"
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+class SweepFailedError(PipesimError):
+    """A sweep stopped before its end: its output could not be written, or its Dask scheduler or
+    workers were lost. The finished points stay in ``OUT.parts/``; the message says so, in one line."""
+
+
+def resume_hint(parts: Path, done: int) -> str:
+    """The end of every SweepFailedError message: what is kept and how to go on."""
+    return f"{done} finished points are kept in {parts} (rerun with --resume)"
+
+
+@contextmanager
+def writing(path: Path, parts: Path, done: int) -> Iterator[None]:
+    """Turn an OSError (disk full, file too large, no permission) while writing ``path`` into a
+    one-line SweepFailedError naming the file.
+
+    Raises:
+        SweepFailedError: the write failed.
+    """
+    try:
+        yield
+    except OSError as exc:
+        text = str(exc).strip()
+        reason = exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
+        raise SweepFailedError(f"cannot write {path}: {reason}; {resume_hint(parts, done)}") from exc
 
 
 def table_format(path: Path) -> str:
@@ -106,6 +133,7 @@ class ResultStore:
 
     Raises:
         ConfigError: chunks exist without ``resume``, or belong to another spec.
+        SweepFailedError: the folder or its manifest cannot be written.
     """
 
     def __init__(self, out: Path, digest: str, num_points: int, columns: Sequence[str], *, resume: bool) -> None:
@@ -133,9 +161,9 @@ class ResultStore:
             for stray in self.parts.glob(".*.tmp"):
                 stray.unlink()
             self.done = self._read_done(chunks)
-        else:
-            self.parts.mkdir(parents=True)
-        write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))
+        with writing(manifest, self.parts, len(self.done)):
+            self.parts.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))
 
     @staticmethod
     def _read_done(chunks: Sequence[Path]) -> set[int]:
@@ -147,10 +175,15 @@ class ResultStore:
         return done
 
     def write_chunk(self, rows: Sequence[dict[str, Any]]) -> Path:
-        """Write one finished batch's rows as a chunk and mark its points done."""
+        """Write one finished batch's rows as a chunk and mark its points done.
+
+        Raises:
+            SweepFailedError: the chunk could not be written (the earlier chunks are kept).
+        """
         points = [int(row["point"]) for row in rows]
         path = self.parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
-        write_table(rows_frame(rows, self.columns), path)
+        with writing(path, self.parts, len(self.done)):
+            write_table(rows_frame(rows, self.columns), path)
         self.done.update(points)
         return path
 
@@ -159,6 +192,7 @@ class ResultStore:
 
         Raises:
             ConfigError: the chunks do not hold every point exactly once.
+            SweepFailedError: ``out`` could not be written (the chunks are kept).
         """
         import pandas as pd
 
@@ -168,7 +202,8 @@ class ResultStore:
         points = frame["point"].tolist()
         if points != list(range(self.num_points)):
             raise ConfigError("parts", str(self.parts), f"hold {len(points)} rows for {self.num_points} points")
-        write_table(frame, self.out, digest=self.digest)
+        with writing(self.out, self.parts, len(points)):
+            write_table(frame, self.out, digest=self.digest)
         shutil.rmtree(self.parts)
         return frame
 
