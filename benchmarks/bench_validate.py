@@ -1,12 +1,15 @@
-"""Prediction against real runs: profile, simulate and run the five schedules, repeatedly, into RESULTS.md.
+"""Prediction against real runs: profile, calibrate, simulate and run the five schedules, repeatedly, into RESULTS.md.
 
-Every run gets its own fresh profile (per-op overheads calibrated), measured right before it, so
-that profile and run see the machine in the same state; the links are measured once per round.
-A run's error is the relative difference of the steady-state iteration times, predicted against
-measured. This machine is shared: a run, or the profile before it, during which a rank had its
-core for less than ``--quiet`` of its busy time (the trace's ``cpu_share``) ran on a loaded
-machine, whose load no profile can predict; such runs are reported apart, and the benchmark tries
-again (up to ``--attempts`` times per run) for a quiet one. Usage::
+Before every validated run: a fresh layer profile (per-op overheads calibrated), then a separate
+calibration run of the real runtime (GPipe, m=4, K=6, same partition; see
+pipesim.harness.calibration) whose steady-state op times per stage and kind are the prediction's
+op times, then the validated run itself. The layer profile's own prediction is reported beside
+the calibrated one. A run's error is the relative difference of the steady-state iteration
+times, predicted against measured. This machine is shared: a run, or the measurement its
+prediction came from, during which a rank had its core for less than ``--quiet`` of its busy time
+(the trace's ``cpu_share``) ran on a loaded machine, whose load no profile can predict; such runs
+are reported apart, and the benchmark tries again (up to ``--attempts`` times per run) for a
+quiet one. Usage::
 
     python benchmarks/bench_validate.py [--runs 5] [--quiet 0.9] [--attempts 4] [--quick] [--no-write]
 """
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_file import write_section  # noqa: E402
 from pipesim.harness import RunFailedError  # noqa: E402
+from pipesim.harness.calibration import CalibrationRun, calibrate  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
@@ -63,6 +67,9 @@ class Tally:
 
     quiet: list[float] = field(default_factory=list)
     loaded: list[float] = field(default_factory=list)
+    layer_quiet: list[float] = field(default_factory=list)
+    layer_loaded: list[float] = field(default_factory=list)
+    op_ratios: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     predicted_s: list[float] = field(default_factory=list)
     measured_s: list[float] = field(default_factory=list)
     replay: list[float] = field(default_factory=list)
@@ -114,27 +121,38 @@ def wait_for_idle(wanted: float, patience_s: float) -> float:
     return idle
 
 
-def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing) -> bool:
-    """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
+def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing,
+            calibration: CalibrationRun) -> bool:
+    """Profile, calibrate, simulate and run once; add it to the tally; True when the calibration and
+    the run were both quiet (the layer profile's error counts as quiet when it and the run were)."""
     source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
     try:
         comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
                                        num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
-                                       repeats=1)
+                                       repeats=1,
+                                       calibration=lambda times, cuts: calibrate(times, case.spec, cuts, calibration))
     except RunFailedError as error:  # a loaded machine can starve a rank past the op timeout
         tally.failed.append(str(error))
         print(f"  {name}: {error}", flush=True)
         return False
     report = comparison.to_dict()
     run = comparison.runs[0]
-    error = run.iteration_time_error
+    error, layer_error = run.iteration_time_error, run.layer_profile_error
+    assert layer_error is not None
     profile_share = run.profile_cpu_share if run.profile_cpu_share is not None else 1.0
+    calibration_share = run.calibration_cpu_share if run.calibration_cpu_share is not None else 1.0
     run_share = min((s for s in run.cpu_share if s is not None), default=1.0)
-    is_quiet = profile_share >= quiet and run_share >= quiet
+    is_quiet = calibration_share >= quiet and run_share >= quiet
     (tally.quiet if is_quiet else tally.loaded).append(error)
+    (tally.layer_quiet if profile_share >= quiet and run_share >= quiet else tally.layer_loaded).append(layer_error)
     if is_quiet:
         tally.predicted_s.append(report["predicted"]["iteration_time_s"])
         tally.measured_s.append(report["measured"]["iteration_time_s"])
+        times = run.op_times
+        for key, wall in times["measured"].items():
+            cpu = times["measured_cpu"].get(key, wall)
+            tally.op_ratios.setdefault(key, []).append(
+                (wall / times["layer_profile"][key], wall / times["predicted"][key], wall / cpu if cpu > 0 else 1.0))
     tally.replay += [abs(e) for e in report["replay_error_runs"]]
     tally.runs += 1
     tally.versions_ok += int(comparison.versions_match)
@@ -142,13 +160,14 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     tally.memory_errors += [abs(e) for e in report["peak_memory_error"]]
     if is_quiet:
         tally.utilization_errors += [abs(e) for e in report["utilization_error"]]
-    print(f"  {name}: error {error:+.1%} (CPU share: profile {profile_share:.2f}, run {run_share:.2f}; "
+    print(f"  {name}: error {error:+.1%} (layer profile alone {layer_error:+.1%}; CPU share: profile "
+          f"{profile_share:.2f}, calibration {calibration_share:.2f}, run {run_share:.2f}; "
           f"{'quiet' if is_quiet else 'loaded'})", flush=True)
     return is_quiet
 
 
 def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float, deadline: float,
-             timing: Timing) -> tuple[dict[str, Tally], list[str]]:
+             timing: Timing, calibration: CalibrationRun) -> tuple[dict[str, Tally], list[str]]:
     """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
     a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES if name in FIVE}
@@ -162,7 +181,7 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: flo
                 if time.perf_counter() > deadline:
                     break
                 wait_for_idle(0.9, patience_s=patience_s)
-                if one_run(case, name, topology, quiet, tally, timing):
+                if one_run(case, name, topology, quiet, tally, timing, calibration):
                     break
         print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
     return tallies, notes
@@ -179,19 +198,40 @@ def percent(values: list[float], how: str) -> str:
 def table(tallies: dict[str, Tally]) -> list[str]:
     """The per-schedule rows of the results table."""
     rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | loaded runs: "
-            "median / worst error | replay error (median) | versions exact | peak memory error | "
-            "utilization error (max) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "median / worst error | layer profile alone: quiet runs, median / worst error | replay error (median) "
+            "| versions exact | peak memory error | utilization error (max) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in tallies.items():
         quiet_ms = (f"{1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f}"
                     if t.quiet else "- | -")
         rows.append(
             f"| {name} | {len(t.quiet)} | {quiet_ms} | {percent(t.quiet, 'median')} | {percent(t.quiet, 'worst')} "
             f"| {len(t.loaded)}: {percent(t.loaded, 'median')} / {percent(t.loaded, 'worst')} "
+            f"| {len(t.layer_quiet)}: {percent(t.layer_quiet, 'median')} / {percent(t.layer_quiet, 'worst')} "
             f"| {percent(t.replay, 'median')} | {t.versions_ok}/{t.runs} runs ({t.ops_compared} ops) "
             f"| {max(t.memory_errors, default=0.0):.2%} | {max(t.utilization_errors, default=0.0):.1%} |")
     failures = [f"- {name}: a try failed: {reason}" for name, t in tallies.items() for reason in t.failed]
     return rows + ([""] + failures if failures else [])
+
+
+def op_table(tallies: dict[str, Tally]) -> list[str]:
+    """Per stage and kind, over the quiet runs of each schedule: the measured op time against the layer
+    profile's and the calibration's, and its wall time against its thread CPU time (means of the ratios)."""
+    keys = sorted({key for t in tallies.values() for key in t.op_ratios})
+    if not keys:
+        return []
+    names = [name for name, t in tallies.items() if t.op_ratios]
+    rows = ["Op times in the quiet runs, per stage and kind (mean over runs of the mean op in the steady state): "
+            "measured / layer profile, measured / calibration run, measured wall / its thread CPU time.", "",
+            "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in keys:
+        cells = []
+        for name in names:
+            ratios = tallies[name].op_ratios.get(key, [])
+            cells.append(" / ".join(f"{statistics.fmean(r[i] for r in ratios):.2f}" for i in range(3))
+                         if ratios else "-")
+        rows.append(f"| {key[:-1]}{key[-1]} | " + " | ".join(cells) + " |")
+    return rows + [""]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
     runs, attempts, cases = (1, 1, CASES[:1]) if args.quick else (args.runs, args.attempts, CASES)
+    calibration = CalibrationRun(statistic=args.statistic)
     load_start, started = load(), time.perf_counter()
     lines = [
         "## Prediction against real runs (issue 6, the torch harness)",
@@ -245,8 +286,10 @@ def main(argv: list[str] | None = None) -> int:
         print(case.label, flush=True)
         timing = Timing(repeats=args.repeats, statistic=args.statistic, processes=case.num_stages)
         tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
-                                  started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing)
-        lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
+                                  started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing,
+                                  calibration)
+        lines += [f"### {case.label}", "", *table(tallies), "", *op_table(tallies),
+                  *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
     elapsed = time.perf_counter() - started
     lines.append(f"- load average at end {load()}; {elapsed / 60:.0f} min in all")
