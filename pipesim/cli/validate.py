@@ -52,8 +52,12 @@ def parse_schedules(text: str) -> list[str]:
                    "the plain layer profile's prediction is reported beside it. layers: the layer profile alone.")
 @click.option("--calibration-microbatches", type=int, default=4, show_default=True,
               help="Microbatches per minibatch of the calibration run.")
-@click.option("--calibration-minibatches", type=int, default=6, show_default=True,
+@click.option("--calibration-minibatches", type=int, default=10, show_default=True,
               help="Minibatches of the calibration run (the first and the last are not measured).")
+@click.option("--nice", type=int, default=0, show_default=True,
+              help="Nice value for every process of the measurement (profile, calibration, runs), set before any "
+                   "starts; below 0 puts them ahead of other programs (needs root or CAP_SYS_NICE) and, where Linux "
+                   "groups the CPU by session, applies to the caller's whole session. 0 leaves it as it is.")
 @training_options
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu runs on gloo; cuda on NCCL, one GPU per rank.")
@@ -64,7 +68,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      num_microbatches: int,
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
                      profile_repeats: int, reprofile: bool, statistic: str, op_times: str, calibration_microbatches: int,
-                     calibration_minibatches: int, learning_rate: float, pipemare_update: str,
+                     calibration_minibatches: int, nice: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two.
@@ -78,10 +82,12 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     from pipesim.harness.calibration import CalibrationRun, calibrate
     from pipesim.harness.config import spec_of
     from pipesim.harness.linkbench import measure_links
+    from pipesim.harness.process import raise_priority
     from pipesim.harness.profiler import Timing, measure_profile
     from pipesim.harness.validate import FreshProfiles, validate_schedule
 
     names = parse_schedules(schedules)
+    raise_priority(nice)
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be >= 1")
     if profile_path:

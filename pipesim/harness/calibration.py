@@ -4,7 +4,7 @@ A layer profile times each layer alone; in a pipeline the same op runs while the
 computes and gloo's threads copy messages on the same two cores, and its time differs (on the
 reference 2-core machine, 10-25% longer). The calibration measures the ops where they run: a
 separate run of the real runtime with a fixed schedule (GPipe, a few microbatches and
-minibatches, not any run being validated), whose steady-state op times per stage and kind
+minibatches, never a run being validated), whose steady-state op times per stage and kind
 become the stage's op times. The result is a Profile for one partition: each stage's layers are
 scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
 equals the calibration run's.
@@ -35,7 +35,7 @@ class CalibrationRun:
     """
 
     num_microbatches: int = 4
-    num_minibatches: int = 6
+    num_minibatches: int = 10
     statistic: str = "mean"
     threads: int = 1
     device: str = "cpu"
