@@ -46,10 +46,12 @@ def parse_schedules(text: str) -> list[str]:
               help="Summary of the profile's repeats (see pipesim profile).")
 @click.option("--op-times", type=click.Choice(["calibrated", "layers"]), default="calibrated", show_default=True,
               help="Where the prediction's op times come from. calibrated: before every validated run, a SEPARATE "
-                   "calibration run of the real runtime (GPipe, --calibration-microbatches x "
+                   "calibration run of the real runtime (--calibration-schedule, --calibration-microbatches x "
                    "--calibration-minibatches, same partition) gives each stage's F, B and U time (the --statistic "
                    "of its spans in the steady-state minibatches); the validated runs' own times are never used, and "
                    "the plain layer profile's prediction is reported beside it. layers: the layer profile alone.")
+@click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
+              help="The calibration run's schedule.")
 @click.option("--calibration-microbatches", type=int, default=4, show_default=True,
               help="Microbatches per minibatch of the calibration run.")
 @click.option("--calibration-minibatches", type=int, default=10, show_default=True,
@@ -67,7 +69,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_ranks: int,
                      num_microbatches: int,
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
-                     profile_repeats: int, reprofile: bool, statistic: str, op_times: str, calibration_microbatches: int,
+                     profile_repeats: int, reprofile: bool, statistic: str, op_times: str, calibration_schedule: str,
+                     calibration_microbatches: int,
                      calibration_minibatches: int, nice: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
@@ -100,7 +103,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     else:
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
     calibration_run = CalibrationRun(num_microbatches=calibration_microbatches,
-                                     num_minibatches=calibration_minibatches, statistic=statistic, device=device)
+                                     num_minibatches=calibration_minibatches, statistic=statistic, device=device,
+                                     schedule=calibration_schedule)
     if op_times == "calibrated" and num_ranks and num_ranks != num_stages:
         raise ConfigError("op_times", op_times, "the calibration run has one stage per rank; use --op-times layers "
                                                 "with --ranks")

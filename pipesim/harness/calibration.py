@@ -3,8 +3,8 @@
 A layer profile times each layer alone; in a pipeline the same op runs while the peer rank
 computes and gloo's threads copy messages on the same two cores, and its time differs (on the
 reference 2-core machine, 10-25% longer). The calibration measures the ops where they run: a
-separate run of the real runtime with a fixed schedule (GPipe, a few microbatches and
-minibatches, never a run being validated), whose steady-state op times per stage and kind
+separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1B; a few
+microbatches and minibatches; never a run being validated), whose steady-state op times per stage and kind
 become the stage's op times. The result is a Profile for one partition: each stage's layers are
 scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
 equals the calibration run's.
@@ -23,12 +23,12 @@ from pipesim.harness.overheads import KINDS, OpCosts, summarize
 from pipesim.schedule.ir import Op
 from pipesim.spec.profile import Layer, Profile
 
-SCHEDULE = "gpipe"
+SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)
 class CalibrationRun:
-    """The calibration run's shape: GPipe with ``num_microbatches`` x ``num_minibatches``.
+    """The calibration run: ``schedule`` (GPipe or 1F1B) with ``num_microbatches`` x ``num_minibatches``.
 
     The op times are the ``statistic`` of each stage's spans of a kind in the steady-state
     minibatches (the first and the last are dropped, as ``metrics.steady_window`` does).
@@ -39,8 +39,11 @@ class CalibrationRun:
     statistic: str = "mean"
     threads: int = 1
     device: str = "cpu"
+    schedule: str = "gpipe"
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("calibration_schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)}")
         if self.num_microbatches < 1:
             raise ConfigError("calibration_microbatches", self.num_microbatches, "must be >= 1")
         if self.num_minibatches < 3:
@@ -49,7 +52,7 @@ class CalibrationRun:
 
     def describe(self) -> str:
         """One line saying what is measured."""
-        return (f"a separate {SCHEDULE} run of the real runtime, m={self.num_microbatches} "
+        return (f"a separate {self.schedule} run of the real runtime, m={self.num_microbatches} "
                 f"K={self.num_minibatches}, the {self.statistic} of each stage's F, B and U spans "
                 f"in minibatches 1..{self.num_minibatches - 2}")
 
@@ -142,7 +145,7 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
 
     run = run or CalibrationRun()
     num_stages = len(partition)
-    config = RunConfig(model=spec, schedule=SCHEDULE, num_stages=num_stages, num_microbatches=run.num_microbatches,
+    config = RunConfig(model=spec, schedule=run.schedule, num_stages=num_stages, num_microbatches=run.num_microbatches,
                        num_minibatches=run.num_minibatches, microbatch_size=profile.microbatch_size,
                        partition=partition, threads=run.threads, device=run.device,
                        backend="nccl" if run.device == "cuda" else "gloo")
