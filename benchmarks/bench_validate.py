@@ -364,6 +364,22 @@ def main(argv: list[str] | None = None) -> int:
                   f"({statistics.median(other_all) if other_all else 0.0:.1%} median, {max(other_all, default=0.0):.1%} "
                   f"worst absolute, {len(other_all)} runs); identical runs' own spread around their median: "
                   f"{statistics.median(floor_all):.1%} median, {max(floor_all, default=0.0):.1%} worst."]
+    lines += ["", "Reading the figures. The replay error (the engine fed each run's own op times) is the engine's "
+              "share of the error; the rest is in the op times. *Bias*: the layer profile predicts too short on "
+              "the pooled median (its column), because an op inside a running pipeline is not the layer timed "
+              "alone: (1) gloo moving the activations while the rank computes makes the same F+B a few percent "
+              "longer, mostly in the compute thread's own CPU time (copies and receive buffers evicting the "
+              "layers' data), see `benchmarks/gloo_traffic_ab.py`; (2) the op's cache state depends on the "
+              "schedule's order (the op table: the same stage's op is a different multiple of the layer profile "
+              "under each schedule); (3) the op's wall time exceeds its thread CPU time (the op table's last "
+              "figure), the other rank's and gloo's threads and other processes taking the core. A calibration "
+              "run has (1) and (3) in its op times, and (2) for its own order. *Noise*: the column 'measured: "
+              "worst deviation from its median' is the floor: identical runs, every one quiet by the CPU-share "
+              "test, stray that far from their own median, because on this shared machine an op's thread CPU "
+              "time itself changes from run to run (other processes share the caches and the memory bandwidth "
+              "even when they get little CPU time), which neither the CPU-share test nor any prediction made "
+              "before the run can see. Where that floor is above 10%, no prediction can meet the worst-error "
+              "target."]
     lines += ["", "Acceptance (quiet runs: median < 5%, worst < 10% for every schedule): "
               + ("met" if met else "NOT met" + ("" if enough else " (too few quiet runs to judge)")) + " in this run."]
     text = "\n".join(lines)
