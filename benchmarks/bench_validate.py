@@ -1,7 +1,7 @@
 """Prediction against real runs: profile, calibrate, simulate and run the five schedules, repeatedly, into RESULTS.md.
 
 Before every validated run: a fresh layer profile (per-op overheads calibrated), then a separate
-calibration run of the real runtime (GPipe, m=4, K=10, same partition; see
+calibration run of the real runtime (GPipe, m=4, K=20, same partition; see
 pipesim.harness.calibration) whose steady-state op times per stage and kind are the prediction's
 op times, then the validated run itself. The layer profile's own prediction is reported beside
 the calibrated one. A run's error is the relative difference of the steady-state iteration

@@ -54,7 +54,7 @@ def parse_schedules(text: str) -> list[str]:
               help="The calibration run's schedule.")
 @click.option("--calibration-microbatches", type=int, default=4, show_default=True,
               help="Microbatches per minibatch of the calibration run.")
-@click.option("--calibration-minibatches", type=int, default=10, show_default=True,
+@click.option("--calibration-minibatches", type=int, default=20, show_default=True,
               help="Minibatches of the calibration run (the first and the last are not measured).")
 @click.option("--nice", type=int, default=0, show_default=True,
               help="Nice value for every process of the measurement (profile, calibration, runs), set before any "

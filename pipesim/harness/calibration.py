@@ -35,7 +35,7 @@ class CalibrationRun:
     """
 
     num_microbatches: int = 4
-    num_minibatches: int = 10
+    num_minibatches: int = 20
     statistic: str = "mean"
     threads: int = 1
     device: str = "cpu"
