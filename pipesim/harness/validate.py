@@ -19,6 +19,7 @@ from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.schedule.ir import Op
+from pipesim.simulation import Result as SimulationResult
 from pipesim.simulation import prepare, simulate
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
@@ -314,7 +315,7 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                 current, profile_share = profile()
             cuts = cuts or balance_partition(current, num_stages)
 
-            def predict(times: Profile) -> Any:
+            def predict(times: Profile) -> SimulationResult:
                 assert cuts is not None
                 return simulate(times, topology, schedule=schedule, num_stages=num_stages,
                                 num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
