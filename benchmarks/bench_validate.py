@@ -1,12 +1,15 @@
-"""Prediction against real runs: profile, simulate and run the five schedules, repeatedly, into RESULTS.md.
+"""Prediction against real runs: profile, calibrate, simulate and run the five schedules, repeatedly, into RESULTS.md.
 
-Every run gets its own fresh profile (per-op overheads calibrated), measured right before it, so
-that profile and run see the machine in the same state; the links are measured once per round.
-A run's error is the relative difference of the steady-state iteration times, predicted against
-measured. This machine is shared: a run, or the profile before it, during which a rank had its
-core for less than ``--quiet`` of its busy time (the trace's ``cpu_share``) ran on a loaded
-machine, whose load no profile can predict; such runs are reported apart, and the benchmark tries
-again (up to ``--attempts`` times per run) for a quiet one. Usage::
+Before every validated run: a fresh layer profile (per-op overheads calibrated), then a separate
+calibration run of the real runtime (GPipe, m=4, K=20, same partition; see
+pipesim.harness.calibration) whose steady-state op times per stage and kind are the prediction's
+op times, then the validated run itself. The layer profile's own prediction is reported beside
+the calibrated one. A run's error is the relative difference of the steady-state iteration
+times, predicted against measured. This machine is shared: a run, or the measurement its
+prediction came from, during which a rank had its core for less than ``--quiet`` of its busy time
+(the trace's ``cpu_share``) ran on a loaded machine, whose load no profile can predict; such runs
+are reported apart, and the benchmark tries again (up to ``--attempts`` times per run) for a
+quiet one. Usage::
 
     python benchmarks/bench_validate.py [--runs 5] [--quiet 0.9] [--attempts 4] [--quick] [--no-write]
 """
@@ -27,11 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_file import write_section  # noqa: E402
 from pipesim.harness import RunFailedError  # noqa: E402
+from pipesim.harness.calibration import Calibrated, CalibrationRun, calibrate  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
+from pipesim.harness.process import raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
-from pipesim.harness.validate import FreshProfiles, validate_schedule  # noqa: E402
+from pipesim.harness.validate import FreshProfiles, relative_error, validate_schedule  # noqa: E402
 from pipesim.schedule.registry import SCHEDULES  # noqa: E402
+from pipesim.simulation import simulate  # noqa: E402
+from pipesim.spec.profile import Profile  # noqa: E402
 from pipesim.spec.topology import Topology  # noqa: E402
 
 
@@ -63,6 +70,10 @@ class Tally:
 
     quiet: list[float] = field(default_factory=list)
     loaded: list[float] = field(default_factory=list)
+    other_quiet: list[float] = field(default_factory=list)
+    layer_quiet: list[float] = field(default_factory=list)
+    layer_loaded: list[float] = field(default_factory=list)
+    op_ratios: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     predicted_s: list[float] = field(default_factory=list)
     measured_s: list[float] = field(default_factory=list)
     replay: list[float] = field(default_factory=list)
@@ -114,27 +125,54 @@ def wait_for_idle(wanted: float, patience_s: float) -> float:
     return idle
 
 
-def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing) -> bool:
-    """Profile, simulate and run once; add it to the tally; True when profile and run were both quiet."""
+def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing,
+            calibration: CalibrationRun, other: CalibrationRun) -> bool:
+    """Profile, calibrate (with ``calibration``, and with ``other`` for its own column, in turns first),
+    simulate and run once; add it to the tally; True when the calibration and the run were both
+    quiet (the layer profile's error counts as quiet when it and the run were)."""
     source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
+    others: list[Calibrated] = []
+
+    def both(times: Profile, cuts: tuple[tuple[int, int], ...]) -> Calibrated:
+        if tally.runs % 2:
+            others.append(calibrate(times, case.spec, cuts, other))
+            return calibrate(times, case.spec, cuts, calibration)
+        primary = calibrate(times, case.spec, cuts, calibration)
+        others.append(calibrate(times, case.spec, cuts, other))
+        return primary
+
     try:
         comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
                                        num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
-                                       repeats=1)
-    except RunFailedError as error:  # a loaded machine can starve a rank past the op timeout
-        tally.failed.append(str(error))
-        print(f"  {name}: {error}", flush=True)
+                                       repeats=1, calibration=both)
+    except RunFailedError as failure:  # a loaded machine can starve a rank past the op timeout
+        tally.failed.append(str(failure))
+        print(f"  {name}: {failure}", flush=True)
         return False
     report = comparison.to_dict()
     run = comparison.runs[0]
-    error = run.iteration_time_error
+    error, layer_error = run.iteration_time_error, run.layer_profile_error
+    assert layer_error is not None
     profile_share = run.profile_cpu_share if run.profile_cpu_share is not None else 1.0
+    calibration_share = run.calibration_cpu_share if run.calibration_cpu_share is not None else 1.0
     run_share = min((s for s in run.cpu_share if s is not None), default=1.0)
-    is_quiet = profile_share >= quiet and run_share >= quiet
+    is_quiet = calibration_share >= quiet and run_share >= quiet
     (tally.quiet if is_quiet else tally.loaded).append(error)
+    (tally.layer_quiet if profile_share >= quiet and run_share >= quiet else tally.layer_loaded).append(layer_error)
+    other_predicted = simulate(others[0].profile, topology, schedule=name, num_stages=case.num_stages,
+                               num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
+                               partition=comparison.partition, optimizer_state_multiplier=0.0)
+    other_error = relative_error(other_predicted.metrics.iteration_time_s, run.measured.iteration_time_s)
+    if others[0].cpu_share >= quiet and run_share >= quiet:
+        tally.other_quiet.append(other_error)
     if is_quiet:
         tally.predicted_s.append(report["predicted"]["iteration_time_s"])
         tally.measured_s.append(report["measured"]["iteration_time_s"])
+        times = run.op_times
+        for key, wall in times["measured"].items():
+            cpu = times["measured_cpu"].get(key, wall)
+            tally.op_ratios.setdefault(key, []).append(
+                (wall / times["layer_profile"][key], wall / times["predicted"][key], wall / cpu if cpu > 0 else 1.0))
     tally.replay += [abs(e) for e in report["replay_error_runs"]]
     tally.runs += 1
     tally.versions_ok += int(comparison.versions_match)
@@ -142,13 +180,16 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     tally.memory_errors += [abs(e) for e in report["peak_memory_error"]]
     if is_quiet:
         tally.utilization_errors += [abs(e) for e in report["utilization_error"]]
-    print(f"  {name}: error {error:+.1%} (CPU share: profile {profile_share:.2f}, run {run_share:.2f}; "
+    print(f"  {name}: error {error:+.1%} ({other.schedule} calibration {other_error:+.1%}, layer profile alone "
+          f"{layer_error:+.1%}; CPU share: profile "
+          f"{profile_share:.2f}, calibration {calibration_share:.2f}, run {run_share:.2f}; "
           f"{'quiet' if is_quiet else 'loaded'})", flush=True)
     return is_quiet
 
 
 def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float, deadline: float,
-             timing: Timing) -> tuple[dict[str, Tally], list[str]]:
+             timing: Timing, calibration: CalibrationRun,
+             other: CalibrationRun) -> tuple[dict[str, Tally], list[str]]:
     """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
     a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES if name in FIVE}
@@ -162,7 +203,7 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: flo
                 if time.perf_counter() > deadline:
                     break
                 wait_for_idle(0.9, patience_s=patience_s)
-                if one_run(case, name, topology, quiet, tally, timing):
+                if one_run(case, name, topology, quiet, tally, timing, calibration, other):
                     break
         print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
     return tallies, notes
@@ -176,39 +217,79 @@ def percent(values: list[float], how: str) -> str:
     return f"{(statistics.median(magnitudes) if how == 'median' else max(magnitudes)):.1%}"
 
 
+def spread(values: list[float]) -> list[float]:
+    """Each value's relative deviation from their median: the errors of the best fixed prediction
+    (the noise floor of identical runs)."""
+    if not values:
+        return []
+    middle = statistics.median(values)
+    return [(value - middle) / middle for value in values]
+
+
 def table(tallies: dict[str, Tally]) -> list[str]:
     """The per-schedule rows of the results table."""
     rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | loaded runs: "
-            "median / worst error | replay error (median) | versions exact | peak memory error | "
+            "median / worst error | 1F1B calibration instead: quiet runs, median / worst error "
+            "| layer profile alone: quiet runs, median / worst error | measured: worst "
+            "deviation from its median | replay error (median) | versions exact | peak memory error | "
             "utilization error (max) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in tallies.items():
         quiet_ms = (f"{1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f}"
                     if t.quiet else "- | -")
         rows.append(
             f"| {name} | {len(t.quiet)} | {quiet_ms} | {percent(t.quiet, 'median')} | {percent(t.quiet, 'worst')} "
             f"| {len(t.loaded)}: {percent(t.loaded, 'median')} / {percent(t.loaded, 'worst')} "
+            f"| {len(t.other_quiet)}: {percent(t.other_quiet, 'median')} / {percent(t.other_quiet, 'worst')} "
+            f"| {len(t.layer_quiet)}: {percent(t.layer_quiet, 'median')} / {percent(t.layer_quiet, 'worst')} "
+            f"| {percent(spread(t.measured_s), 'worst')} "
             f"| {percent(t.replay, 'median')} | {t.versions_ok}/{t.runs} runs ({t.ops_compared} ops) "
             f"| {max(t.memory_errors, default=0.0):.2%} | {max(t.utilization_errors, default=0.0):.1%} |")
     failures = [f"- {name}: a try failed: {reason}" for name, t in tallies.items() for reason in t.failed]
     return rows + ([""] + failures if failures else [])
 
 
+def op_table(tallies: dict[str, Tally]) -> list[str]:
+    """Per stage and kind, over the quiet runs of each schedule: the measured op time against the layer
+    profile's and the calibration's, and its wall time against its thread CPU time (means of the ratios)."""
+    keys = sorted({key for t in tallies.values() for key in t.op_ratios})
+    if not keys:
+        return []
+    names = [name for name, t in tallies.items() if t.op_ratios]
+    rows = ["Op times in the quiet runs, per stage and kind (mean over runs of the mean op in the steady state): "
+            "measured / layer profile, measured / calibration run, measured wall / its thread CPU time.", "",
+            "| op | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for key in keys:
+        cells = []
+        for name in names:
+            ratios = tallies[name].op_ratios.get(key, [])
+            cells.append(" / ".join(f"{statistics.fmean(r[i] for r in ratios):.2f}" for i in range(3))
+                         if ratios else "-")
+        rows.append(f"| {key[:-1]}{key[-1]} | " + " | ".join(cells) + " |")
+    return rows + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its section of RESULTS.md."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5, help="quiet runs wanted per schedule and case")
-    parser.add_argument("--quiet", type=float, default=0.9, help="least CPU share of a quiet profile and run")
+    parser.add_argument("--quiet", type=float, default=0.9,
+                        help="least CPU share of a quiet run and of the measurement its prediction came from")
     parser.add_argument("--attempts", type=int, default=4, help="tries per wanted run")
-    parser.add_argument("--patience", type=float, default=60.0,
+    parser.add_argument("--patience", type=float, default=5.0,
                         help="seconds to wait, before each try, for the machine to be 90%% idle")
     parser.add_argument("--budget", type=float, default=120.0, help="minutes after which no new try starts")
     parser.add_argument("--statistic", choices=["mean", "median"], default="mean", help="the profile's statistic")
     parser.add_argument("--repeats", type=int, default=30, help="the profile's timed repeats per layer")
+    parser.add_argument("--nice", type=int, default=-20,
+                        help="nice value of every process of the benchmark (0: as started; below 0 needs root)")
     parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
     runs, attempts, cases = (1, 1, CASES[:1]) if args.quick else (args.runs, args.attempts, CASES)
+    calibration = CalibrationRun(statistic=args.statistic)
+    other = CalibrationRun(statistic=args.statistic, schedule="1f1b")
+    raise_priority(args.nice)
     load_start, started = load(), time.perf_counter()
     lines = [
         "## Prediction against real runs (issue 6, the torch harness)",
@@ -219,48 +300,86 @@ def main(argv: list[str] | None = None) -> int:
         f"- machine: {machine()}; load average at start {load_start}",
         f"- torch {__import__('torch').__version__}, gloo, 1 torch thread per rank, CPU; p = 2, m = 8, K = 8 "
         "(the steady-state window drops the first and the last minibatch, as `metrics.steady_window` does)",
-        f"- every run has its own profile, measured just before it: 2 processes timing the layers at once, the "
-        f"{args.statistic} of {args.repeats} repeats, per-op overheads calibrated by a run of null layers",
-        f"- a run is *quiet* when every rank of the run, and of the profile before it, had its CPU for at least "
-        f"{args.quiet:.0%} of its busy time; the others ran on a loaded machine and are counted apart; "
-        f"{runs} quiet runs wanted per schedule, {attempts} tries each, each try after waiting up to "
-        f"{args.patience:.0f} s for a second in which the machine was 90% idle",
+        f"- before every validated run, measured just before it: a layer profile (2 processes timing the layers "
+        f"at once, the {args.statistic} of {args.repeats} repeats, per-op overheads from a run of null layers), "
+        f"then {calibration.describe()}, on the same partition; the prediction takes its op times from the "
+        "calibration run (`pipesim validate --op-times calibrated`, the default); the layer profile's own "
+        "prediction (`--op-times layers`) is in its own column, and so is the prediction from a second "
+        f"calibration run, {other.describe()} (`--calibration-schedule 1f1b`), made just before or after the "
+        "first in turns; the validated run's own times are never used",
+        f"- every process of the benchmark ran at nice {args.nice} (`--nice`; on this machine's per-session CPU "
+        "groups, for the whole session), so that the other users of the shared machine take less of the two "
+        "cores from the ranks",
+        f"- a run is *quiet* when every rank of the run, and of the calibration run its prediction came from (of "
+        f"the layer profile, for the layer profile's column), had its CPU for at least {args.quiet:.0%} of its "
+        f"busy time; the others are counted apart as loaded; {runs} quiet runs wanted per schedule, {attempts} "
+        f"tries each, each try after waiting up to {args.patience:.0f} s for a second in which the machine was "
+        "90% idle",
+        "- measured: worst deviation from its median: how far the quiet runs' own iteration times stray from "
+        "their median, i.e. the worst error of the best fixed prediction (the noise floor of identical runs)",
         "- replay error: the engine re-run with each op lasting as long as it did in the run, against the run "
         "(the engine's model of order and communication alone)",
         "",
-        "What the prediction models, all measured, none fitted to the runs: each layer's F, B and U timed as a "
-        "one-layer stage through the runtime's own code (1 torch thread, the runtime's allocator settings, a "
-        "training step's order, as many processes at once as ranks, the mean so that time lost to other "
-        "processes counts as it does in a run); the stage executor's fixed cost per op subtracted from every layer "
-        "and the runtime's cost per op (receiving an input already there, the isend, the records) added once per "
-        "op, measured by a two-rank run of null layers with messages as large as the model's; transfers as "
-        "latency + bytes / bandwidth fitted by linkbench with the runtime's primitives (receives posted ahead, "
-        "isend, wait); the optimizer step (every policy writes into a recycled second buffer, so it costs the "
-        "same under every schedule). Not modelled: gloo's copying threads competing with compute for the two "
-        "cores, and other processes taking the CPU (the reason runs are split into quiet and loaded).",
+        "What the calibrated prediction models: each stage's F, B and U as long as the mean of that stage's ops "
+        "of that kind in the steady state of a separate GPipe run of the real runtime (same model, partition, "
+        "microbatch size, threads, gloo), so that the peer rank computing, gloo's copying threads and the cache "
+        "state of a running pipeline are in the op times; transfers as latency + bytes / bandwidth fitted by "
+        "linkbench; the schedule's order, dependencies and weight policy from the Schedule IR. Nothing is fitted "
+        "to the validated runs. Not modelled: other processes taking the CPU or the memory bandwidth (the reason "
+        "runs are split into quiet and loaded), and differences between the op times of GPipe's order and the "
+        "other schedules' orders.",
         "",
     ]
     verdicts = []
+    everything: list[Tally] = []
     for case in cases:
         print(case.label, flush=True)
         timing = Timing(repeats=args.repeats, statistic=args.statistic, processes=case.num_stages)
         tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
-                                  started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing)
-        lines += [f"### {case.label}", "", *table(tallies), "", *[f"- {note}" for note in notes], ""]
+                                  started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing,
+                                  calibration, other)
+        lines += [f"### {case.label}", "", *table(tallies), "", *op_table(tallies),
+                  *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
+        everything += list(tallies.values())
     elapsed = time.perf_counter() - started
     lines.append(f"- load average at end {load()}; {elapsed / 60:.0f} min in all")
     enough = all(len(quiet) >= wanted for quiet, wanted in verdicts)
     met = enough and all(percent(q, "median") != "-" and statistics.median([abs(e) for e in q]) < 0.05
                          and max(abs(e) for e in q) < 0.10 for q, _ in verdicts)
-    lines += ["", "Reading the figures: the replay errors (the engine fed each run's own op times) are the engine's "
-              "share of the error, so the rest is in the op times: a profile of one-layer stages timed on their own "
-              "predicts the ops of a two-rank pipeline on this machine to within the spread shown. Checked with the "
-              "thread CPU time the runtime records per op (`Timing(clock=\"cpu\")` for the profile): an op's CPU "
-              "time in a run is within about 10-20% of the profile's either way (the cache state differs from "
-              "schedule to schedule), and its wall time exceeds its CPU time by a further 5-15% on two cores shared "
-              "by two ranks and their gloo I/O threads, before other users of the machine are counted; neither "
-              "is in a per-layer profile."]
+    quiet_all = [abs(e) for t in everything for e in t.quiet]
+    layer_all = [abs(e) for t in everything for e in t.layer_quiet]
+    floor_all = [abs(e) for t in everything for e in spread(t.measured_s)]
+    signed = [e for t in everything for e in t.quiet]
+    layer_signed = [e for t in everything for e in t.layer_quiet]
+    other_all = [abs(e) for t in everything for e in t.other_quiet]
+    other_signed = [e for t in everything for e in t.other_quiet]
+    if quiet_all and layer_all:
+        lines += ["", f"Pooled over every quiet run of both models: calibrated op times {statistics.median(signed):+.1%} "
+                  f"median signed error ({statistics.median(quiet_all):.1%} median, {max(quiet_all):.1%} worst "
+                  f"absolute, {len(quiet_all)} runs); the layer profile alone {statistics.median(layer_signed):+.1%} "
+                  f"median signed ({statistics.median(layer_all):.1%} median, {max(layer_all):.1%} worst absolute, "
+                  f"{len(layer_all)} runs); 1F1B calibration instead "
+                  f"{statistics.median(other_signed) if other_signed else 0.0:+.1%} median signed "
+                  f"({statistics.median(other_all) if other_all else 0.0:.1%} median, {max(other_all, default=0.0):.1%} "
+                  f"worst absolute, {len(other_all)} runs); identical runs' own spread around their median: "
+                  f"{statistics.median(floor_all):.1%} median, {max(floor_all, default=0.0):.1%} worst."]
+    lines += ["", "Reading the figures. The replay error (the engine fed each run's own op times) is the engine's "
+              "share of the error; the rest is in the op times. *Bias*: the layer profile predicts too short on "
+              "the pooled median (its column), because an op inside a running pipeline is not the layer timed "
+              "alone: (1) gloo moving the activations while the rank computes makes the same F+B a few percent "
+              "longer, mostly in the compute thread's own CPU time (copies and receive buffers evicting the "
+              "layers' data), see `benchmarks/gloo_traffic_ab.py`; (2) the op's cache state depends on the "
+              "schedule's order (the op table: the same stage's op is a different multiple of the layer profile "
+              "under each schedule); (3) the op's wall time exceeds its thread CPU time (the op table's last "
+              "figure), the other rank's and gloo's threads and other processes taking the core. A calibration "
+              "run has (1) and (3) in its op times, and (2) for its own order. *Noise*: the column 'measured: "
+              "worst deviation from its median' is the floor: identical runs, every one quiet by the CPU-share "
+              "test, stray that far from their own median, because on this shared machine an op's thread CPU "
+              "time itself changes from run to run (other processes share the caches and the memory bandwidth "
+              "even when they get little CPU time), which neither the CPU-share test nor any prediction made "
+              "before the run can see. Where that floor is above 10%, no prediction can meet the worst-error "
+              "target."]
     lines += ["", "Acceptance (quiet runs: median < 5%, worst < 10% for every schedule): "
               + ("met" if met else "NOT met" + ("" if enough else " (too few quiet runs to judge)")) + " in this run."]
     text = "\n".join(lines)

@@ -130,6 +130,23 @@ def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> Non
         assert report["predicted"]["iteration_time_s"] > 0 and report["measured"]["iteration_time_s"] > 0
         assert report["versions_match"] is True and report["version_ops_compared"] > 0
         assert report["peak_memory_error"] == [0.0, 0.0]
+        # By default the op times come from a separate calibration run; the layer profile's own
+        # prediction is reported beside it, and the run's per-op wall and CPU times are kept.
+        assert report["op_times"] == "calibration run"
+        assert report["layer_profile"]["iteration_time_s_runs"][0] > 0
+        times = report["op_times_runs"][0]
+        assert set(times["measured"]) == set(times["predicted"]) == {"0F", "0B", "0U", "1F", "1B", "1U"}
+        assert all(value > 0 for value in times["measured_cpu"].values())
+
+
+@torch_needed
+def test_validate_with_the_layer_profile_alone_reports_no_calibration(tmp_path: Path) -> None:
+    done = pipesim("validate", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
+                   "--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--minibatches", "3",
+                   "--repeats", "1", "--profile-repeats", "3", "--op-times", "layers", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["op_times"] == "layer profile" and "layer_profile" not in report
 
 
 @torch_needed

@@ -194,6 +194,12 @@ def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | N
     # someone else mid-op (a loaded machine), which no profile can predict.
     meta["cpu_share"] = [None if r is None or r["header"][WALL_S] <= 0 else
                          float(r["header"][CPU_S] / r["header"][WALL_S]) for r in ranks]
+    # Per rank and op position, the thread CPU seconds of its compute span (-1: not recorded or not measured).
+    cpu_s: list[list[float] | None] = []
+    for rank_index, r in enumerate(ranks):
+        row_of = {} if r is None else {int(row[0]): float(row[5]) for row in r["compute"].tolist()}
+        cpu_s.append(None if r is None else [row_of.get(p, -1.0) for p in range(len(schedule.ranks[rank_index]))])
+    meta["compute_cpu_s"] = cpu_s
     builder = TraceBuilder(meta=meta)
     origin = next((float(r["header"][ORIGIN]) for r in ranks if r is not None and r["header"][ORIGIN] > 0), 0.0)
     compute_code, send_code = STREAMS.index("compute"), STREAMS.index("send")

@@ -18,6 +18,8 @@ from pipesim.engine.trace import STREAMS, Trace
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
 from pipesim.metrics import Metrics, compute_metrics
+from pipesim.schedule.ir import Op
+from pipesim.simulation import Result as SimulationResult
 from pipesim.simulation import prepare, simulate
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
@@ -61,6 +63,28 @@ def replay(program: Program, measured: Trace) -> Trace:
     return run_des(dataclasses.replace(program, ops=dataclasses.replace(table, duration_s=replayed)))
 
 
+def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
+    """Per stage and kind ("0F", "1B", ...), the mean compute span in the steady-state minibatches
+    (all but the first and the last); with ``cpu``, the mean thread CPU time of the same spans
+    from the meta ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
+    last = int(trace.meta.get("num_minibatches", 0)) - 1
+    cpu_s = trace.meta.get("compute_cpu_s") if cpu else None
+    if cpu and not cpu_s:
+        return {}
+    samples: dict[str, list[float]] = {}
+    for span in trace.iter_spans():
+        if span.stream != "compute" or not 1 <= span.minibatch < last:
+            continue
+        if cpu_s is not None:
+            seconds = cpu_s[span.device][span.position] if cpu_s[span.device] is not None else -1.0
+            if seconds < 0:
+                continue
+        else:
+            seconds = span.end_s - span.start_s
+        samples.setdefault(f"{span.stage}{Op.parse(span.op).kind.value}", []).append(seconds)
+    return {key: statistics.fmean(values) for key, values in sorted(samples.items())}
+
+
 def relative_error(predicted: float, measured: float) -> float:
     """``(predicted - measured) / measured`` (0 when both are 0)."""
     if measured == 0:
@@ -83,6 +107,11 @@ class RunComparison:
             loaded machine: time the OS gave to other processes, which no profile predicts).
         profile_cpu_share: the same for the profile's timings, when measured for this run.
         cuda_peaks: on GPU, each rank's ``torch.cuda.max_memory_allocated``.
+        layer_predicted: when ``predicted`` comes from calibrated op times, the prediction of
+            the plain layer profile, reported beside it.
+        calibration_cpu_share: the CPU share of the calibration run, when there was one.
+        op_times: per column (``predicted``, ``layer_profile``, ``measured``, ``measured_cpu``),
+            per stage and kind ("0F"), the mean op time in the steady state (see ``op_means``).
     """
 
     predicted: Metrics
@@ -92,11 +121,21 @@ class RunComparison:
     cpu_share: tuple[float | None, ...] = ()
     profile_cpu_share: float | None = None
     cuda_peaks: tuple[float, ...] = ()
+    layer_predicted: Metrics | None = None
+    calibration_cpu_share: float | None = None
+    op_times: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def iteration_time_error(self) -> float:
         """``(predicted - measured) / measured`` of the steady-state iteration time."""
         return relative_error(self.predicted.iteration_time_s, self.measured.iteration_time_s)
+
+    @property
+    def layer_profile_error(self) -> float | None:
+        """With a calibrated prediction, the error the plain layer profile alone would have had."""
+        if self.layer_predicted is None:
+            return None
+        return relative_error(self.layer_predicted.iteration_time_s, self.measured.iteration_time_s)
 
 
 @dataclass(frozen=True)
@@ -107,11 +146,14 @@ class Comparison:
         runs: each run against its prediction.
         partition: the layer ranges the stages ran.
         notes: caveats of this comparison.
+        op_times: where the predicted op times came from: ``"layer profile"`` or
+            ``"calibration run"`` (see pipesim.harness.calibration).
     """
 
     runs: tuple[RunComparison, ...]
     partition: tuple[tuple[int, int], ...]
     notes: tuple[str, ...] = field(default=())
+    op_times: str = "layer profile"
 
     @property
     def iteration_time_error(self) -> float:
@@ -168,11 +210,26 @@ class Comparison:
                                                             strict=True)],
             "peak_memory_error": [relative_error(pm, mm) for pm, mm in zip(
                 predicted["peak_memory_bytes"], measured["peak_memory_bytes"], strict=True)],
+            "op_times": self.op_times,
+            "op_times_runs": [run.op_times for run in self.runs],
+            **self._layer_profile(),
             "versions_match": self.versions_match,
             "version_ops_compared": sum(run.versions.num_ops for run in self.runs),
             "version_mismatches": [m for run in self.runs for m in run.versions.mismatches][:20],
             "notes": list(self.notes),
         }
+
+
+    def _layer_profile(self) -> dict[str, Any]:
+        """With calibrated op times, the plain layer profile's prediction and error, beside them."""
+        if any(run.layer_predicted is None for run in self.runs):
+            return {}
+        times = [run.layer_predicted.iteration_time_s for run in self.runs if run.layer_predicted is not None]
+        errors = [run.layer_profile_error for run in self.runs]
+        return {"layer_profile": {"iteration_time_s_runs": times,
+                                  "iteration_time_error": statistics.median(e for e in errors if e is not None),
+                                  "iteration_time_errors_runs": errors},
+                "calibration_cpu_share_runs": [run.calibration_cpu_share for run in self.runs]}
 
 
 class Measured(Protocol):
@@ -206,11 +263,26 @@ class FreshProfiles:
 ProfileSource = Callable[[], tuple[Profile, float]]
 
 
+class CalibratedTimes(Protocol):
+    """What a calibration gives (pipesim.harness.calibration.Calibrated)."""
+
+    @property
+    def profile(self) -> Profile: ...  # noqa: D102
+
+    @property
+    def cpu_share(self) -> float: ...  # noqa: D102
+
+
+# Given the layer profile and the partition, a calibrated profile for that partition.
+Calibration = Callable[[Profile, tuple[tuple[int, int], ...]], CalibratedTimes]
+
+
 def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec: ModelSpec, *, schedule: str,
                       num_stages: int, num_microbatches: int, num_minibatches: int, repeats: int = 3,
                       training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
                       partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
-                      backend: str = "gloo", device: str = "cpu", num_ranks: int = 0) -> Comparison:
+                      backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
+                      calibration: Calibration | None = None) -> Comparison:
     """Simulate ``schedule`` on a profile and ``topology``, run it ``repeats`` times, and compare.
 
     Args:
@@ -219,6 +291,10 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
             share) before each run, so that on a machine whose load drifts each prediction is
             made in the conditions of the run it predicts. The runs use the partition of the
             first profile, so every run cuts the model at the same layers.
+        calibration: when given, the prediction's op times come from it (called before every
+            run with the layer profile and the partition: a separate calibration run of the
+            real runtime, never the validated run), and the layer profile's own prediction is
+            kept beside it (``RunComparison.layer_predicted``).
 
     Raises:
         ConfigError: bad counts or a profile whose model cannot be built;
@@ -238,10 +314,20 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                 assert callable(profile)
                 current, profile_share = profile()
             cuts = cuts or balance_partition(current, num_stages)
-            result = simulate(current, topology, schedule=schedule, num_stages=num_stages,
-                              num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
-                              optimizer_state_multiplier=0.0, pipemare_update=pipemare_update,
-                              stages_per_rank=num_stages // num_ranks if num_ranks else 1)
+
+            def predict(times: Profile) -> SimulationResult:
+                assert cuts is not None
+                return simulate(times, topology, schedule=schedule, num_stages=num_stages,
+                                num_microbatches=num_microbatches, num_minibatches=num_minibatches, partition=cuts,
+                                optimizer_state_multiplier=0.0, pipemare_update=pipemare_update,
+                                stages_per_rank=num_stages // num_ranks if num_ranks else 1)
+
+            layer_result, calibration_share = None, None
+            if calibration is not None:
+                layer_result = predict(current)
+                calibrated = calibration(current, cuts)
+                current, calibration_share = calibrated.profile, calibrated.cpu_share
+            result = predict(current)
             if config is None:
                 config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages,
                                    num_microbatches=num_microbatches, num_minibatches=num_minibatches,
@@ -256,9 +342,15 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                 predicted=result.metrics, measured=compute_metrics(trace),
                 replayed=compute_metrics(replay(prepare(current, topology, result.plan), trace)),
                 versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
-                profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks)))
+                profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
+                layer_predicted=None if layer_result is None else layer_result.metrics,
+                calibration_cpu_share=calibration_share,
+                op_times={"predicted": op_means(result.trace), "measured": op_means(trace),
+                          "measured_cpu": op_means(trace, cpu=True),
+                          **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})}))
     notes = []
     if schedule == "pipemare" and training is not None and training.pipemare_correction:
         notes.append("discrepancy correction adds work per backward and update that the profile does not time")
     assert cuts is not None
-    return Comparison(runs=tuple(runs), partition=cuts, notes=tuple(notes))
+    return Comparison(runs=tuple(runs), partition=cuts, notes=tuple(notes),
+                      op_times="layer profile" if calibration is None else "calibration run")

@@ -1,0 +1,163 @@
+"""Op times taken from a short calibration run of the real pipeline runtime, as a profile for one partition.
+
+A layer profile times each layer alone; in a pipeline the same op runs while the peer rank
+computes and gloo's threads copy messages on the same two cores, and its time differs (on the
+reference 2-core machine, 10-25% longer). The calibration measures the ops where they run: a
+separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1B; a few
+microbatches and minibatches; never a run being validated), whose steady-state op times per stage and kind
+become the stage's op times. The result is a Profile for one partition: each stage's layers are
+scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
+equals the calibration run's.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipesim.engine.trace import Trace
+from pipesim.errors import ConfigError
+from pipesim.harness.config import ModelSpec, RunConfig
+from pipesim.harness.overheads import KINDS, OpCosts, summarize
+from pipesim.schedule.ir import Op
+from pipesim.spec.profile import Layer, Profile
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """The calibration run: ``schedule`` (GPipe or 1F1B) with ``num_microbatches`` x ``num_minibatches``.
+
+    The op times are the ``statistic`` of each stage's spans of a kind in the steady-state
+    minibatches (the first and the last are dropped, as ``metrics.steady_window`` does).
+    """
+
+    num_microbatches: int = 4
+    num_minibatches: int = 20
+    statistic: str = "mean"
+    threads: int = 1
+    device: str = "cpu"
+    schedule: str = "gpipe"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError("calibration_schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)}")
+        if self.num_microbatches < 1:
+            raise ConfigError("calibration_microbatches", self.num_microbatches, "must be >= 1")
+        if self.num_minibatches < 3:
+            raise ConfigError("calibration_minibatches", self.num_minibatches,
+                              "must be >= 3 (the first and the last are outside the steady state)")
+
+    def describe(self) -> str:
+        """One line saying what is measured."""
+        return (f"a separate {self.schedule} run of the real runtime, m={self.num_microbatches} "
+                f"K={self.num_minibatches}, the {self.statistic} of each stage's F, B and U spans "
+                f"in minibatches 1..{self.num_minibatches - 2}")
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A profile calibrated for one partition, and what went into it.
+
+    Attributes:
+        profile: the layer profile with each stage's layers scaled so that its op times are the
+            calibration run's (valid for ``partition`` only).
+        partition: the stages' layer ranges.
+        op_times: per stage, the calibration run's op times (F, B, U).
+        layer_op_times: per stage, the layer profile's prediction of the same ops.
+        cpu_share: the smallest share of its busy time a rank of the calibration run had a CPU for.
+    """
+
+    profile: Profile
+    partition: tuple[tuple[int, int], ...]
+    op_times: tuple[OpCosts, ...]
+    layer_op_times: tuple[OpCosts, ...]
+    cpu_share: float
+
+
+def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> tuple[OpCosts, ...]:
+    """Per stage, the op times ``profile`` predicts: its layers' sum plus the per-op overheads."""
+    overheads = OpCosts(profile.forward_overhead_s or 0.0, profile.backward_overhead_s or 0.0,
+                        profile.update_overhead_s or 0.0)
+    times = []
+    for start, end in partition:
+        layers = profile.layers[start:end]
+        times.append(OpCosts(sum(layer.forward_s for layer in layers), sum(layer.backward_s for layer in layers),
+                             sum(layer.update_s or 0.0 for layer in layers)) + overheads)
+    return tuple(times)
+
+
+def measured_op_times(trace: Trace, num_stages: int, statistic: str) -> tuple[OpCosts, ...]:
+    """Per stage, the ``statistic`` of its compute spans of each kind in the steady-state minibatches."""
+    last = int(trace.meta.get("num_minibatches", 0)) - 1
+    spans: dict[tuple[int, str], list[float]] = {}
+    for span in trace.iter_spans():
+        if span.stream == "compute" and 1 <= span.minibatch < last:
+            spans.setdefault((span.stage, Op.parse(span.op).kind.value), []).append(span.end_s - span.start_s)
+    missing = [f"stage {s} {k}" for s in range(num_stages) for k in KINDS if (s, k) not in spans]
+    if missing:
+        raise ConfigError("calibration", ", ".join(missing), "the calibration run recorded no such op")
+    return tuple(OpCosts(*(summarize(spans[(stage, kind)], statistic) for kind in KINDS))
+                 for stage in range(num_stages))
+
+
+def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tuple[OpCosts, ...]) -> Profile:
+    """``profile`` with each stage's layers scaled, per kind, so that the stage's op times are ``targets``.
+
+    A stage's layers keep their shares of the stage's time (equal shares when the profile gives
+    the stage none of a kind); the per-op overheads stay as they are and are taken off the
+    target first (a target below them leaves the layers at 0).
+    """
+    overheads = OpCosts(profile.forward_overhead_s or 0.0, profile.backward_overhead_s or 0.0,
+                        profile.update_overhead_s or 0.0)
+    fields = {"F": "forward_s", "B": "backward_s", "U": "update_s"}
+    layers: list[Layer] = []
+    for (start, end), target in zip(partition, targets, strict=True):
+        stage = profile.layers[start:end]
+        changes: list[dict[str, float]] = [{} for _ in stage]
+        for kind, name in fields.items():
+            wanted = max(0.0, target.of(kind) - overheads.of(kind))
+            times = [float(getattr(layer, name) or 0.0) for layer in stage]
+            total = sum(times)
+            for change, time_s in zip(changes, times, strict=True):
+                change[name] = wanted * time_s / total if total > 0 else wanted / len(stage)
+            if kind == "F" or kind == "B":
+                ratio = wanted / total if total > 0 else 1.0
+                std = "forward_std_s" if kind == "F" else "backward_std_s"
+                for change, layer in zip(changes, stage, strict=True):
+                    if getattr(layer, std) is not None:
+                        change[std] = float(getattr(layer, std)) * ratio
+        layers += [layer.model_copy(update=change) for layer, change in zip(stage, changes, strict=True)]
+    return profile.model_copy(update={"layers": tuple(layers)})
+
+
+def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int], ...],
+              run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0) -> Calibrated:
+    """Run the calibration schedule on ``partition`` for real and return ``profile`` calibrated to it.
+
+    Raises:
+        ConfigError: a bad calibration shape or partition.
+        RunFailedError: the calibration run failed.
+    """
+    from pipesim.harness.launch import launch
+
+    run = run or CalibrationRun()
+    num_stages = len(partition)
+    config = RunConfig(model=spec, schedule=run.schedule, num_stages=num_stages, num_microbatches=run.num_microbatches,
+                       num_minibatches=run.num_minibatches, microbatch_size=profile.microbatch_size,
+                       partition=partition, threads=run.threads, device=run.device,
+                       backend="nccl" if run.device == "cuda" else "gloo")
+    with tempfile.TemporaryDirectory(prefix="pipesim-calibration-") as folder:
+        trace_path = Path(folder) / "trace.json"
+        launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
+        trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
+    targets = measured_op_times(trace, num_stages, run.statistic)
+    calibrated = scaled(profile, partition, targets).model_copy(update={
+        "device": f"{profile.device}; op times per stage from {run.describe()}, "
+                  f"partition {[list(r) for r in partition]}"})
+    shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
+    return Calibrated(profile=calibrated, partition=partition, op_times=targets,
+                      layer_op_times=stage_op_times(profile, partition),
+                      cpu_share=min(shares, default=1.0))
