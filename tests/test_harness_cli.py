@@ -66,8 +66,12 @@ def test_profile_writes_every_layer_with_times_and_exact_sizes(profile_path: Pat
     for layer in profile.layers:  # net of the executor's own cost: tiny layers may round to 0
         assert layer.forward_s >= 0 and layer.backward_s >= 0 and layer.update_s is not None
         assert layer.forward_std_s is not None and layer.backward_std_s is not None
-    # the runtime's cost per op, measured by a two-rank run of null layers
-    assert profile.forward_overhead_s and profile.backward_overhead_s and profile.update_overhead_s
+    # the runtime's cost per op, measured by a two-rank run of null layers: each kind is clamped at
+    # 0 (under heavy load a null layer's own time can exceed its span), but a forward and a backward
+    # always cost the runtime something (a receive, an isend, the records)
+    overheads = (profile.forward_overhead_s, profile.backward_overhead_s, profile.update_overhead_s)
+    assert all(value is not None and 0 <= value < 0.1 for value in overheads), overheads
+    assert (profile.forward_overhead_s or 0) + (profile.backward_overhead_s or 0) > 0, overheads
     assert profile.microbatch_size == 4 and profile.dtype == "float32" and profile.device.startswith("cpu")
     assert profile.source.startswith("pipesim.harness model=")
 
