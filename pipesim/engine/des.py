@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 import simpy
-from simpy.events import NORMAL
 
 from pipesim.engine.assemble import build_trace
+from pipesim.engine.lookahead import LookaheadRun
 from pipesim.engine.lowering import Program
 from pipesim.engine.network import SharedLinks
 from pipesim.engine.trace import Trace
@@ -97,6 +97,8 @@ class DesRun:
     Args:
         program, jitter, seed, durations: as for ``run_des``.
         lookahead: as for ``run_des`` (ignored, strict, when the program has shared NICs).
+        compiled: with lookahead, run the per-op arithmetic in the numba kernel (default: when
+            numba is available; False: in Python; the traces are the same bit for bit).
 
     Raises:
         ConfigError: a negative jitter, jitter with durations, or durations of the wrong length.
@@ -110,6 +112,7 @@ class DesRun:
         seed: int = 0,
         durations: Sequence[Sequence[float]] | npt.NDArray[np.float64] | None = None,
         lookahead: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         if jitter < 0:
             raise ConfigError("jitter", jitter, "must be >= 0")
@@ -118,11 +121,18 @@ class DesRun:
         self.program = program
         self.env = simpy.Environment()
         self._meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
-        chosen = _durations(program, jitter, seed) if durations is None else _given_durations(program, durations)
+        chosen = (_durations(program, jitter, seed) if durations is None
+                  else np.asarray(_given_durations(program, durations), np.float64))
         self.lookahead = lookahead and not program.shared_paths
         """True when this run uses lookahead (asked for, and the program has no shared NICs)."""
-        self._run = _Run(self.env, program, chosen, lookahead=self.lookahead)
-        self._run.begin()
+        self._run: _Run | None = None
+        self._ahead: LookaheadRun | None = None
+        if self.lookahead:
+            self._ahead = LookaheadRun(self.env, program, chosen, compiled=compiled)
+            self._ahead.begin()
+        else:
+            self._run = _Run(self.env, program, chosen.tolist())
+            self._run.begin()
         self._trace: Trace | None = None
 
     def next_event_s(self) -> float:
@@ -132,6 +142,12 @@ class DesRun:
     def step(self) -> None:
         """Process the next event (raises ``simpy.core.EmptySchedule`` when none is left)."""
         self.env.step()
+
+    def _state(self) -> tuple[list[int], list[float], list[float | None]]:
+        if self._ahead is not None:
+            return self._ahead.state()
+        assert self._run is not None
+        return self._run.next, self._run.end, self._run.arrival
 
     def completed(self) -> tuple[list[tuple[int, int, float, float]], list[tuple[int, int, float, float, int]]]:
         """The spans of every op whose end has been processed so far (with lookahead: whose end
@@ -143,24 +159,27 @@ class DesRun:
             dedicated link may end later than the current time: its times follow from the op's
             end; one over shared NICs is listed once it has arrived).
         """
-        run, ops = self._run, self.program.ops
+        ops = self.program.ops
+        next_op, end, arrival = self._state()
         offsets = ops.rank_offsets.tolist()
+        wait: list[int] = ops.wait.tolist()
         previous_send: list[int] = ops.previous_send.tolist()
         compute, sends = [], []
         for rank_index in range(ops.num_ranks):
-            for g in range(offsets[rank_index], run.next[rank_index]):
+            for g in range(offsets[rank_index], next_op[rank_index]):
                 position = g - offsets[rank_index]
-                start, send_start = run.start[g], run.send_start[g]
-                if self.lookahead:  # starts are not recorded: they follow as in assemble.op_starts
-                    start = run.end[g - 1] if position > 0 else 0.0
-                    ready = run.arrival[run.wait[g]] if run.wait[g] >= 0 else None
+                if self._run is not None:
+                    start, send_start = self._run.start[g], self._run.send_start[g]
+                else:  # starts are not recorded: they follow as in assemble.op_starts
+                    start = end[g - 1] if position > 0 else 0.0
+                    ready = arrival[wait[g]] if wait[g] >= 0 else None
                     start = ready if ready is not None and ready > start else start
-                    before = run.arrival[previous_send[g]] if previous_send[g] >= 0 else None
-                    send_start = before if before is not None and before > run.end[g] else run.end[g]
-                compute.append((rank_index, position, start, run.end[g]))
-                arrival = run.arrival[g]
-                if ops.is_remote_send[g] and arrival is not None:
-                    sends.append((rank_index, position, send_start, arrival, int(ops.send_rank[g])))
+                    before = arrival[previous_send[g]] if previous_send[g] >= 0 else None
+                    send_start = before if before is not None and before > end[g] else end[g]
+                compute.append((rank_index, position, start, end[g]))
+                arrived = arrival[g]
+                if ops.is_remote_send[g] and arrived is not None:
+                    sends.append((rank_index, position, send_start, arrived, int(ops.send_rank[g])))
         return compute, sends
 
     def finish(self) -> Trace:
@@ -170,31 +189,34 @@ class DesRun:
             DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
         """
         if self._trace is None:
-            run = self._run
             self.env.run()
-            run.check_finished()
-            n = self.program.ops.num_ops
-            end = np.fromiter(run.end, np.float64, n)
-            arrival = np.fromiter(run.arrival, np.float64, n)  # type: ignore[arg-type]  # no None is left
-            if self.lookahead:
-                self._trace = build_trace(self.program, end, arrival, self._meta)
+            if self._ahead is not None:
+                ahead = self._ahead
+                if not ahead.is_finished():
+                    _raise_deadlock(self.program, *ahead.state())
+                self._trace = build_trace(self.program, ahead.end_s(), ahead.arrival_s(), self._meta)
             else:
-                self._trace = build_trace(self.program, end, arrival, self._meta,
-                                          start_s=np.fromiter(run.start, np.float64, n),
+                run = self._run
+                assert run is not None
+                if any(g < stop for g, stop in zip(run.next, run.stop)):
+                    _raise_deadlock(self.program, run.next, run.end, run.arrival)
+                n = self.program.ops.num_ops
+                self._trace = build_trace(self.program, np.fromiter(run.end, np.float64, n),
+                                          np.fromiter(run.arrival, np.float64, n),
+                                          self._meta, start_s=np.fromiter(run.start, np.float64, n),
                                           send_start_s=np.fromiter(run.send_start, np.float64, n))
         return self._trace
 
 
-def _durations(program: Program, jitter: float, seed: int) -> list[float]:
+def _durations(program: Program, jitter: float, seed: int) -> npt.NDArray[np.float64]:
     base = program.ops.duration_s
     if jitter == 0:
-        plain: list[float] = base.tolist()
-        return plain
+        return base
     rng = np.random.default_rng(seed)
     offsets = program.ops.rank_offsets.tolist()
     factors = [np.maximum(rng.normal(1.0, jitter, offsets[r + 1] - offsets[r]), 0.0)
                for r in range(program.ops.num_ranks)]
-    jittered: list[float] = (base * np.concatenate([np.zeros(0), *factors])).tolist()
+    jittered: npt.NDArray[np.float64] = base * np.concatenate([np.zeros(0), *factors])
     return jittered
 
 
@@ -216,21 +238,6 @@ def _given_durations(program: Program,
     return flat
 
 
-class _Resume(simpy.Timeout):
-    """A timeout that resumes a rank: ``Timeout`` with its one callback given up front, and its
-    fixed fields (it always succeeds, with value None) on the class."""
-
-    _ok = True
-    _value = None
-
-    def __init__(self, env: simpy.Environment, delay: float, callback: Callable[[simpy.Event], None]) -> None:
-        # Timeout.__init__, less what the class holds (delay >= 0 by construction).
-        self.env = env
-        self.callbacks = [callback]
-        self._delay = delay
-        env.schedule(self, NORMAL, delay)
-
-
 class _Run:
     """The state of one simulation: where each rank is, what has arrived, and each link's queue.
 
@@ -239,8 +246,7 @@ class _Run:
     a shared path is marked by a link index below -1 and handed to ``SharedLinks``.
     """
 
-    def __init__(self, env: simpy.Environment, program: Program, durations: list[float], *,
-                 lookahead: bool = False) -> None:
+    def __init__(self, env: simpy.Environment, program: Program, durations: list[float]) -> None:
         ops = program.ops
         self.program = program
         n = ops.num_ops
@@ -255,87 +261,15 @@ class _Run:
         self.waiter = [-1] * n
         link: list[int] = ops.link.tolist()
         self.shared: SharedLinks | None = None
-        if lookahead:
-            assert not program.shared_paths, "lookahead needs dedicated links"
-            self.resumers = self._lookahead_handlers(env, link, ops.transfer_s.tolist(), durations)
-            return
         if program.shared_paths:
             self.shared = SharedLinks(env, program, link, send_start=self.send_start, arrival=self.arrival,
                                       waiter=self.waiter)
         self.start_next = self._handlers(env, link, ops.transfer_s.tolist(), durations)
-        self.resumers = []
 
     def begin(self) -> None:
         """Start every rank at time 0."""
-        if self.resumers:
-            for resume in self.resumers:
-                resume(None)
-        else:
-            for rank_index in range(len(self.next)):
-                self.start_next(rank_index, 0.0)
-
-    def _lookahead_handlers(self, env: simpy.Environment, link: list[int], transfer: list[float],
-                            duration: list[float]) -> list[Callable[[simpy.Event | None], None]]:
-        """One handler per rank: run the rank's ops while their inputs are known (see ``run_des``).
-
-        The rank's clock (``clock``) is the computed time of the event that resumed it, as the
-        strict handlers use the computed end, so delays never go below 0 by rounding.
-        """
-        wait, next_op, stop, end, arrival, waiter = self.wait, self.next, self.stop, self.end, self.arrival, self.waiter
-        link_arrival = [0.0] * (max(link, default=-1) + 1)
-        # Ops that wait for nothing read a last, extra slot that has "arrived" at 0 (no branch).
-        ops = self.program.ops
-        source: list[int] = np.where(ops.wait < 0, ops.num_ops, ops.wait).tolist()
-        arrival.append(0.0)
-        num_ranks = len(next_op)
-        rank_free = [0.0] * num_ranks
-        clock = [0.0] * num_ranks
-        def resumer(rank_index: int) -> Callable[[simpy.Event | None], None]:
-            last = stop[rank_index]
-
-            def resume(_: simpy.Event | None) -> None:
-                """The rank resumes: run its ops until one waits for an input not known yet."""
-                now = clock[rank_index]
-                t = rank_free[rank_index]
-                for g in range(next_op[rank_index], last):
-                    producer = source[g]
-                    ready = arrival[producer]
-                    if ready is None:
-                        # Block: the rank computing the producer schedules the resume.
-                        waiter[producer] = rank_index
-                        next_op[rank_index] = g
-                        rank_free[rank_index] = t
-                        return
-                    if ready > t:
-                        t = ready
-                    t = t + duration[g]
-                    end[g] = t
-                    channel = link[g]
-                    if channel >= 0:
-                        done = link_arrival[channel]
-                        if t > done:
-                            done = t
-                        done = done + transfer[g]
-                        link_arrival[channel] = done
-                        arrival[g] = done
-                    else:
-                        arrival[g] = done = t
-                    woken = waiter[g]
-                    if woken >= 0:
-                        at = rank_free[woken]
-                        if done > at:
-                            at = done
-                        clock[woken] = at
-                        _Resume(env, at - now, resumers[woken])
-                next_op[rank_index] = last
-                rank_free[rank_index] = t
-                if t > now:  # the rank's last op ends: the clock reaches the end of its work
-                    simpy.Timeout(env, t - now)
-
-            return resume
-
-        resumers = [resumer(rank_index) for rank_index in range(num_ranks)]
-        return resumers
+        for rank_index in range(len(self.next)):
+            self.start_next(rank_index, 0.0)
 
     def _handlers(self, env: simpy.Environment, link: list[int], transfer: list[float],
                   duration: list[float]) -> Callable[[int, float], None]:
@@ -420,18 +354,19 @@ class _Run:
             self.shared.wake = start_next
         return start_next
 
-    def check_finished(self) -> None:
-        """Raise DeadlockError naming every stuck rank's next op and the op it waits for."""
-        schedule = self.program.schedule
-        offsets = self.program.ops.rank_offsets.tolist()
-        flat = [op for ops in schedule.ranks for op in ops]
-        stuck, marked = [], set()
-        for rank_index in range(len(self.next)):
-            g = self.next[rank_index]
-            if g < self.stop[rank_index]:
-                producer = self.wait[g]
-                waiting = str(flat[producer]) if producer >= 0 and self.arrival[producer] is None else "nothing"
-                stuck.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
-                marked.add((rank_index, g - offsets[rank_index]))
-        if stuck:
-            raise DeadlockError("deadlock: " + "; ".join(stuck), grid(schedule.ranks, marked))
+
+def _raise_deadlock(program: Program, next_op: list[int], end: list[float], arrival: list[float | None]) -> None:
+    """Raise DeadlockError naming every stuck rank's next op and the op it waits for."""
+    schedule = program.schedule
+    offsets = program.ops.rank_offsets.tolist()
+    wait: list[int] = program.ops.wait.tolist()
+    flat = [op for ops in schedule.ranks for op in ops]
+    stuck, marked = [], set()
+    for rank_index in range(program.ops.num_ranks):
+        g = next_op[rank_index]
+        if g < offsets[rank_index + 1]:
+            producer = wait[g]
+            waiting = str(flat[producer]) if producer >= 0 and arrival[producer] is None else "nothing"
+            stuck.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
+            marked.add((rank_index, g - offsets[rank_index]))
+    raise DeadlockError("deadlock: " + "; ".join(stuck), grid(schedule.ranks, marked))
