@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -83,28 +84,33 @@ class LookaheadRun:
         self.num_ops, self.num_ranks = n, num_ranks
         self.compiled = JIT_ENABLED if compiled is None else compiled
         source = np.where(ops.wait < 0, n, ops.wait)
-        arrival = np.full(n + 1, np.nan)
-        arrival[n] = 0.0
         sizes = [n, n, n + 1, num_ranks, num_ranks, n, n, n, n + 1, num_links, num_ranks, num_ranks]
-        columns: list[npt.NDArray[np.generic]] = [
-            source, link, np.full(n + 1, -1, np.int64), ops.rank_offsets[:-1], ops.rank_offsets[1:],
-            np.asarray(durations, np.float64), np.where(link >= 0, ops.transfer_s, 0.0), np.zeros(n), arrival,
-            np.zeros(num_links), np.zeros(num_ranks), np.zeros(num_ranks)]
+        # Per op a link's transfer is read only where the op sends over it; end, link and rank
+        # times start at 0; an arrival is NaN until known, but the extra slot holds 0.
+        columns: dict[int, npt.NDArray[np.generic]] = {
+            0: source, 1: link, 3: ops.rank_offsets[:-1], 4: ops.rank_offsets[1:],
+            5: np.asarray(durations, np.float64), 6: ops.transfer_s}
         self.handlers: list[Handler] = []
         if self.compiled:
-            # One buffer (one argument to pass): the integer columns, then the float ones through a float view.
-            int_offsets = np.cumsum([_HEADER, *sizes[:4]])
+            # One buffer (one argument to pass): the integer columns, then the float ones through a
+            # float view (all-zero bits are 0.0), each written once.
             float_base = _HEADER + sum(sizes[:5])
-            offsets = np.concatenate([int_offsets, float_base + np.cumsum([0, *sizes[5:11]])])
-            self.ints: IntArray = np.concatenate([offsets, *columns[:5], np.zeros(sum(sizes[5:]), np.int64)]).astype(
-                np.int64, copy=False)
+            offsets = [int(x) for x in np.cumsum([_HEADER, *sizes[:4]])] + \
+                [float_base + int(x) for x in np.cumsum([0, *sizes[5:11]])]
+            self.ints: IntArray = np.zeros(float_base + sum(sizes[5:]), np.int64)
             self.floats: FloatArray = self.ints.view(np.float64)
-            self.floats[float_base:] = np.concatenate(columns[5:])
+            self.ints[:_HEADER] = offsets
+            for k, column in columns.items():
+                (self.ints if k < 5 else self.floats)[offsets[k]: offsets[k] + sizes[k]] = column
+            self.ints[offsets[2]: offsets[2] + n + 1] = -1
+            self.floats[offsets[8]: offsets[8] + n] = np.nan
             self._views = {k: (self.ints if k < 5 else self.floats)[offsets[k]: offsets[k] + sizes[k]]
                            for k in (3, 4, 7, 8)}
             self.handlers.extend(_compiled_handler(self, rank_index) for rank_index in range(num_ranks))
         else:
-            self.lists = [column.tolist() for column in columns]
+            self.lists: list[list[Any]] = [columns[k].tolist() if k in columns else [0.0] * size
+                                           for k, size in enumerate(sizes)]
+            self.lists[2] = [-1] * (n + 1)
             self.lists[8] = [None] * n + [0.0]  # arrivals: None while not known (cheaper to test than NaN)
             self.handlers.extend(_python_handler(self, rank_index) for rank_index in range(num_ranks))
 
