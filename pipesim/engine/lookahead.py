@@ -67,7 +67,7 @@ class LookaheadRun:
     neighbours; no order of evaluation does better on those dependencies), and the kernel
     leaves per event one call and one ``Resume``. What is left per op is about half a SimPy
     event, the kernel call, and assembling the Trace (``assemble.build_trace``, about a
-    fifth of the time).
+    quarter of the time).
 
     Args:
         env: the environment; program: a program without shared NICs; durations: per op.
