@@ -1,9 +1,8 @@
-"""The discrete-event engine: SimPy events for every op's end on every rank's compute stream."""
+"""The discrete-event engine: SimPy events drive every rank's compute stream, with or without lookahead."""
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -11,8 +10,9 @@ import numpy.typing as npt
 import simpy
 
 from pipesim.engine.assemble import build_trace
-from pipesim.engine.lowering import Program, SharedPath
-from pipesim.engine.network import Network
+from pipesim.engine.lookahead import LookaheadRun
+from pipesim.engine.lowering import Program
+from pipesim.engine.network import SharedLinks
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, DeadlockError
 from pipesim.schedule.ir import grid
@@ -24,25 +24,44 @@ def run_des(
     jitter: float = 0.0,
     seed: int = 0,
     durations: Sequence[Sequence[float]] | npt.NDArray[np.float64] | None = None,
+    lookahead: bool = True,
 ) -> Trace:
     """Simulate ``program`` event by event.
 
     Each rank runs its ops in order on its compute stream: an op starts once the rank is free
-    and the output it waits for has arrived, and a SimPy event marks its end. Each directed
-    link between two ranks serves sends first-in first-out, one at a time, taking latency +
-    bytes / bandwidth each, so communication overlaps compute as with NCCL's separate
-    streams. A link is dedicated to its rank pair and its transfer times are known, so when
-    an op ends its send's start and arrival follow at once (Lindley's recursion:
-    start = max(end, the link's previous arrival)).
+    and the output it waits for has arrived. Each directed link between two ranks serves
+    sends first-in first-out, one at a time, taking latency + bytes / bandwidth each, so
+    communication overlaps compute as with NCCL's separate streams. A link is dedicated to
+    its rank pair and its transfer times are known, so when an op's end is known its send's
+    start and arrival follow at once (Lindley's recursion: start = max(end, the link's
+    previous arrival)).
+
+    Two modes drive this with SimPy, with the same arithmetic in the same order, so their
+    traces are equal bit for bit (and equal to ``run_analytic``'s):
+
+    - strict (``lookahead=False``, the reference): one SimPy event per op, its end; when it
+      fires the rank sends the op's output, wakes the rank waiting for it and starts its next
+      op if that op's input has arrived.
+    - lookahead (the default, what ``pipesim simulate --engine des`` and the benchmarks run):
+      conservative lookahead as in conservative parallel DES. A rank woken by a SimPy event
+      runs its ops one after another, ahead of the clock, for as long as each op's input is
+      already known (its producer's end and arrival are fixed once computed: nothing later
+      can change them on a dedicated link); at an op whose input is not known yet it blocks,
+      and the rank that computes that input schedules a SimPy event at the time the blocked
+      op can start, which resumes it. So the SimPy clock and its events still drive every
+      wait between ranks, but a rank's run of ops between two waits takes one event instead
+      of one per op (about 0.5 events per op on 1F1B and 2BW instead of 1); a last event per
+      rank at its last op's end brings the clock to the end of the run.
 
     A link whose path crosses shared NICs (``program.shared_paths``) cannot know its arrival
     up front: it still serves its sends first-in first-out, but each takes its latency and
     then moves its bytes at the max-min fair share of those NICs among all flows crossing
     them at the moment (``network.Network``), and its arrival is the time SimPy reaches.
-    Programs without shared paths never build that machinery.
+    Those programs always run strict, whatever ``lookahead`` says (their arrivals depend on
+    the order of events); programs without shared paths never build that machinery.
 
     Span times are the values the event handlers compute (start = max(...), end = start +
-    duration), the times at which SimPy fires the end events; they are recorded as computed
+    duration), the times at which SimPy fires the events; they are recorded as computed
     rather than read back from the clock, whose ``now + (end - now)`` can differ from ``end``
     in the last bit.
 
@@ -54,6 +73,7 @@ def run_des(
         durations: the compute time of every op to use instead of the lowered one (a
             stochastic sample, see ``pipesim.engine.noise``): per rank, per op in its order,
             or one flat array in OpTable order; ``jitter`` must then be 0.
+        lookahead: run ranks ahead of the clock between waits (see above); False: strict.
 
     Returns:
         the Trace: compute and send spans (in the order of ``assemble.build_trace``), and
@@ -63,18 +83,22 @@ def run_des(
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
         ConfigError: a negative jitter, jitter with durations, or durations of the wrong length.
     """
-    return DesRun(program, jitter=jitter, seed=seed, durations=durations).finish()
+    return DesRun(program, jitter=jitter, seed=seed, durations=durations, lookahead=lookahead).finish()
 
 
 class DesRun:
-    """A DES run that can be advanced one SimPy event at a time (an op's end; with shared NICs also
-    a step of a transfer).
+    """A DES run that can be advanced one SimPy event at a time (strict: an op's end; with shared
+    NICs also a step of a transfer; with lookahead: a rank resuming, or its last op's end).
 
     ``run_des`` is ``DesRun(...).finish()``; stepping is for tests that compare the engine
-    with a model after every event, and for tools that watch a run unfold.
+    with a model after every event, and for tools that watch a run unfold. Stepping defaults
+    to the strict mode, in which an op is done exactly when the clock has passed its end.
 
     Args:
         program, jitter, seed, durations: as for ``run_des``.
+        lookahead: as for ``run_des`` (ignored, strict, when the program has shared NICs).
+        compiled: with lookahead, run the per-op arithmetic in the numba kernel (default: when
+            numba is available; False: in Python; the traces are the same bit for bit).
 
     Raises:
         ConfigError: a negative jitter, jitter with durations, or durations of the wrong length.
@@ -87,6 +111,8 @@ class DesRun:
         jitter: float = 0.0,
         seed: int = 0,
         durations: Sequence[Sequence[float]] | npt.NDArray[np.float64] | None = None,
+        lookahead: bool = False,
+        compiled: bool | None = None,
     ) -> None:
         if jitter < 0:
             raise ConfigError("jitter", jitter, "must be >= 0")
@@ -95,10 +121,18 @@ class DesRun:
         self.program = program
         self.env = simpy.Environment()
         self._meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
-        chosen = _durations(program, jitter, seed) if durations is None else _given_durations(program, durations)
-        self._run = _Run(self.env, program, chosen)
-        for rank_index in range(program.ops.num_ranks):
-            self._run.start_next(rank_index, 0.0)
+        chosen = (_durations(program, jitter, seed) if durations is None
+                  else np.asarray(_given_durations(program, durations), np.float64))
+        self.lookahead = lookahead and not program.shared_paths
+        """True when this run uses lookahead (asked for, and the program has no shared NICs)."""
+        self._run: _Run | None = None
+        self._ahead: LookaheadRun | None = None
+        if self.lookahead:
+            self._ahead = LookaheadRun(self.env, program, chosen, compiled=compiled)
+            self._ahead.begin()
+        else:
+            self._run = _Run(self.env, program, chosen.tolist())
+            self._run.begin()
         self._trace: Trace | None = None
 
     def next_event_s(self) -> float:
@@ -109,8 +143,15 @@ class DesRun:
         """Process the next event (raises ``simpy.core.EmptySchedule`` when none is left)."""
         self.env.step()
 
+    def _state(self) -> tuple[list[int], list[float], list[float | None]]:
+        if self._ahead is not None:
+            return self._ahead.state()
+        assert self._run is not None
+        return self._run.next, self._run.end, self._run.arrival
+
     def completed(self) -> tuple[list[tuple[int, int, float, float]], list[tuple[int, int, float, float, int]]]:
-        """The spans of every op whose end has been processed so far.
+        """The spans of every op whose end has been processed so far (with lookahead: whose end
+        has been computed, which may lie ahead of the clock).
 
         Returns:
             compute spans as ``(rank, position, start_s, end_s)``, and the sends of those ops
@@ -118,16 +159,27 @@ class DesRun:
             dedicated link may end later than the current time: its times follow from the op's
             end; one over shared NICs is listed once it has arrived).
         """
-        run, ops = self._run, self.program.ops
+        ops = self.program.ops
+        next_op, end, arrival = self._state()
         offsets = ops.rank_offsets.tolist()
+        wait: list[int] = ops.wait.tolist()
+        previous_send: list[int] = ops.previous_send.tolist()
         compute, sends = [], []
         for rank_index in range(ops.num_ranks):
-            for g in range(offsets[rank_index], run.next[rank_index]):
+            for g in range(offsets[rank_index], next_op[rank_index]):
                 position = g - offsets[rank_index]
-                compute.append((rank_index, position, run.start[g], run.end[g]))
-                arrival = run.arrival[g]
-                if ops.is_remote_send[g] and arrival is not None:
-                    sends.append((rank_index, position, run.send_start[g], arrival, int(ops.send_rank[g])))
+                if self._run is not None:
+                    start, send_start = self._run.start[g], self._run.send_start[g]
+                else:  # starts are not recorded: they follow as in assemble.op_starts
+                    start = end[g - 1] if position > 0 else 0.0
+                    ready = arrival[wait[g]] if wait[g] >= 0 else None
+                    start = ready if ready is not None and ready > start else start
+                    before = arrival[previous_send[g]] if previous_send[g] >= 0 else None
+                    send_start = before if before is not None and before > end[g] else end[g]
+                compute.append((rank_index, position, start, end[g]))
+                arrived = arrival[g]
+                if ops.is_remote_send[g] and arrived is not None:
+                    sends.append((rank_index, position, send_start, arrived, int(ops.send_rank[g])))
         return compute, sends
 
     def finish(self) -> Trace:
@@ -137,24 +189,34 @@ class DesRun:
             DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
         """
         if self._trace is None:
-            run = self._run
             self.env.run()
-            run.check_finished()
-            self._trace = build_trace(self.program, np.asarray(run.end), np.asarray(run.arrival), self._meta,
-                                      start_s=np.asarray(run.start), send_start_s=np.asarray(run.send_start))
+            if self._ahead is not None:
+                ahead = self._ahead
+                if not ahead.is_finished():
+                    _raise_deadlock(self.program, *ahead.state())
+                self._trace = build_trace(self.program, ahead.end_s(), ahead.arrival_s(), self._meta)
+            else:
+                run = self._run
+                assert run is not None
+                if any(g < stop for g, stop in zip(run.next, run.stop)):
+                    _raise_deadlock(self.program, run.next, run.end, run.arrival)
+                n = self.program.ops.num_ops
+                self._trace = build_trace(self.program, np.fromiter(run.end, np.float64, n),
+                                          np.fromiter(run.arrival, np.float64, n),
+                                          self._meta, start_s=np.fromiter(run.start, np.float64, n),
+                                          send_start_s=np.fromiter(run.send_start, np.float64, n))
         return self._trace
 
 
-def _durations(program: Program, jitter: float, seed: int) -> list[float]:
+def _durations(program: Program, jitter: float, seed: int) -> npt.NDArray[np.float64]:
     base = program.ops.duration_s
     if jitter == 0:
-        plain: list[float] = base.tolist()
-        return plain
+        return base
     rng = np.random.default_rng(seed)
     offsets = program.ops.rank_offsets.tolist()
     factors = [np.maximum(rng.normal(1.0, jitter, offsets[r + 1] - offsets[r]), 0.0)
                for r in range(program.ops.num_ranks)]
-    jittered: list[float] = (base * np.concatenate([np.zeros(0), *factors])).tolist()
+    jittered: npt.NDArray[np.float64] = base * np.concatenate([np.zeros(0), *factors])
     return jittered
 
 
@@ -179,9 +241,9 @@ def _given_durations(program: Program,
 class _Run:
     """The state of one simulation: where each rank is, what has arrived, and each link's queue.
 
-    Plain lists and one end-of-op handler per rank (a closure over its rank index) keep the
-    work per event small: the engine's cost is SimPy's event queue plus a few list reads.
-    A send over a shared path is marked by a link index below -1 and handed to ``_SharedLinks``.
+    Plain lists and one handler per rank (a closure over its rank index) keep the work per
+    event small: the engine's cost is SimPy's event queue plus a few list reads. A send over
+    a shared path is marked by a link index below -1 and handed to ``SharedLinks``.
     """
 
     def __init__(self, env: simpy.Environment, program: Program, durations: list[float]) -> None:
@@ -198,10 +260,16 @@ class _Run:
         # The rank waiting for each op's output (at most one: see OpTable.wait), -1 for none.
         self.waiter = [-1] * n
         link: list[int] = ops.link.tolist()
-        self.shared: _SharedLinks | None = None
+        self.shared: SharedLinks | None = None
         if program.shared_paths:
-            self.shared = _SharedLinks(env, program, link, self)
+            self.shared = SharedLinks(env, program, link, send_start=self.send_start, arrival=self.arrival,
+                                      waiter=self.waiter)
         self.start_next = self._handlers(env, link, ops.transfer_s.tolist(), durations)
+
+    def begin(self) -> None:
+        """Start every rank at time 0."""
+        for rank_index in range(len(self.next)):
+            self.start_next(rank_index, 0.0)
 
     def _handlers(self, env: simpy.Environment, link: list[int], transfer: list[float],
                   duration: list[float]) -> Callable[[int, float], None]:
@@ -286,79 +354,19 @@ class _Run:
             self.shared.wake = start_next
         return start_next
 
-    def check_finished(self) -> None:
-        """Raise DeadlockError naming every stuck rank's next op and the op it waits for."""
-        schedule = self.program.schedule
-        offsets = self.program.ops.rank_offsets.tolist()
-        flat = [op for ops in schedule.ranks for op in ops]
-        stuck, marked = [], set()
-        for rank_index in range(len(self.next)):
-            g = self.next[rank_index]
-            if g < self.stop[rank_index]:
-                producer = self.wait[g]
-                waiting = str(flat[producer]) if producer >= 0 and self.arrival[producer] is None else "nothing"
-                stuck.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
-                marked.add((rank_index, g - offsets[rank_index]))
-        if stuck:
-            raise DeadlockError("deadlock: " + "; ".join(stuck), grid(schedule.ranks, marked))
 
-
-class _SharedLinks:
-    """The links of a program whose paths cross shared NICs: one first-in first-out queue each,
-    served one send at a time through a ``Network`` that splits NIC bandwidth between flows.
-
-    On construction it relabels those links in ``link`` (the per-op link list the end-of-op
-    handlers read) as ``-2 - index``, so the handlers tell them apart with one comparison.
-    """
-
-    def __init__(self, env: simpy.Environment, program: Program, link: list[int], run: _Run) -> None:
-        ops = program.ops
-        self.env = env
-        self.run = run
-        self.network = Network(env, program.nic_bandwidth_bytes_per_s)
-        self.send_bytes: list[float] = ops.send_bytes.tolist()
-        self.paths: list[SharedPath] = []
-        self.queues: list[deque[int]] = []
-        self.wake: Callable[[int, float], None] = lambda rank_index, now: None
-        index_of: dict[tuple[int, int], int] = {}
-        rank, send_rank = ops.rank.tolist(), ops.send_rank.tolist()
-        for g, channel in enumerate(link):
-            if channel < 0:
-                continue
-            path = program.shared_paths.get((rank[g], send_rank[g]))
-            if path is None:
-                continue
-            pair = (rank[g], send_rank[g])
-            if pair not in index_of:
-                index_of[pair] = len(self.paths)
-                self.paths.append(path)
-                self.queues.append(deque())
-            link[g] = -2 - index_of[pair]
-        self.link = link
-
-    def send(self, g: int, now: float) -> None:
-        """Queue op ``g``'s send on its link; start it at once if the link is idle."""
-        index = -2 - self.link[g]
-        queue = self.queues[index]
-        queue.append(g)
-        if len(queue) == 1:
-            self._begin(index, now)
-
-    def _begin(self, index: int, now: float) -> None:
-        g = self.queues[index][0]
-        self.run.send_start[g] = now
-        path = self.paths[index]
-        process = self.env.process(self.network.transfer(self.send_bytes[g], path.latency_s, path.nics))
-        process.callbacks.append(lambda _event: self._arrived(index))
-
-    def _arrived(self, index: int) -> None:
-        """The link's head send arrived: record it, wake the rank waiting for it, start the next."""
-        now = self.env.now
-        queue = self.queues[index]
-        g = queue.popleft()
-        self.run.arrival[g] = now
-        woken = self.run.waiter[g]
-        if woken >= 0:
-            self.wake(woken, now)
-        if queue:
-            self._begin(index, now)
+def _raise_deadlock(program: Program, next_op: list[int], end: list[float], arrival: list[float | None]) -> None:
+    """Raise DeadlockError naming every stuck rank's next op and the op it waits for."""
+    schedule = program.schedule
+    offsets = program.ops.rank_offsets.tolist()
+    wait: list[int] = program.ops.wait.tolist()
+    flat = [op for ops in schedule.ranks for op in ops]
+    stuck, marked = [], set()
+    for rank_index in range(program.ops.num_ranks):
+        g = next_op[rank_index]
+        if g < offsets[rank_index + 1]:
+            producer = wait[g]
+            waiting = str(flat[producer]) if producer >= 0 and arrival[producer] is None else "nothing"
+            stuck.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
+            marked.add((rank_index, g - offsets[rank_index]))
+    raise DeadlockError("deadlock: " + "; ".join(stuck), grid(schedule.ranks, marked))
