@@ -23,10 +23,10 @@ profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_by
 bandwidth: [10GB/s, 100GB/s]
 latency: [5us]
 stages: [4, 8]
-microbatches: [4, 8, 16, 32]
-minibatches: [3]
+microbatches: [4, 64, 256, 512]
+minibatches: [8]
 schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
-engine: des  # slower than the analytic engine, so an interruption lands midway
+engine: des  # with 8 minibatches of up to 512 microbatches the sweep lasts seconds: an interruption lands midway
 """
 NUM_POINTS = 2 * 2 * 4 * 5
 
