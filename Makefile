@@ -69,3 +69,9 @@ bench-schedules: $(STAMP)
 # into its section of benchmarks/RESULTS.md (takes several minutes; run it on a quiet machine).
 bench-validate: $(STAMP)
 	$(PY) benchmarks/bench_validate.py
+
+.PHONY: bench-sweep-full
+# The 10,080-point sweep of issue 7 run for real through run_sweep on an embedded cluster of 2
+# workers (a few minutes), against the serial projection, into benchmarks/RESULTS.md.
+bench-sweep-full: $(STAMP)
+	$(PY) benchmarks/bench_sweep.py --full
