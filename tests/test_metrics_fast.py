@@ -63,7 +63,7 @@ def shuffled(trace: Trace, seed: int) -> Trace:
                  memory={c: v[memory] for c, v in trace.memory.items()})
 
 
-@settings(max_examples=120)
+@settings(max_examples=80)
 @given(cases(), st.sampled_from([0.0, 0.3]), st.integers(0, 3))
 def test_generated_runs_give_the_reference_metrics(case: Case, jitter: float, seed: int) -> None:
     plan = make_plan(case.profile, **case.kwargs)

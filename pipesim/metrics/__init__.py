@@ -9,16 +9,14 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
 from pipesim.metrics import grouped, kernels
 
 #: Whether compute_metrics runs the single-pass kernels (pipesim/metrics/kernels.py) where they
 #: apply; by default when numba compiles them. Both paths give the same bits.
 USE_KERNELS: bool = jit.ENABLED
 
-_F, _B, _I, _W, _U = range(len(KINDS))
-_COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
-_ACTIVATIONS, _WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
+_COMPUTE = STREAMS.index("compute")
 
 
 @dataclass(frozen=True)
@@ -118,15 +116,6 @@ def steady_window(trace: Trace) -> tuple[float, float, int, int]:
     if k == 2:
         return float(ends[0]), float(ends[1]), 1, 0
     return 0.0, trace.makespan_s, 0, 0
-
-
-def _level_peak(trace: Trace, stage: int) -> tuple[float, dict[str, float], int, int]:
-    """Peak bytes of a stage (levels after all events at one instant), its breakdown, and the
-    most weight versions and stashed microbatches held."""
-    keys = np.where(trace.memory["stage"] == stage, 0, -1)
-    peaks, breakdown, versions, inflight = _level_peaks(trace, keys, 1)
-    return (float(peaks[0]), {c: float(breakdown[0, i]) for i, c in enumerate(CATEGORIES)}, int(versions[0]),
-            int(inflight[0]))
 
 
 def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
