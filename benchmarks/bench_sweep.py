@@ -64,9 +64,12 @@ def breakdown(resolved: Resolved) -> list[str]:
         from pipesim.engine.analytic import run_analytic as engine
     except ImportError:
         from pipesim.engine.des import run_des as engine
+    # Main's per-stage metrics before the kernels, kept by the tests as the reference (same results, bit for bit).
+    from tests.metrics_reference import compute_metrics as reference_metrics
+
     profile = resolved.profiles[0][1]
-    lines = ["| p | m | compute ops | engine | build + lower s | engine s | metrics s | (validate s, not run) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| p | m | compute ops | engine | build + lower s | engine s | metrics s | (validate s, not run) | "
+             "metrics, main's per-stage code s (baseline) |", "|---|---|---|---|---|---|---|---|---|"]
     for p, m in ((8, 32), (32, 128), (64, 256)):
         plan = make_plan(profile, schedule="2bw", num_stages=p, num_microbatches=m, num_minibatches=4)
         topology = Topology.uniform(num_devices=p, bandwidth="10GB/s", latency="5us")
@@ -78,6 +81,8 @@ def breakdown(resolved: Resolved) -> list[str]:
         metrics = compute_metrics(trace)
         marks.append(time.perf_counter())
         validate(program.schedule)
+        marks.append(time.perf_counter())
+        reference_metrics(trace)
         marks.append(time.perf_counter())
         phases = " | ".join(f"{b - a:.3f}" for a, b in zip(marks, marks[1:], strict=False))
         lines.append(f"| {p} | {m} | {metrics.num_ops} | {metrics.engine} | {phases} |")
@@ -156,7 +161,8 @@ def main() -> None:
     print("1. one point, by phase", flush=True)
     phase_seconds(runner, points[:3])  # warm-up: imports, and compiled kernels loaded from numba's cache
     lines += ["Where one point's time goes (2bw, K=4). Registry schedules are not re-validated when simulated "
-              "(pipesim.simulation.prepare); the last column is what validating would add:", "",
+              "(pipesim.simulation.prepare); the validate column is what validating would add; the last column is "
+              "the metrics of main before the kernels (tests/metrics_reference.py), on the same trace:", "",
               *breakdown(resolved), ""]
 
     print(f"2. baseline: {args.sample} sampled points, serially, by phase", flush=True)
