@@ -75,3 +75,9 @@ bench-validate: $(STAMP)
 .PHONY: bench-prepare
 bench-prepare: $(STAMP)
 	$(PY) benchmarks/bench_prepare.py
+
+.PHONY: bench-sweep-full
+# The 10,080-point sweep of issue 7 run for real through run_sweep on an embedded cluster of 2
+# workers (a few minutes), against the serial projection, into benchmarks/RESULTS.md.
+bench-sweep-full: $(STAMP)
+	$(PY) benchmarks/bench_sweep.py --full

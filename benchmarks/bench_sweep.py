@@ -1,16 +1,21 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
 Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--no-write]
+(``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
-Three measurements, each quoted against a baseline taken in the same run (the machines are
-shared and noisy):
+Measurements, each quoted against a baseline taken in the same run (the machines are shared and
+noisy), with the jit backend (pipesim.jit.backend()), date and machine:
 
 1. Where a point's time goes, at three sizes: building and lowering the schedule, the engine
    (analytic where available, else DES), metrics, and (not part of a sweep) validation.
-2. The whole sweep through Dask (``--full``), or, by default, projected from a seeded random
-   sample of its points simulated serially in this process (the baseline), divided by W.
-3. Dask's overhead: the slice p <= 16 (2,400 points) through ``run_sweep`` on an embedded
-   cluster of W workers against the same points simulated serially in this process.
+2. The baseline: a seeded random sample of the sweep's points simulated serially in this
+   process, phase by phase (the sweep's own row work included), projected to all points on W
+   workers at perfect scaling.
+3. ``--full``: all 10,080 points through ``run_sweep`` on an embedded cluster of W workers: wall
+   time, points/s, and the wall split into the phases of 2 (scaled from the sample) and the
+   rest (cluster start, Dask, transfers, chunk writes and the merge, imbalance).
+   Without ``--full``: Dask's overhead on the slice p <= 16 (2,400 points) through ``run_sweep``
+   against the same points simulated serially in this process.
 
 Results go to benchmarks/RESULTS.md, in its ``sweep`` section (benchmarks/results_file.py).
 """
@@ -27,15 +32,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipesim import jit  # noqa: E402
+from pipesim.engine.analytic import analytic_unsupported, run_analytic  # noqa: E402
+from pipesim.engine.des import run_des  # noqa: E402
+from pipesim.errors import PipesimError  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.schedule.validate import validate  # noqa: E402
 from pipesim.simulation import make_plan, prepare  # noqa: E402
 from pipesim.spec.topology import Topology  # noqa: E402
-from pipesim.sweep import PointRunner, Resolved, load_spec, parse_spec, run_sweep  # noqa: E402
+from pipesim.sweep import PointRunner, Resolved, load_spec, metrics_row, parse_spec, run_sweep  # noqa: E402
 
 SPEC = ROOT / "benchmarks" / "sweep_10k.yaml"
 
@@ -54,9 +64,12 @@ def breakdown(resolved: Resolved) -> list[str]:
         from pipesim.engine.analytic import run_analytic as engine
     except ImportError:
         from pipesim.engine.des import run_des as engine
+    # Main's per-stage metrics before the kernels, kept by the tests as the reference (same results, bit for bit).
+    from tests.metrics_reference import compute_metrics as reference_metrics
+
     profile = resolved.profiles[0][1]
-    lines = ["| p | m | compute ops | engine | build + lower s | engine s | metrics s | (validate s, not run) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| p | m | compute ops | engine | build + lower s | engine s | metrics s | (validate s, not run) | "
+             "metrics, main's per-stage code s (baseline) |", "|---|---|---|---|---|---|---|---|---|"]
     for p, m in ((8, 32), (32, 128), (64, 256)):
         plan = make_plan(profile, schedule="2bw", num_stages=p, num_microbatches=m, num_minibatches=4)
         topology = Topology.uniform(num_devices=p, bandwidth="10GB/s", latency="5us")
@@ -69,10 +82,46 @@ def breakdown(resolved: Resolved) -> list[str]:
         marks.append(time.perf_counter())
         validate(program.schedule)
         marks.append(time.perf_counter())
+        reference_metrics(trace)
+        marks.append(time.perf_counter())
         phases = " | ".join(f"{b - a:.3f}" for a, b in zip(marks, marks[1:], strict=False))
         lines.append(f"| {p} | {m} | {metrics.num_ops} | {metrics.engine} | {phases} |")
         print(lines[-1], flush=True)
     return lines
+
+
+PHASES = ("plan + row", "build + lower", "engine", "metrics")
+
+
+def phase_seconds(runner: PointRunner, points: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase to simulate ``points`` serially, as PointRunner does each point: the
+    plan and the row (the sweep's own work), building and lowering, the engine, the metrics."""
+    spent = dict.fromkeys(PHASES, 0.0)
+    for point in points:
+        marks = [time.perf_counter()]
+        label, profile = runner.resolved.profiles[point["profile"]]
+        row = {column: point[column] for column in ("point", "num_stages", "schedule")}
+        try:
+            plan = make_plan(profile, schedule=point["schedule"], num_stages=point["num_stages"],
+                             num_microbatches=point["num_microbatches"], num_minibatches=point["num_minibatches"],
+                             recompute=point["recompute"])
+            topology = runner._topology(point)
+            marks.append(time.perf_counter())
+            program = prepare(profile, topology, plan)
+            marks.append(time.perf_counter())
+            trace = run_analytic(program) if analytic_unsupported(program) is None else run_des(program)
+            marks.append(time.perf_counter())
+            metrics = compute_metrics(trace)
+            marks.append(time.perf_counter())
+            row.update(metrics_row(metrics, plan.partition, min(d.memory_bytes for d in topology.devices)))
+        except PipesimError as exc:
+            row["error"] = str(exc)
+            marks += [marks[-1]] * (5 - len(marks))
+        marks.append(time.perf_counter())
+        spent["plan + row"] += (marks[1] - marks[0]) + (marks[5] - marks[4])
+        for index, phase in enumerate(PHASES[1:], start=1):
+            spent[phase] += marks[index + 1] - marks[index]
+    return spent
 
 
 def serial_seconds(runner: PointRunner, points: list[dict[str, object]]) -> float:
@@ -103,52 +152,71 @@ def main() -> None:
     points = resolved.points()
     runner = PointRunner(resolved)
     has_analytic = analytic_available()
+    print(f"jit backend: {jit.backend()}")
     print(f"{len(points)} points; analytic engine {'present' if has_analytic else 'absent (DES for every point)'}")
     lines = [f"Spec `benchmarks/sweep_10k.yaml`: {len(points):,} points (p 2..64, m = p..8p in steps of p, five "
              f"schedules, two bandwidths, recomputation off/on, K=4, uniform 128 layers). Analytic engine: "
              f"{'present' if has_analytic else 'absent, so every point ran on the DES engine'}.", ""]
 
     print("1. one point, by phase", flush=True)
+    phase_seconds(runner, points[:3])  # warm-up: imports, and compiled kernels loaded from numba's cache
     lines += ["Where one point's time goes (2bw, K=4). Registry schedules are not re-validated when simulated "
-              "(pipesim.simulation.prepare); the last column is what validating would add:", "",
+              "(pipesim.simulation.prepare); the validate column is what validating would add; the last column is "
+              "the metrics of main before the kernels (tests/metrics_reference.py), on the same trace:", "",
               *breakdown(resolved), ""]
 
+    print(f"2. baseline: {args.sample} sampled points, serially, by phase", flush=True)
+    sample = random.Random(0).sample(points, args.sample)
+    spent = phase_seconds(runner, sample)
+    per_point = sum(spent.values()) / len(sample)
+    projected = per_point * len(points) / args.workers
+    lines.append(f"Baseline, serial in this process: {len(sample)} of its points drawn at random (seed 0) took "
+                 f"{per_point:.4f} s a point, so {len(points):,} points take about {per_point * len(points):,.0f} s on "
+                 f"one core, **{projected:,.1f} s projected on {args.workers} workers** at perfect scaling "
+                 f"({projected / 60:.2f}x the 60 s target).")
+    print(lines[-1], flush=True)
+
     if args.full:
-        print("2. the full sweep on Dask", flush=True)
+        print("3. the full sweep through run_sweep on an embedded cluster", flush=True)
         with tempfile.TemporaryDirectory() as folder:
             summary = run_sweep(spec, Path(folder) / "results.parquet", workers=args.workers)
-        lines.append(f"Full sweep on an embedded cluster of {args.workers} workers: **{summary.wall_s:.1f} s** "
-                     f"({summary.num_points / summary.wall_s:.1f} points/s, {summary.num_batches} batches); "
-                     f"target: under 60 s.")
+        assert summary.num_run == len(points)
+        share = {phase: seconds / len(sample) * len(points) / args.workers for phase, seconds in spent.items()}
+        rest = summary.wall_s - summary.startup_s - sum(share.values())
+        lines += ["", f"Full sweep, run: all {summary.num_points:,} points through `run_sweep` on an embedded "
+                  f"LocalCluster of {args.workers} single-threaded worker processes: **{summary.wall_s:.1f} s** end to "
+                  f"end, {summary.num_points / summary.wall_s:.1f} points/s ({summary.num_batches} batches, "
+                  f"{summary.num_errors} rows with an error, 2bw with m < p); target: under 60 s "
+                  f"({summary.wall_s / 60:.2f}x). Against the baseline's projection: "
+                  f"{summary.wall_s / projected:.2f}x. The wall time by phase (the sample's shares scaled to all "
+                  f"points over {args.workers} workers; the rest is measured minus those):", "",
+                  "| phase | s of the wall | share |", "|---|---|---|",
+                  f"| starting the cluster | {summary.startup_s:.1f} | {summary.startup_s / summary.wall_s:.0%} |",
+                  *(f"| {phase} | {seconds:.1f} | {seconds / summary.wall_s:.0%} |" for phase, seconds in share.items()),
+                  f"| the rest: Dask, transfers, chunk writes and merge, imbalance, other load | {rest:.1f} | "
+                  f"{rest / summary.wall_s:.0%} |"]
+        print("\n".join(lines[-9:]), flush=True)
     else:
-        print(f"2. projection from {args.sample} sampled points", flush=True)
-        sample = random.Random(0).sample(points, args.sample)
-        per_point = serial_seconds(runner, sample) / len(sample)
-        projected = per_point * len(points) / args.workers
-        lines.append(f"Full sweep, projected (not run): {len(sample)} of its points drawn at random (seed 0) took "
-                     f"{per_point:.3f} s a point serially in one process, so {len(points):,} points take about "
-                     f"{per_point * len(points):,.0f} s on one core, **{projected:,.0f} s on {args.workers} workers** "
-                     f"at perfect scaling; target: under 60 s ({projected / 60:.0f}x over).")
-    print(lines[-1], flush=True)
-
-    print("3. Dask overhead on the slice p <= 16", flush=True)
-    fields = spec.model_dump(by_alias=True, exclude_defaults=True)
-    small = parse_spec({**fields, "where": f"({spec.where}) and stages <= 16"})
-    small_points = Resolved(small).points()
-    baseline = serial_seconds(PointRunner(Resolved(small)), small_points)
-    with tempfile.TemporaryDirectory() as folder:
-        summary = run_sweep(small, Path(folder) / "results.parquet", workers=args.workers)
-    working = summary.wall_s - summary.startup_s
-    lines += ["", f"Slice p <= 16 ({len(small_points):,} points): serial in one process {baseline:.1f} s (baseline); "
-              f"`run_sweep` on {args.workers} workers {summary.wall_s:.1f} s end to end ({baseline / summary.wall_s:.2f}x "
-              f"the serial speed), of which {summary.startup_s:.1f} s starting the cluster; the {working:.1f} s after it "
-              f"({summary.num_batches} batches, chunks written and merged) are {baseline / working:.2f}x the serial "
-              f"speed. The sweep's own process (scheduler, chunk writes) shares the 2 cores with the workers."]
-    print(lines[-1], flush=True)
+        print("3. Dask overhead on the slice p <= 16", flush=True)
+        fields = spec.model_dump(by_alias=True, exclude_defaults=True)
+        small = parse_spec({**fields, "where": f"({spec.where}) and stages <= 16"})
+        small_points = Resolved(small).points()
+        baseline = serial_seconds(PointRunner(Resolved(small)), small_points)
+        with tempfile.TemporaryDirectory() as folder:
+            summary = run_sweep(small, Path(folder) / "results.parquet", workers=args.workers)
+        working = summary.wall_s - summary.startup_s
+        lines += ["", f"Slice p <= 16 ({len(small_points):,} points): serial in one process {baseline:.1f} s "
+                  f"(baseline); `run_sweep` on {args.workers} workers {summary.wall_s:.1f} s end to end "
+                  f"({baseline / summary.wall_s:.2f}x the serial speed), of which {summary.startup_s:.1f} s starting "
+                  f"the cluster; the {working:.1f} s after it ({summary.num_batches} batches, chunks written and "
+                  f"merged) are {baseline / working:.2f}x the serial speed. The sweep's own process (scheduler, chunk "
+                  f"writes) shares the 2 cores with the workers."]
+        print(lines[-1], flush=True)
 
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
-    section = "\n".join(["## Sweeps (`make bench-sweep`)", "", f"{stamp}; {machine()}; load average "
-                         f"{open('/proc/loadavg').read().split()[0]} at the end (other jobs share the machine).",
+    target = "make bench-sweep-full" if args.full else "make bench-sweep"
+    section = "\n".join([f"## Sweeps (`{target}`)", "", f"{stamp}; {machine()}; jit backend: {jit.backend()}; load "
+                         f"average {open('/proc/loadavg').read().split()[0]} at the end (other jobs share the machine).",
                          "", *lines])
     if args.no_write:
         print(section)

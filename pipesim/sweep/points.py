@@ -49,7 +49,10 @@ class PointRunner:
     """
 
     def __init__(self, resolved: Resolved) -> None:
+        from pipesim import __version__
+
         self.resolved = resolved
+        self.version = __version__
         self._topologies: dict[tuple[Any, ...], Topology] = {}
         self._partitions: dict[tuple[int, int, str], tuple[tuple[int, int], ...]] = {}
 
@@ -57,9 +60,7 @@ class PointRunner:
         return {"resolved": self.resolved}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.resolved = state["resolved"]
-        self._topologies = {}
-        self._partitions = {}
+        self.__init__(state["resolved"])  # type: ignore[misc]
 
     def run_batch(self, points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows of ``points``, in the given order."""
@@ -67,14 +68,12 @@ class PointRunner:
 
     def run(self, point: dict[str, Any]) -> dict[str, Any]:
         """The row of one point; a point whose inputs break a rule gets its message in ``error``."""
-        from pipesim import __version__
-
         label, profile = self.resolved.profiles[point["profile"]]
-        row: dict[str, Any] = {column: point[column] for column in ("point", *AXES.values())}
+        row: dict[str, Any] = {column: point[column] for column in _INPUT_COLUMNS}
         row["profile"] = label
         row["topology"] = self.resolved.topologies[point["topology"]][0]
         row["memory_limit_bytes"] = math.nan if point["memory_limit_bytes"] is None else point["memory_limit_bytes"]
-        row["pipesim_version"] = __version__
+        row["pipesim_version"] = self.version
         row["error"] = ""
         try:
             result_row = self._simulate(point, profile)
@@ -103,8 +102,9 @@ class PointRunner:
         topology = self._topology(point)
         result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],
                                seed=point["seed"])
-        limits = [d.memory_bytes for d in topology.devices[:num_stages]]
-        limit = point["memory_limit_bytes"] if point["memory_limit_bytes"] is not None else min(limits)
+        limit = point["memory_limit_bytes"]
+        if limit is None:
+            limit = min(d.memory_bytes for d in topology.devices[:num_stages])
         return metrics_row(result.metrics, plan.partition, limit)
 
     def _topology(self, point: dict[str, Any]) -> Topology:
@@ -125,10 +125,7 @@ def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_l
     stages = metrics.stages
     peak_stage = max(stages, key=lambda s: s.peak_memory_bytes)
     breakdown = peak_stage.peak_breakdown_bytes
-
-    def as_json(values: Sequence[Any]) -> str:
-        return json.dumps(list(values), separators=(",", ":"))
-
+    as_json = json_list
     return {
         "engine": metrics.engine,
         "num_ops": metrics.num_ops,
@@ -154,7 +151,7 @@ def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_l
         "forward_delay_steps_max": max(s.forward_delay_steps for s in stages),
         "forward_delay_mean": sum(s.forward_delay_mean for s in stages) / len(stages),
         "discrepancy_max": max(s.discrepancy_max for s in stages),
-        "partition": as_json([list(r) for r in partition]),
+        "partition": "[" + ",".join(json_list(bounds) for bounds in partition) + "]",
         "stage_utilization": as_json([s.utilization for s in stages]),
         "stage_peak_memory_bytes": as_json([s.peak_memory_bytes for s in stages]),
         "stage_weight_versions": as_json([s.weight_versions_max for s in stages]),
@@ -164,6 +161,15 @@ def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_l
     }
 
 
+def json_list(values: Sequence[Any]) -> str:
+    """``json.dumps(list(values), separators=(",", ":"))``, written directly for the common case
+    (plain ints and finite floats, where JSON's text is Python's repr)."""
+    if all(type(value) is int or (type(value) is float and math.isfinite(value)) for value in values):
+        return "[" + ",".join(map(repr, values)) + "]"
+    return json.dumps(list(values), separators=(",", ":"))
+
+
+_INPUT_COLUMNS = ("point", *AXES.values())
 _INT_METRICS = frozenset({"num_ops", "warmup_minibatches", "cooldown_minibatches", "weight_versions_max",
                           "max_inflight_microbatches", "forward_delay_steps_max", "discrepancy_max"})
 

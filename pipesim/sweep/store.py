@@ -4,11 +4,14 @@ While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one ``chunk-FIRST
 per finished batch, each written to a temporary name and renamed, so a killed sweep leaves only
 whole chunks. ``--resume`` reads the chunks back and skips their points. When every point is
 done, the chunks are merged, sorted by point, written atomically to OUT (Parquet, or CSV by
-suffix) and the folder is removed.
+suffix) and the folder is removed. A finished CSV table gets ``OUT.digest`` beside it (the
+spec's digest and the hash of the CSV's bytes), so that ``--resume`` on a finished CSV, as on
+a finished Parquet table (which holds the digest in its metadata), does nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import uuid
@@ -21,6 +24,7 @@ from pipesim.errors import ConfigError, PipesimError
 from pipesim.spec.files import dumps, read_json, write_text_atomic
 
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
+CSV_DIGEST_SCHEMA = "pipesim.sweep-csv-digest/1"
 DIGEST_KEY = b"pipesim.sweep.digest"
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
@@ -94,6 +98,9 @@ def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
     kind = table_format(path)
     if kind == "csv":
         write_atomic(path, lambda temporary: frame.to_csv(temporary, index=False, lineterminator="\n", na_rep="nan"))
+        if digest is not None:
+            write_text_atomic(csv_digest_path(path), dumps({"schema": CSV_DIGEST_SCHEMA, "digest": digest,
+                                                            "sha256": _sha256(path)}))
         return
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -208,10 +215,28 @@ class ResultStore:
         return frame
 
 
+def csv_digest_path(out: Path) -> Path:
+    """Where a finished CSV table's digest is kept: ``OUT.digest``."""
+    return out.parent / f"{out.name}.digest"
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
 def finished_digest(out: Path) -> str | None:
-    """The spec digest stored in a finished Parquet table, or None (CSV, missing, or unreadable)."""
-    if table_format(out) != "parquet" or not out.is_file():
+    """The spec digest of a finished table: in a Parquet table's metadata, or for CSV in
+    ``OUT.digest`` when that names the CSV's current bytes; None when missing or unreadable."""
+    if not out.is_file():
         return None
+    if table_format(out) == "csv":
+        try:
+            kept = read_json(csv_digest_path(out), "digest")
+            digest, sha = kept.get("digest"), kept.get("sha256")
+        except (ConfigError, OSError, AttributeError):
+            return None
+        return digest if isinstance(digest, str) and sha == _sha256(out) else None
     import pyarrow.parquet as pq
 
     try:

@@ -1,96 +1,16 @@
-"""Metrics: pure functions of a Trace (iteration time, bubbles, memory, staleness)."""
+"""The metrics implementation of main before the vectorized rewrite, kept verbatim as the reference."""
 
 from __future__ import annotations
-
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+from pipesim.metrics import Metrics, StageMetrics
 
 _F, _B, _I, _W, _U = range(len(KINDS))
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
 _ACTIVATIONS, _WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
-
-
-@dataclass(frozen=True)
-class StageMetrics:
-    """What one stage did.
-
-    Attributes:
-        stage: stage index; device: rank it ran on.
-        utilization: busy fraction of its device's compute stream in the steady-state window.
-        bubble_fraction: ``1 - utilization``.
-        exposed_communication_s: idle time of the device before this stage's ops spent waiting
-            for their inputs in flight, inside the window.
-        peak_memory_bytes: peak of weights + gradients + optimizer state + stashed activations.
-        peak_breakdown_bytes: that peak by category.
-        weight_versions_max: most weight versions held at once.
-        max_inflight_microbatches: most microbatches' activations held at once.
-        forward_delay_steps: most updates between a forward and the update that uses its gradient.
-        forward_delay_mean: the same, averaged over microbatches that have such an update.
-        discrepancy_max: most of ``version(backward) - version(forward)`` over microbatches.
-    """
-
-    stage: int
-    device: int
-    utilization: float
-    bubble_fraction: float
-    exposed_communication_s: float
-    peak_memory_bytes: float
-    peak_breakdown_bytes: dict[str, float]
-    weight_versions_max: int
-    max_inflight_microbatches: int
-    forward_delay_steps: int
-    forward_delay_mean: float
-    discrepancy_max: int
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """Whole-run metrics; ``to_dict()`` is the ``--json`` form.
-
-    Attributes:
-        iteration_time_s: seconds per minibatch in the steady-state window.
-        makespan_s: end of the last op.
-        throughput_samples_per_s: ``num_microbatches * microbatch_size / iteration_time_s``.
-        bubble_fraction: mean idle fraction of the devices in the window.
-        window_start_s, window_end_s: the steady-state window; it excludes the first
-            (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
-            or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
-        stages: per-stage metrics.
-        num_ranks: devices of the pipeline (several stages per rank when fewer than stages).
-        device_utilization: per device (rank), busy fraction of its compute stream in the window.
-        device_peak_memory_bytes: per device, the peak of the sum over the stages it holds.
-    """
-
-    schedule: str
-    engine: str
-    num_stages: int
-    num_microbatches: int
-    num_minibatches: int
-    num_ops: int
-    iteration_time_s: float
-    makespan_s: float
-    throughput_samples_per_s: float
-    bubble_fraction: float
-    window_start_s: float
-    window_end_s: float
-    warmup_minibatches: int
-    cooldown_minibatches: int
-    peak_memory_bytes: float
-    stages: tuple[StageMetrics, ...]
-    num_ranks: int = 1
-    device_utilization: tuple[float, ...] = ()
-    device_peak_memory_bytes: tuple[float, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        data = asdict(self)
-        data["stages"] = [asdict(stage) for stage in self.stages]
-        return data
 
 
 def minibatch_ends(trace: Trace) -> npt.NDArray[np.float64]:
@@ -342,19 +262,3 @@ def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int,
         else _level_peak_of(trace, rows[device])[0] if held[device] else 0.0
         for device in range(num_ranks)
     )
-
-
-def memory_over_time(trace: Trace) -> Any:
-    """A DataFrame of memory levels: time_s, stage, and one column of bytes per category."""
-    import pandas as pd
-
-    frame = trace.memory_frame()
-    frame = frame.sort_values(["stage", "time_s"], kind="stable")
-    wide = frame.pivot_table(index=["stage", "time_s"], columns="category", values="delta_bytes",
-                             aggfunc="sum", fill_value=0.0)
-    for category in CATEGORIES:
-        if category not in wide.columns:
-            wide[category] = 0.0
-    wide = wide[list(CATEGORIES)].groupby(level="stage").cumsum()
-    wide["total"] = wide.sum(axis=1)
-    return pd.DataFrame(wide).reset_index()

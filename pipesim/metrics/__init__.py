@@ -1,0 +1,272 @@
+"""Metrics: pure functions of a Trace (iteration time, bubbles, memory, staleness)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipesim import jit
+from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
+from pipesim.metrics import grouped, kernels
+
+#: Whether compute_metrics runs the single-pass kernels (pipesim/metrics/kernels.py) where they
+#: apply; by default when numba compiles them. Both paths give the same bits.
+USE_KERNELS: bool = jit.ENABLED
+
+_COMPUTE = STREAMS.index("compute")
+
+
+@dataclass(frozen=True)
+class StageMetrics:
+    """What one stage did.
+
+    Attributes:
+        stage: stage index; device: rank it ran on.
+        utilization: busy fraction of its device's compute stream in the steady-state window.
+        bubble_fraction: ``1 - utilization``.
+        exposed_communication_s: idle time of the device before this stage's ops spent waiting
+            for their inputs in flight, inside the window.
+        peak_memory_bytes: peak of weights + gradients + optimizer state + stashed activations.
+        peak_breakdown_bytes: that peak by category.
+        weight_versions_max: most weight versions held at once.
+        max_inflight_microbatches: most microbatches' activations held at once.
+        forward_delay_steps: most updates between a forward and the update that uses its gradient.
+        forward_delay_mean: the same, averaged over microbatches that have such an update.
+        discrepancy_max: most of ``version(backward) - version(forward)`` over microbatches.
+    """
+
+    stage: int
+    device: int
+    utilization: float
+    bubble_fraction: float
+    exposed_communication_s: float
+    peak_memory_bytes: float
+    peak_breakdown_bytes: dict[str, float]
+    weight_versions_max: int
+    max_inflight_microbatches: int
+    forward_delay_steps: int
+    forward_delay_mean: float
+    discrepancy_max: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Whole-run metrics; ``to_dict()`` is the ``--json`` form.
+
+    Attributes:
+        iteration_time_s: seconds per minibatch in the steady-state window.
+        makespan_s: end of the last op.
+        throughput_samples_per_s: ``num_microbatches * microbatch_size / iteration_time_s``.
+        bubble_fraction: mean idle fraction of the devices in the window.
+        window_start_s, window_end_s: the steady-state window; it excludes the first
+            (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
+            or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
+        stages: per-stage metrics.
+        num_ranks: devices of the pipeline (several stages per rank when fewer than stages).
+        device_utilization: per device (rank), busy fraction of its compute stream in the window.
+        device_peak_memory_bytes: per device, the peak of the sum over the stages it holds.
+    """
+
+    schedule: str
+    engine: str
+    num_stages: int
+    num_microbatches: int
+    num_minibatches: int
+    num_ops: int
+    iteration_time_s: float
+    makespan_s: float
+    throughput_samples_per_s: float
+    bubble_fraction: float
+    window_start_s: float
+    window_end_s: float
+    warmup_minibatches: int
+    cooldown_minibatches: int
+    peak_memory_bytes: float
+    stages: tuple[StageMetrics, ...]
+    num_ranks: int = 1
+    device_utilization: tuple[float, ...] = ()
+    device_peak_memory_bytes: tuple[float, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        data = asdict(self)
+        data["stages"] = [asdict(stage) for stage in self.stages]
+        return data
+
+
+def minibatch_ends(trace: Trace) -> npt.NDArray[np.float64]:
+    """End time of each minibatch: the end of its last compute op (its update included)."""
+    s = trace.spans
+    compute = s["stream"] == _COMPUTE
+    num = int(trace.meta["num_minibatches"])
+    ends = np.zeros(num)
+    np.maximum.at(ends, s["minibatch"][compute], s["end_s"][compute])
+    return ends
+
+
+def steady_window(trace: Trace) -> tuple[float, float, int, int]:
+    """``(start_s, end_s, warmup, cooldown)`` of the steady-state window (see Metrics)."""
+    ends = minibatch_ends(trace)
+    k = len(ends)
+    if k >= 3:
+        return float(ends[0]), float(ends[k - 2]), 1, 1
+    if k == 2:
+        return float(ends[0]), float(ends[1]), 1, 0
+    return 0.0, trace.makespan_s, 0, 0
+
+
+def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
+    """``(forward_delay_max, forward_delay_mean, discrepancy_max)`` of a stage, from versions.
+
+    The update that consumes microbatch i's gradient is the first U of the stage after i's
+    B (or W) in the rank's order; forward delay = the version that U updates minus the
+    version i's F ran on. Discrepancy = version of i's B (or I) minus version of its F.
+    """
+    key = np.where(trace.spans["stage"] == stage, 0, -1)
+    delay_max, delay_mean, discrepancy = _staleness_all(trace, key, 1)
+    return int(delay_max[0]), float(delay_mean[0]), int(discrepancy[0])
+
+
+def _exposed_communication(trace: Trace, device: int, low: float, high: float, stage: int | None = None) -> float:
+    """Idle time on ``device`` before an op (of ``stage``, when given), overlapping the arrival of
+    the send it waited for: an activation for F, a gradient (from B or I) for B or I."""
+    num_devices, num_stages = int(trace.meta["num_ranks"]), int(trace.meta["num_stages"])
+    if stage is None:
+        return _exposed_all(trace, num_devices, num_stages, low, high, per_stage=False)[device]
+    if int(trace.meta["stage_to_rank"][stage]) != device:
+        return 0.0
+    return _exposed_all(trace, num_devices, num_stages, low, high)[stage]
+
+
+def _exposed_all(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
+                 per_stage: bool = True, compute_rows: npt.NDArray[np.intp] | None = None) -> list[float]:
+    """Exposed communication per stage (or device), by kernel where it applies."""
+    if USE_KERNELS:
+        sums = kernels.exposed_communication(trace, num_devices, num_stages, low, high, per_stage=per_stage)
+        if sums is not None:
+            return sums
+    return grouped.exposed_communication_all(trace, num_devices, num_stages, low, high, per_stage=per_stage,
+                                             compute_rows=compute_rows)
+
+
+def _level_peaks(trace: Trace, keys: npt.NDArray[np.int64], num_groups: int) -> tuple[
+        npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Memory peaks per group of events (see grouped.level_peaks), by kernel where it applies."""
+    if USE_KERNELS:
+        found = kernels.level_peaks(trace, keys, num_groups)
+        if found is not None:
+            return found
+    return grouped.level_peaks(trace, keys, num_groups)
+
+
+def _staleness_all(trace: Trace, key: npt.NDArray[np.int64], num_groups: int) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Staleness per group of compute spans (``key`` per span: its group, or outside
+    0..num_groups-1 for none; see grouped.staleness_all), by kernel where it applies."""
+    if USE_KERNELS:
+        found = kernels.staleness_all(trace, key, num_groups)
+        if found is not None:
+            return found
+    rows = np.flatnonzero((trace.spans["stream"] == _COMPUTE) & (key >= 0) & (key < num_groups))
+    return grouped.staleness_all(trace, rows, key[rows], num_groups)
+
+
+def compute_metrics(trace: Trace) -> Metrics:
+    """All metrics of a trace."""
+    meta = trace.meta
+    s = trace.spans
+    low, high, warmup, cooldown = steady_window(trace)
+    steady = max(1, int(meta["num_minibatches"]) - warmup - cooldown)
+    iteration = (high - low) / steady
+    width = high - low
+    compute_rows = np.flatnonzero(s["stream"] == _COMPUTE)
+    stage_to_rank = list(meta["stage_to_rank"])
+    num_stages = len(stage_to_rank)
+    num_ranks = int(meta["num_ranks"])
+    # Busy time per device: each device's clipped spans in stored order, summed as numpy sums them.
+    order, bounds = grouped.segments(s["device"][compute_rows], num_ranks)
+    mine = compute_rows if order is None else compute_rows[order]
+    busy = np.clip(np.minimum(s["end_s"][mine], high) - np.maximum(s["start_s"][mine], low), 0.0, None)
+    utilization_by_device = [float(busy[bounds[d]:bounds[d + 1]].sum()) / width if width > 0 else 1.0
+                             for d in range(num_ranks)]
+    exposed = _exposed_all(trace, num_ranks, num_stages, low, high, compute_rows=compute_rows)
+    peaks, breakdowns, versions, inflight = _level_peaks(trace, trace.memory["stage"], num_stages)
+    delay_max, delay_mean, discrepancy = _staleness_all(trace, s["stage"], num_stages)
+    stages = []
+    peak_list, breakdown_list = peaks.tolist(), breakdowns.tolist()
+    versions_list, inflight_list = versions.tolist(), inflight.tolist()
+    delay_max_list, delay_mean_list, discrepancy_list = delay_max.tolist(), delay_mean.tolist(), discrepancy.tolist()
+    for stage, device in enumerate(stage_to_rank):
+        utilization = utilization_by_device[device]
+        stages.append(StageMetrics(
+            stage=stage,
+            device=device,
+            utilization=utilization,
+            bubble_fraction=1.0 - utilization,
+            exposed_communication_s=exposed[stage],
+            peak_memory_bytes=peak_list[stage],
+            peak_breakdown_bytes=dict(zip(CATEGORIES, breakdown_list[stage], strict=True)),
+            weight_versions_max=versions_list[stage],
+            max_inflight_microbatches=inflight_list[stage],
+            forward_delay_steps=delay_max_list[stage],
+            forward_delay_mean=delay_mean_list[stage],
+            discrepancy_max=discrepancy_list[stage],
+        ))
+    device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages)
+    samples = int(meta["num_microbatches"]) * int(meta.get("microbatch_size", 1))
+    return Metrics(
+        schedule=str(meta["schedule"]),
+        engine=str(meta.get("engine", "unknown")),
+        num_stages=int(meta["num_stages"]),
+        num_microbatches=int(meta["num_microbatches"]),
+        num_minibatches=int(meta["num_minibatches"]),
+        num_ops=int(compute_rows.size),
+        iteration_time_s=iteration,
+        makespan_s=trace.makespan_s,
+        throughput_samples_per_s=samples / iteration if iteration > 0 else float("inf"),
+        bubble_fraction=1.0 - float(np.mean(utilization_by_device)),
+        window_start_s=low,
+        window_end_s=high,
+        warmup_minibatches=warmup,
+        cooldown_minibatches=cooldown,
+        peak_memory_bytes=max(peak_list, default=0.0),
+        stages=tuple(stages),
+        num_ranks=num_ranks,
+        device_utilization=tuple(utilization_by_device),
+        device_peak_memory_bytes=device_peaks,
+    )
+
+
+def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int,
+                  stages: list[StageMetrics]) -> tuple[float, ...]:
+    """Per device, the peak of the summed levels of its stages (its one stage's peak when it
+    holds one)."""
+    held: list[list[int]] = [[] for _ in range(num_ranks)]
+    for stage, rank in enumerate(stage_to_rank):
+        held[rank].append(stage)
+    several = any(len(stages_held) > 1 for stages_held in held)
+    device_peaks = _level_peaks(trace, trace.memory["device"], num_ranks)[0].tolist() if several else []
+    return tuple(
+        stages[held[device][0]].peak_memory_bytes if len(held[device]) == 1
+        else device_peaks[device] if held[device] else 0.0
+        for device in range(num_ranks)
+    )
+
+
+def memory_over_time(trace: Trace) -> Any:
+    """A DataFrame of memory levels: time_s, stage, and one column of bytes per category."""
+    import pandas as pd
+
+    frame = trace.memory_frame()
+    frame = frame.sort_values(["stage", "time_s"], kind="stable")
+    wide = frame.pivot_table(index=["stage", "time_s"], columns="category", values="delta_bytes",
+                             aggfunc="sum", fill_value=0.0)
+    for category in CATEGORIES:
+        if category not in wide.columns:
+            wide[category] = 0.0
+    wide = wide[list(CATEGORIES)].groupby(level="stage").cumsum()
+    wide["total"] = wide.sum(axis=1)
+    return pd.DataFrame(wide).reset_index()
