@@ -1,4 +1,4 @@
-"""The analytic engine: the DES engine's timeline as a longest-path pass over the op graph, in numpy."""
+"""The analytic engine: the DES engine's timeline as a longest-path pass over the op graph."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.assemble import build_trace
+from pipesim import jit
+from pipesim.engine.assemble import build_trace, trace_from_times
 from pipesim.engine.lowering import OpTable, Program
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, DeadlockError
@@ -15,7 +16,7 @@ from pipesim.schedule.ir import grid
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Method = Literal["auto", "rounds", "loop"]
+Method = Literal["auto", "kernel", "rounds", "loop"]
 
 # Below this many ranks a plain loop beats numpy's per-call overhead (one round per op).
 _ROUNDS_FROM_RANKS = 6
@@ -43,16 +44,13 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
     Each rank runs its ops in order: op j starts at max(end of op j-1 on the rank, arrival
     of its input), and a send starts at max(end of its op, arrival of the previous send on
     its link). These are the DES engine's rules with the same floating-point operations in
-    the same order, so both engines give the same spans bit for bit.
-
-    The pass visits the graph in rounds: in each round every rank whose next op has its input
-    runs that op, all ranks at once as numpy vector operations. A round costs a few
-    microseconds whatever the number of ranks, and a run takes about as many rounds as its
-    longest rank has ops (plus the pipeline's fill), so p ranks give p ops per round.
+    the same order, so both engines give the same spans bit for bit, whichever method runs.
 
     Args:
-        method: ``"rounds"`` (numpy), ``"loop"`` (plain Python, rank by rank; faster for
-            very few ranks) or ``"auto"``.
+        method: ``"kernel"`` (one sequential pass, ``solve_kernel``: compiled when numba is
+            installed, see ``pipesim.jit``), ``"rounds"`` (numpy, all ranks a step at a
+            time), ``"loop"`` (plain Python, rank by rank; faster than rounds for very few
+            ranks) or ``"auto"``: the kernel when it is compiled, else rounds or loop.
 
     Raises:
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
@@ -63,12 +61,106 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
         raise ConfigError("engine", "analytic", reason)
     ops = program.ops
     if method == "auto":
-        method = "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+        method = "kernel" if jit.ENABLED else "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+    meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
+    if method == "kernel":
+        start, end, arrival, stuck = solve_in_span_order(ops)
+        if stuck:
+            _raise_deadlock(program, stuck, arrival)
+        return trace_from_times(program, start, end, meta)
     end, arrival, stuck = (_solve_rounds if method == "rounds" else _solve_loop)(ops)
     if stuck:
         _raise_deadlock(program, stuck, arrival)
-    meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
     return build_trace(program, end, arrival, meta)
+
+
+def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[FloatArray, FloatArray, FloatArray, list[int]]:
+    """Run ``solve_kernel`` and return its results in the Trace's span order.
+
+    Returns:
+        starts and ends of every span (``assemble.build_trace``'s order: one compute span
+        per op, then one send span per remote send), the arrival of every op's output
+        (+inf where it never ran) and the ops stuck at the front of their ranks.
+    Args:
+        compiled: False runs the kernel's plain-Python form even when numba compiled it
+            (tests compare the two).
+    """
+    n = ops.num_ops
+    remote = ops.is_remote_send
+    send_row = np.full(n, -1, dtype=np.int64)
+    send_row[remote] = n + np.arange(int(np.count_nonzero(remote)), dtype=np.int64)
+    total = n + int(np.count_nonzero(remote))
+    start, end, arrival = np.empty(total), np.empty(total), np.full(n, np.inf)
+    kernel = solve_kernel if compiled else getattr(solve_kernel, "py_func", solve_kernel)
+    cursor = kernel(ops.rank_offsets, ops.rank, ops.wait, ops.previous_send, ops.duration_s, ops.transfer_s,
+                    send_row, start, end, arrival)
+    stuck = [g for g, last in zip(cursor.tolist(), ops.rank_offsets[1:].tolist(), strict=True) if g < last]
+    return start, end, arrival, stuck
+
+
+@jit.jit
+def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, previous_send: IntArray,
+                 duration_s: FloatArray, transfer_s: FloatArray, send_row: IntArray,
+                 start_s: FloatArray, end_s: FloatArray, arrival_s: FloatArray) -> IntArray:
+    """The longest-path pass, one op at a time in an order the dependencies allow.
+
+    A rank runs its ops in order until the next one's input has not arrived; it resumes when
+    the op it waits for ends (each output has at most one consumer). Writes op ``g``'s start
+    and end to ``start_s[g]``, ``end_s[g]`` and, where it sends to another rank, the send's
+    start and arrival to row ``send_row[g]`` of the same arrays; ``arrival_s[g]`` (all +inf
+    on entry) gets its output's arrival. Returns each rank's next op index (the rank's end
+    offset when it finished: otherwise it is stuck).
+    """
+    num_ranks = rank_offsets.shape[0] - 1
+    n = wait.shape[0]
+    consumer = np.full(n, -1, dtype=np.int64)
+    for g in range(n):
+        if wait[g] >= 0:
+            consumer[wait[g]] = g
+    cursor = rank_offsets[:-1].copy()
+    free = np.zeros(num_ranks)
+    queued = np.ones(num_ranks, dtype=np.bool_)
+    stack = np.empty(num_ranks, dtype=np.int64)
+    for r in range(num_ranks):
+        stack[r] = num_ranks - 1 - r
+    top = num_ranks
+    while top > 0:
+        top -= 1
+        r = stack[top]
+        queued[r] = False
+        g, last, now = cursor[r], rank_offsets[r + 1], free[r]
+        while g < last:
+            producer = wait[g]
+            if producer >= 0:
+                ready = arrival_s[producer]
+                if ready == np.inf:
+                    break
+                if ready > now:
+                    now = ready
+            start_s[g] = now
+            now = now + duration_s[g]
+            end_s[g] = now
+            row = send_row[g]
+            if row >= 0:
+                before = previous_send[g]
+                link_free = arrival_s[before] if before >= 0 else 0.0
+                sent = now if now > link_free else link_free
+                start_s[row] = sent
+                sent = sent + transfer_s[g]
+                end_s[row] = sent
+                arrival_s[g] = sent
+            else:
+                arrival_s[g] = now
+            c = consumer[g]
+            if c >= 0:
+                q = rank[c]
+                if cursor[q] == c and not queued[q]:
+                    queued[q] = True
+                    stack[top] = q
+                    top += 1
+            g += 1
+        cursor[r], free[r] = g, now
+    return cursor
 
 
 def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:

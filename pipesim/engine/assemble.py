@@ -57,23 +57,52 @@ def build_trace(
     ops = program.ops
     if start_s is None or send_start_s is None:
         start_s, send_start_s = op_starts(program, end_s, arrival_s)
-    remote = np.flatnonzero(ops.is_remote_send)
-    num_sends = remote.size
-    columns: dict[str, npt.NDArray[Any]] = {
-        "device": np.concatenate([ops.rank, ops.rank[remote]]),
-        "stream": np.concatenate([np.full(ops.num_ops, COMPUTE, np.int64), np.full(num_sends, SEND, np.int64)]),
-        "kind": np.concatenate([ops.kind, ops.kind[remote]]),
-        "stage": np.concatenate([ops.stage, ops.stage[remote]]),
-        "microbatch": np.concatenate([ops.microbatch, ops.microbatch[remote]]),
-        "minibatch": np.concatenate([ops.minibatch, ops.minibatch[remote]]),
-        "weight_version": np.concatenate([ops.version, np.full(num_sends, -1, np.int64)]),
-        "start_s": np.concatenate([start_s, send_start_s[remote]]),
-        "end_s": np.concatenate([end_s, arrival_s[remote]]),
-        "bytes": np.concatenate([np.zeros(ops.num_ops), ops.send_bytes[remote]]),
-        "peer": np.concatenate([np.full(ops.num_ops, -1, np.int64), ops.send_rank[remote]]),
-        "position": np.concatenate([ops.position, ops.position[remote]]),
+    n, remote = ops.num_ops, np.flatnonzero(ops.is_remote_send)
+    start, end = np.empty(n + remote.size), np.empty(n + remote.size)
+    start[:n], end[:n] = start_s, end_s
+    np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:])
+    np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:])
+    return trace_from_times(program, start, end, meta, remote=remote)
+
+
+def trace_from_times(program: Program, start_s: FloatArray, end_s: FloatArray, meta: dict[str, Any], *,
+                     remote: npt.NDArray[np.int64] | None = None) -> Trace:
+    """The Trace of a run whose span times are already in span order (see ``build_trace``).
+
+    ``start_s`` and ``end_s`` become the Trace's columns as they are (not copied); the other
+    columns come from the OpTable, each written once into its final array.
+    """
+    ops = program.ops
+    n = ops.num_ops
+    if remote is None:
+        remote = np.flatnonzero(ops.is_remote_send)
+    spans: dict[str, npt.NDArray[Any]] = {
+        "device": _stacked(n, ops.rank, remote, np.int64),
+        "stream": _stacked(n, COMPUTE, remote, np.int64, SEND),
+        "kind": _stacked(n, ops.kind, remote, np.int64),
+        "stage": _stacked(n, ops.stage, remote, np.int64),
+        "microbatch": _stacked(n, ops.microbatch, remote, np.int64),
+        "minibatch": _stacked(n, ops.minibatch, remote, np.int64),
+        "weight_version": _stacked(n, ops.version, remote, np.int64, -1),
+        "start_s": start_s,
+        "end_s": end_s,
+        "bytes": _stacked(n, 0.0, remote, np.float64, ops.send_bytes),
+        "peer": _stacked(n, -1, remote, np.int64, ops.send_rank),
+        "position": _stacked(n, ops.position, remote, np.int64),
     }
-    assert tuple(columns) == SPAN_COLUMNS
-    spans = {c: np.ascontiguousarray(v, dtype=np.float64 if v.dtype.kind == "f" else np.int64)
-             for c, v in columns.items()}
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, end_s))
+    assert tuple(spans) == SPAN_COLUMNS and start_s.shape == end_s.shape == (n + remote.size,)
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, end_s[:n]))
+
+
+def _stacked(n: int, compute: npt.NDArray[Any] | float, remote: npt.NDArray[np.int64], dtype: type,
+             send: npt.NDArray[Any] | float | None = None) -> npt.NDArray[Any]:
+    """A span column: ``compute`` for the ``n`` compute spans, then per send span ``send`` (an
+    op column, read at the sending ops, or one value; by default ``compute`` read there)."""
+    column = np.empty(n + remote.size, dtype=dtype)
+    column[:n] = compute
+    source = compute if send is None else send
+    if isinstance(source, np.ndarray):
+        np.take(source, remote, out=column[n:])
+    else:
+        column[n:] = source
+    return column

@@ -31,58 +31,74 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
     """
     ops = program.ops
     schedule = program.schedule
-    p = schedule.num_stages
+    p, n = schedule.num_stages, ops.num_ops
     params = np.asarray(program.costs.param_bytes, dtype=np.float64)
     stash = np.asarray(program.costs.stash_bytes, dtype=np.float64)
     kept = np.asarray(program.costs.weight_stash_bytes or program.costs.stash_bytes, dtype=np.float64)
     multiplier = float(program.meta["optimizer_state_multiplier"])
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
-    stages = np.arange(p, dtype=np.int64)
 
-    # At most one activation event per op, in flat order: F stashes, B frees, I frees all but
-    # what W keeps, W frees that.
-    kind = ops.kind
-    is_forward = kind == F_CODE
-    if bool((kind == W_CODE).any()):
-        keeps_less = (kept != stash)[ops.stage]
-        g = np.flatnonzero(is_forward | (kind == B_CODE) | (kind == W_CODE) | ((kind == I_CODE) & keeps_less))
-        kind_g, stage_g = kind[g], ops.stage[g]
-        delta = np.select([kind_g == F_CODE, kind_g == B_CODE, kind_g == I_CODE],
-                          [stash[stage_g], -stash[stage_g], kept[stage_g] - stash[stage_g]], -kept[stage_g])
-        count = np.select([kind_g == F_CODE, kind_g == I_CODE], [1, 0], -1).astype(np.int64)
-    else:  # no split backward: F stashes, B frees
-        g = np.flatnonzero(is_forward | (kind == B_CODE))
-        stashing = is_forward[g]
-        delta = np.where(stashing, 1.0, -1.0) * stash[ops.stage[g]]
-        count = np.where(stashing, 1, -1).astype(np.int64)
-    category = np.full(g.size, ACTIVATIONS, np.int64)
-    if program.keeps_versions and ops.num_ops:
+    # Per op, its events in flat order (op by op; within an op: activations, then the version
+    # it adds or frees at its end, then the version a U frees). At most one activation event
+    # per op: F stashes, B frees, I frees all but what W keeps, W frees that.
+    kind, stage = ops.kind, ops.stage
+    activation_delta = np.stack([stash, -stash, kept - stash, -kept, np.zeros(p)])  # by kind code, stage
+    activation_count = np.array([1, -1, 0, -1, 0], dtype=np.int64)
+    has_activation = (kind == F_CODE) | (kind == B_CODE) | (kind == W_CODE)
+    if bool((kind == I_CODE).any()):
+        has_activation |= (kind == I_CODE) & (kept != stash)[stage]
+    num_events = has_activation.astype(np.int64)
+    if program.keeps_versions and n:
         added, freed_at_update, freed_at_last_use = _version_events(program)
-        g = np.concatenate([g, added, freed_at_update, freed_at_last_use])
-        sub = np.concatenate([np.zeros(category.size, np.int64), np.full(added.size, 1, np.int64),
-                              np.full(freed_at_update.size, 2, np.int64),
-                              np.full(freed_at_last_use.size, 1, np.int64)])
-        sign = np.concatenate([np.ones(added.size), -np.ones(freed_at_update.size + freed_at_last_use.size)])
-        category = np.concatenate([category, np.full(sign.size, WEIGHTS, np.int64)])
-        delta = np.concatenate([delta, sign * params[ops.stage[g[count.size:]]]])
-        count = np.concatenate([count, sign.astype(np.int64)])
-        flat_order = np.lexsort((sub, g))
-        g, category, delta, count = g[flat_order], category[flat_order], delta[flat_order], count[flat_order]
-    # Events are in flat order (rank, position, event within the op); a stable sort by end keeps it on ties.
-    order = np.argsort(end_s[g], kind="stable")
-    time = end_s[g][order]
-    g = g[order]
+        num_events[added] += 1
+        num_events[freed_at_update] += 1
+        num_events[freed_at_last_use] += 1
+    first = np.cumsum(num_events) - num_events  # index of each op's first event
+    total = int(first[-1] + num_events[-1]) if n else 0
+    event_op = np.repeat(np.arange(n, dtype=np.int64), num_events)
+    category = np.full(total, WEIGHTS, dtype=np.int64)
+    delta = np.empty(total)
+    count = np.empty(total, dtype=np.int64)
+    g = np.flatnonzero(has_activation)
+    at = first[g]
+    category[at] = ACTIVATIONS
+    delta[at] = activation_delta[kind[g], stage[g]]
+    count[at] = activation_count[kind[g]]
+    if program.keeps_versions and n:
+        # A U has no activation event: it adds at its first event and frees at its second; a
+        # last user frees after its activation event.
+        for ops_of, offset, sign in ((added, 0, 1.0), (freed_at_update, 1, -1.0),
+                                     (freed_at_last_use, has_activation[freed_at_last_use], -1.0)):
+            at = first[ops_of] + offset
+            delta[at] = sign * params[stage[ops_of]]
+            count[at] = int(sign)
+    # Events are in flat order (rank, position, event within the op); a stable sort by end keeps
+    # it on ties, and each rank's ends rise, so the sort merges one sorted run per rank.
+    event_end = end_s[event_op]
+    order = np.argsort(event_end, kind="stable")
+    del event_end
+    event_op = event_op[order]
     initial = 3 * p
-    return {
-        "time_s": np.concatenate([np.zeros(initial), time]),
-        "device": np.concatenate([np.repeat(stage_to_rank, 3), ops.rank[g]]),
-        "stage": np.concatenate([np.repeat(stages, 3), ops.stage[g]]),
-        "category": np.concatenate([np.tile(np.array([WEIGHTS, GRADIENTS, OPTIMIZER], np.int64), p),
-                                    category[order]]),
-        "delta_bytes": np.concatenate([np.stack([params, params, params * multiplier], axis=1).reshape(-1),
-                                       delta[order]]),
-        "delta_count": np.concatenate([np.ones(initial, np.int64), count[order]]),
-    }
+    columns: dict[str, npt.NDArray[np.generic]] = {}
+    for name, dtype, head in (
+        ("time_s", np.float64, 0.0),
+        ("device", np.int64, np.repeat(stage_to_rank, 3)),
+        ("stage", np.int64, np.repeat(np.arange(p, dtype=np.int64), 3)),
+        ("category", np.int64, np.tile(np.array([WEIGHTS, GRADIENTS, OPTIMIZER], np.int64), p)),
+        ("delta_bytes", np.float64, np.stack([params, params, params * multiplier], axis=1).reshape(-1)),
+        ("delta_count", np.int64, 1),
+    ):
+        column = np.empty(initial + total, dtype=dtype)
+        column[:initial] = head
+        columns[name] = column
+    np.take(end_s, event_op, out=columns["time_s"][initial:])
+    np.take(ops.rank, event_op, out=columns["device"][initial:])
+    np.take(stage, event_op, out=columns["stage"][initial:])
+    np.take(category, order, out=columns["category"][initial:])
+    np.take(delta, order, out=columns["delta_bytes"][initial:])
+    np.take(count, order, out=columns["delta_count"][initial:])
+    assert tuple(columns) == MEMORY_COLUMNS
+    return columns
 
 
 def _version_events(program: Program) -> tuple[npt.NDArray[np.int64], ...]:
