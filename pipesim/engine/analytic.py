@@ -64,103 +64,126 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
         method = "kernel" if jit.ENABLED else "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
     meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
     if method == "kernel":
-        start, end, arrival, stuck = solve_in_span_order(ops)
+        start, end, arrival, remote, stuck = solve_in_span_order(ops)
         if stuck:
             _raise_deadlock(program, stuck, arrival)
-        return trace_from_times(program, start, end, meta)
+        return trace_from_times(program, start, end, meta, remote=remote)
     end, arrival, stuck = (_solve_rounds if method == "rounds" else _solve_loop)(ops)
     if stuck:
         _raise_deadlock(program, stuck, arrival)
     return build_trace(program, end, arrival, meta)
 
 
-def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[FloatArray, FloatArray, FloatArray, list[int]]:
-    """Run ``solve_kernel`` and return its results in the Trace's span order.
+def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[FloatArray, FloatArray, FloatArray,
+                                                                        IntArray, list[int]]:
+    """Run ``solve_kernel`` on ``ops``.
+
+    Args:
+        compiled: False runs the kernel's plain-Python form even where numba compiled it
+            (tests hold the two equal).
 
     Returns:
-        starts and ends of every span (``assemble.build_trace``'s order: one compute span
-        per op, then one send span per remote send), the arrival of every op's output
-        (+inf where it never ran) and the ops stuck at the front of their ranks.
-    Args:
-        compiled: False runs the kernel's plain-Python form even when numba compiled it
-            (tests compare the two).
+        starts and ends of every span in the Trace's span order (``assemble.build_trace``:
+        one compute span per op, then one send span per op that sends to another rank), the
+        arrival of every op's output (+inf where the op never ran), the ops that send to
+        another rank (flat indices, rising) and the ops stuck at the front of their ranks.
     """
-    n = ops.num_ops
-    remote = ops.is_remote_send
-    send_row = np.full(n, -1, dtype=np.int64)
-    send_row[remote] = n + np.arange(int(np.count_nonzero(remote)), dtype=np.int64)
-    total = n + int(np.count_nonzero(remote))
-    start, end, arrival = np.empty(total), np.empty(total), np.full(n, np.inf)
     kernel = solve_kernel if compiled else getattr(solve_kernel, "py_func", solve_kernel)
-    cursor = kernel(ops.rank_offsets, ops.rank, ops.wait, ops.previous_send, ops.duration_s, ops.transfer_s,
-                    send_row, start, end, arrival)
+    start, end, arrival, remote, cursor = kernel(ops.rank_offsets, ops.rank, ops.wait, ops.send_rank,
+                                                 ops.duration_s, ops.transfer_s)
     stuck = [g for g, last in zip(cursor.tolist(), ops.rank_offsets[1:].tolist(), strict=True) if g < last]
-    return start, end, arrival, stuck
+    return start, end, arrival, remote, stuck
 
 
 @jit.jit
-def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, previous_send: IntArray,
-                 duration_s: FloatArray, transfer_s: FloatArray, send_row: IntArray,
-                 start_s: FloatArray, end_s: FloatArray, arrival_s: FloatArray) -> IntArray:
+def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, send_rank: IntArray,
+                 duration_s: FloatArray, transfer_s: FloatArray,
+                 ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray, IntArray]:
     """The longest-path pass, one op at a time in an order the dependencies allow.
 
-    A rank runs its ops in order until the next one's input has not arrived; it resumes when
-    the op it waits for ends (each output has at most one consumer). Writes op ``g``'s start
-    and end to ``start_s[g]``, ``end_s[g]`` and, where it sends to another rank, the send's
-    start and arrival to row ``send_row[g]`` of the same arrays; ``arrival_s[g]`` (all +inf
-    on entry) gets its output's arrival. Returns each rank's next op index (the rank's end
-    offset when it finished: otherwise it is stuck).
+    A rank runs its ops in order until the next one's input has not arrived, and is resumed
+    when that input's producer ends (the input comes to the producer's ``send_rank``; a
+    sweep over the ranks at the end catches any other case). A send waits for the previous
+    send of its rank to the same peer (its link, first in first out).
+
+    Returns:
+        ``start_s`` and ``end_s`` per span (op ``g`` at row ``g``; the send of the k-th op
+        that sends to another rank at row ``n + k``), ``arrival_s`` per op (+inf where it
+        never ran), those sending ops' indices, and each rank's next op index (its end
+        offset when it finished: otherwise the rank is stuck there).
     """
-    num_ranks = rank_offsets.shape[0] - 1
-    n = wait.shape[0]
-    consumer = np.full(n, -1, dtype=np.int64)
-    for g in range(n):
-        if wait[g] >= 0:
-            consumer[wait[g]] = g
+    num_ranks, n = rank_offsets.shape[0] - 1, wait.shape[0]
+    # In flat order: each send's previous send on its link, and the first send row of each rank.
+    previous_send = np.full(n, -1, dtype=np.int64)
+    next_row = np.empty(num_ranks, dtype=np.int64)
+    last_to = np.full(num_ranks, -1, dtype=np.int64)  # per peer, the rank's last send to it so far
+    num_sends = 0
+    for r in range(num_ranks):
+        next_row[r] = n + num_sends
+        for g in range(rank_offsets[r], rank_offsets[r + 1]):
+            peer = send_rank[g]
+            if peer >= 0 and peer != r:
+                num_sends += 1
+                previous_send[g] = last_to[peer]
+                last_to[peer] = g
+        for g in range(rank_offsets[r], rank_offsets[r + 1]):
+            if send_rank[g] >= 0:
+                last_to[send_rank[g]] = -1
+    remote = np.empty(num_sends, dtype=np.int64)
+    start_s, end_s = np.empty(n + num_sends), np.empty(n + num_sends)
+    arrival_s = np.full(n, np.inf)
     cursor = rank_offsets[:-1].copy()
     free = np.zeros(num_ranks)
-    queued = np.ones(num_ranks, dtype=np.bool_)
+    waiting_for = np.full(num_ranks, -1, dtype=np.int64)  # the producer a blocked rank waits for
     stack = np.empty(num_ranks, dtype=np.int64)
-    for r in range(num_ranks):
-        stack[r] = num_ranks - 1 - r
-    top = num_ranks
+    queued = np.zeros(num_ranks, dtype=np.bool_)
+    top = 0
+    for r in range(num_ranks - 1, -1, -1):
+        stack[top], queued[r] = r, True
+        top += 1
     while top > 0:
-        top -= 1
-        r = stack[top]
-        queued[r] = False
-        g, last, now = cursor[r], rank_offsets[r + 1], free[r]
-        while g < last:
-            producer = wait[g]
-            if producer >= 0:
-                ready = arrival_s[producer]
-                if ready == np.inf:
-                    break
-                if ready > now:
-                    now = ready
-            start_s[g] = now
-            now = now + duration_s[g]
-            end_s[g] = now
-            row = send_row[g]
-            if row >= 0:
-                before = previous_send[g]
-                link_free = arrival_s[before] if before >= 0 else 0.0
-                sent = now if now > link_free else link_free
-                start_s[row] = sent
-                sent = sent + transfer_s[g]
-                end_s[row] = sent
-                arrival_s[g] = sent
-            else:
-                arrival_s[g] = now
-            c = consumer[g]
-            if c >= 0:
-                q = rank[c]
-                if cursor[q] == c and not queued[q]:
-                    queued[q] = True
-                    stack[top] = q
-                    top += 1
-            g += 1
-        cursor[r], free[r] = g, now
-    return cursor
+        while top > 0:
+            top -= 1
+            r = stack[top]
+            queued[r] = False
+            g, last, now, row = cursor[r], rank_offsets[r + 1], free[r], next_row[r]
+            while g < last:
+                producer = wait[g]
+                if producer >= 0:
+                    ready = arrival_s[producer]
+                    if ready == np.inf:
+                        waiting_for[r] = producer
+                        break
+                    if ready > now:
+                        now = ready
+                start_s[g] = now
+                now = now + duration_s[g]
+                end_s[g] = now
+                peer = send_rank[g]
+                if peer >= 0 and peer != r:
+                    before = previous_send[g]
+                    link_free = arrival_s[before] if before >= 0 else 0.0
+                    sent = now if now > link_free else link_free
+                    start_s[row] = sent
+                    sent = sent + transfer_s[g]
+                    end_s[row] = sent
+                    arrival_s[g] = sent
+                    remote[row - n] = g
+                    row += 1
+                    if waiting_for[peer] == g and not queued[peer]:
+                        waiting_for[peer] = -1
+                        stack[top], queued[peer] = peer, True
+                        top += 1
+                else:
+                    arrival_s[g] = now
+                g += 1
+            cursor[r], free[r], next_row[r] = g, now, row
+        for r in range(num_ranks):  # inputs that came some other way (none from lowered schedules)
+            if cursor[r] < rank_offsets[r + 1] and waiting_for[r] >= 0 and arrival_s[waiting_for[r]] != np.inf:
+                waiting_for[r] = -1
+                stack[top], queued[r] = r, True
+                top += 1
+    return start_s, end_s, arrival_s, remote, cursor
 
 
 def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:

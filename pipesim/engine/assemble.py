@@ -60,8 +60,8 @@ def build_trace(
     n, remote = ops.num_ops, np.flatnonzero(ops.is_remote_send)
     start, end = np.empty(n + remote.size), np.empty(n + remote.size)
     start[:n], end[:n] = start_s, end_s
-    np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:])
-    np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:])
+    np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
+    np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
     return trace_from_times(program, start, end, meta, remote=remote)
 
 
@@ -102,7 +102,7 @@ def _stacked(n: int, compute: npt.NDArray[Any] | float, remote: npt.NDArray[np.i
     column[:n] = compute
     source = compute if send is None else send
     if isinstance(source, np.ndarray):
-        np.take(source, remote, out=column[n:])
+        np.take(source, remote, out=column[n:], mode="clip")
     else:
         column[n:] = source
     return column

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from pipesim import jit
 from pipesim.engine.columns import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS, TraceBuilder
 
 WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS = (CATEGORIES.index(c) for c in CATEGORIES)
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+Columns = dict[str, npt.NDArray[np.generic]]
 
 
-def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str, npt.NDArray[np.generic]]:
+def memory_columns(program: Program, end_s: FloatArray, *,
+                   method: Literal["auto", "kernel", "numpy"] = "auto") -> Columns:
     """The memory events of a run whose op ``g`` (flat OpTable index) ended at ``end_s[g]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
@@ -28,7 +34,26 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
 
     Which op frees what depends on the order alone: a stage lives on one rank, whose ops end
     in their order, so "the U of version v ended before v's last user" means "comes before it".
+
+    Args:
+        method: ``"kernel"`` (``memory_kernel``: plain Python unless numba compiled it),
+            ``"numpy"``, or ``"auto"``: the kernel when it is compiled. Both give the same columns.
     """
+    if method == "kernel" or (method == "auto" and jit.ENABLED):
+        ops, costs = program.ops, program.costs
+        ends = np.ascontiguousarray(end_s, np.float64)
+        columns = memory_kernel(
+            np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
+            np.asarray(costs.stash_bytes, dtype=np.float64),
+            np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
+            np.asarray(costs.param_bytes, dtype=np.float64), float(program.meta["optimizer_state_multiplier"]),
+            program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64))
+        return dict(zip(MEMORY_COLUMNS, columns, strict=True))
+    return _memory_columns_numpy(program, end_s)
+
+
+def _memory_columns_numpy(program: Program, end_s: FloatArray) -> Columns:
+    """``memory_columns`` by column, in numpy."""
     ops = program.ops
     schedule = program.schedule
     p, n = schedule.num_stages, ops.num_ops
@@ -91,14 +116,88 @@ def memory_columns(program: Program, end_s: npt.NDArray[np.float64]) -> dict[str
         column = np.empty(initial + total, dtype=dtype)
         column[:initial] = head
         columns[name] = column
-    np.take(end_s, event_op, out=columns["time_s"][initial:])
-    np.take(ops.rank, event_op, out=columns["device"][initial:])
-    np.take(stage, event_op, out=columns["stage"][initial:])
-    np.take(category, order, out=columns["category"][initial:])
-    np.take(delta, order, out=columns["delta_bytes"][initial:])
-    np.take(count, order, out=columns["delta_count"][initial:])
+    np.take(end_s, event_op, out=columns["time_s"][initial:], mode="clip")
+    np.take(ops.rank, event_op, out=columns["device"][initial:], mode="clip")
+    np.take(stage, event_op, out=columns["stage"][initial:], mode="clip")
+    np.take(category, order, out=columns["category"][initial:], mode="clip")
+    np.take(delta, order, out=columns["delta_bytes"][initial:], mode="clip")
+    np.take(count, order, out=columns["delta_count"][initial:], mode="clip")
     assert tuple(columns) == MEMORY_COLUMNS
     return columns
+
+
+@jit.jit
+def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, version: IntArray,
+                  end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
+                  keeps_versions: bool, stage_to_rank: IntArray,
+                  ) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
+    """``memory_columns`` in two passes over the ops: the columns in MEMORY_COLUMNS order.
+
+    ``order`` is the ops' stable order by end (flat indices): the events follow it.
+    """
+    n, p = kind.shape[0], stash.shape[0]
+    # Per op, its events as bits: 1 activations, 2 adds a version (U), 4 frees the version it
+    # supersedes (U), 8 frees a superseded version (its last user).
+    events = np.zeros(n, dtype=np.uint8)
+    for g in range(n):
+        k = kind[g]
+        if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and kept[stage[g]] != stash[stage[g]]):
+            events[g] = 1
+    if keeps_versions and n > 0:
+        width = version.max() + 2
+        last_user = np.full(p * width, -1, dtype=np.int64)
+        update_of = np.full(p * width, -1, dtype=np.int64)
+        for g in range(n):  # flat order within a stage is its rank's order
+            if kind[g] == U_CODE:
+                update_of[stage[g] * width + version[g]] = g
+            else:
+                last_user[stage[g] * width + version[g]] = g
+        for g in range(n):
+            key = stage[g] * width + version[g]
+            if kind[g] == U_CODE:
+                events[g] |= 2
+                if last_user[key] < g:
+                    events[g] |= 4
+            elif last_user[key] == g and 0 <= update_of[key] < g:
+                events[g] |= 8
+    total = 3 * p
+    for g in range(n):
+        e = events[g]
+        total += (e & 1) + ((e >> 1) & 1) + ((e >> 2) & 1) + ((e >> 3) & 1)
+    time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
+    category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
+    for s in range(p):
+        for c in range(3):
+            device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = stage_to_rank[s], s, c
+            delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
+    row = 3 * p
+    for g in order:
+        e = events[g]
+        if e == 0:
+            continue
+        t, s = end_s[g], stage[g]
+        for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
+            if e & bit:
+                time_s[row], device[row], stage_of[row] = t, rank[g], s
+                if bit == 1:
+                    category[row] = ACTIVATIONS
+                    k = kind[g]
+                    if k == F_CODE:
+                        delta[row] = stash[s]
+                    elif k == B_CODE:
+                        delta[row], count[row] = -stash[s], -1
+                    elif k == I_CODE:
+                        delta[row], count[row] = kept[s] - stash[s], 0
+                    else:
+                        delta[row], count[row] = -kept[s], -1
+                else:
+                    category[row] = WEIGHTS
+                    if bit == 2:
+                        delta[row] = params[s]
+                    else:
+                        delta[row], count[row] = -params[s], -1
+                row += 1
+    return time_s, device, stage_of, category, delta, count
 
 
 def _version_events(program: Program) -> tuple[npt.NDArray[np.int64], ...]:
