@@ -20,7 +20,7 @@ Columns = dict[str, npt.NDArray[np.generic]]
 
 
 def memory_columns(program: Program, end_s: FloatArray, *,
-                   method: Literal["auto", "kernel", "numpy"] = "auto") -> Columns:
+                   method: Literal["auto", "kernel", "numpy"] = "auto", compiled: bool = True) -> Columns:
     """The memory events of a run whose op ``g`` (flat OpTable index) ended at ``end_s[g]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
@@ -38,11 +38,13 @@ def memory_columns(program: Program, end_s: FloatArray, *,
     Args:
         method: ``"kernel"`` (``memory_kernel``: plain Python unless numba compiled it),
             ``"numpy"``, or ``"auto"``: the kernel when it is compiled. Both give the same columns.
+        compiled: False runs the kernel's plain-Python form even where numba compiled it.
     """
     if method == "kernel" or (method == "auto" and jit.ENABLED):
         ops, costs = program.ops, program.costs
         ends = np.ascontiguousarray(end_s, np.float64)
-        columns = memory_kernel(
+        kernel = memory_kernel if compiled else getattr(memory_kernel, "py_func", memory_kernel)
+        columns = kernel(
             np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
             np.asarray(costs.stash_bytes, dtype=np.float64),
             np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
@@ -162,7 +164,7 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                 events[g] |= 8
     total = 3 * p
     for g in range(n):
-        e = events[g]
+        e = np.int64(events[g])
         total += (e & 1) + ((e >> 1) & 1) + ((e >> 2) & 1) + ((e >> 3) & 1)
     time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
@@ -172,7 +174,7 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
     row = 3 * p
     for g in order:
-        e = events[g]
+        e = np.int64(events[g])
         if e == 0:
             continue
         t, s = end_s[g], stage[g]
