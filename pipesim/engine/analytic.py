@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.assemble import build_trace, trace_from_times
+from pipesim.engine.assemble import build_trace, span_block, trace_from_times
 from pipesim.engine.lowering import OpTable, Program
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, DeadlockError
@@ -64,17 +64,17 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
         method = "kernel" if jit.ENABLED else "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
     meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
     if method == "kernel":
-        start, end, arrival, remote, stuck = solve_in_span_order(ops)
+        spans, arrival, remote, stuck = solve_in_span_order(ops)
         if stuck:
             _raise_deadlock(program, stuck, arrival)
-        return trace_from_times(program, start, end, meta, remote=remote)
+        return trace_from_times(program, spans, meta, remote=remote)
     end, arrival, stuck = (_solve_rounds if method == "rounds" else _solve_loop)(ops)
     if stuck:
         _raise_deadlock(program, stuck, arrival)
     return build_trace(program, end, arrival, meta)
 
 
-def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[FloatArray, FloatArray, FloatArray,
+def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[dict[str, npt.NDArray[Any]], FloatArray,
                                                                         IntArray, list[int]]:
     """Run ``solve_kernel`` on ``ops``.
 
@@ -83,22 +83,24 @@ def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[FloatAr
             (tests hold the two equal).
 
     Returns:
-        starts and ends of every span in the Trace's span order (``assemble.build_trace``:
-        one compute span per op, then one send span per op that sends to another rank), the
-        arrival of every op's output (+inf where the op never ran), the ops that send to
-        another rank (flat indices, rising) and the ops stuck at the front of their ranks.
+        span columns (``assemble.span_block``) whose ``start_s`` and ``end_s`` hold every
+        span's times in the Trace's span order (one compute span per op, then one send span
+        per op that sends to another rank), the arrival of every op's output (+inf where the
+        op never ran), the ops that send to another rank (flat indices, rising) and the ops
+        stuck at the front of their ranks.
     """
     kernel = solve_kernel if compiled else getattr(solve_kernel, "py_func", solve_kernel)
-    start, end, arrival, remote, cursor = kernel(ops.rank_offsets, ops.rank, ops.wait, ops.send_rank,
-                                                 ops.duration_s, ops.transfer_s)
+    num_sends = int(np.count_nonzero((ops.send_rank >= 0) & (ops.send_rank != ops.rank)))
+    spans = span_block(ops.num_ops + num_sends)
+    arrival, remote, cursor = kernel(ops.rank_offsets, ops.wait, ops.send_rank, ops.duration_s, ops.transfer_s,
+                                     spans["start_s"], spans["end_s"])
     stuck = [g for g, last in zip(cursor.tolist(), ops.rank_offsets[1:].tolist(), strict=True) if g < last]
-    return start, end, arrival, remote, stuck
+    return spans, arrival, remote, stuck
 
 
 @jit.jit
-def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, send_rank: IntArray,
-                 duration_s: FloatArray, transfer_s: FloatArray,
-                 ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray, IntArray]:
+def solve_kernel(rank_offsets: IntArray, wait: IntArray, send_rank: IntArray, duration_s: FloatArray,
+                 transfer_s: FloatArray, start_s: FloatArray, end_s: FloatArray) -> tuple[FloatArray, IntArray, IntArray]:
     """The longest-path pass, one op at a time in an order the dependencies allow.
 
     A rank runs its ops in order until the next one's input has not arrived, and is resumed
@@ -106,11 +108,13 @@ def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, send_ra
     sweep over the ranks at the end catches any other case). A send waits for the previous
     send of its rank to the same peer (its link, first in first out).
 
+    Writes ``start_s`` and ``end_s`` per span: op ``g`` at row ``g``, the send of the k-th op
+    that sends to another rank at row ``n + k`` (both arrays have a row per span).
+
     Returns:
-        ``start_s`` and ``end_s`` per span (op ``g`` at row ``g``; the send of the k-th op
-        that sends to another rank at row ``n + k``), ``arrival_s`` per op (+inf where it
-        never ran), those sending ops' indices, and each rank's next op index (its end
-        offset when it finished: otherwise the rank is stuck there).
+        ``arrival_s`` per op (+inf where it never ran), the indices of the ops that send to
+        another rank, and each rank's next op index (its end offset when it finished:
+        otherwise the rank is stuck there).
     """
     num_ranks, n = rank_offsets.shape[0] - 1, wait.shape[0]
     # In flat order: each send's previous send on its link, and the first send row of each rank.
@@ -130,7 +134,6 @@ def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, send_ra
             if send_rank[g] >= 0:
                 last_to[send_rank[g]] = -1
     remote = np.empty(num_sends, dtype=np.int64)
-    start_s, end_s = np.empty(n + num_sends), np.empty(n + num_sends)
     arrival_s = np.full(n, np.inf)
     cursor = rank_offsets[:-1].copy()
     free = np.zeros(num_ranks)
@@ -183,7 +186,7 @@ def solve_kernel(rank_offsets: IntArray, rank: IntArray, wait: IntArray, send_ra
                 waiting_for[r] = -1
                 stack[top], queued[r] = r, True
                 top += 1
-    return start_s, end_s, arrival_s, remote, cursor
+    return arrival_s, remote, cursor
 
 
 def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:

@@ -13,6 +13,7 @@ from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
 COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
+_FLOAT_SPANS = frozenset({"start_s", "end_s", "bytes"})
 
 
 def op_starts(program: Program, end_s: FloatArray, arrival_s: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -58,51 +59,51 @@ def build_trace(
     if start_s is None or send_start_s is None:
         start_s, send_start_s = op_starts(program, end_s, arrival_s)
     n, remote = ops.num_ops, np.flatnonzero(ops.is_remote_send)
-    start, end = np.empty(n + remote.size), np.empty(n + remote.size)
+    spans = span_block(n + remote.size)
+    start, end = spans["start_s"], spans["end_s"]
     start[:n], end[:n] = start_s, end_s
     np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
     np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
-    return trace_from_times(program, start, end, meta, remote=remote)
+    return trace_from_times(program, spans, meta, remote=remote)
 
 
-def trace_from_times(program: Program, start_s: FloatArray, end_s: FloatArray, meta: dict[str, Any], *,
+def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
+    """Empty span columns (SPAN_COLUMNS, their dtypes), all in one allocation.
+
+    One block, not twelve arrays: a block this large is mapped afresh and given back whole
+    when the Trace goes, rather than carved from the heap between other arrays (which left
+    holes that later allocations, such as the metrics', could not reuse).
+    """
+    block = np.empty((len(SPAN_COLUMNS), num_spans), dtype=np.float64)
+    return {column: block[i] if column in _FLOAT_SPANS else block[i].view(np.int64)
+            for i, column in enumerate(SPAN_COLUMNS)}
+
+
+def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
                      remote: npt.NDArray[np.int64] | None = None) -> Trace:
-    """The Trace of a run whose span times are already in span order (see ``build_trace``).
+    """The Trace of a run whose span times are already in place (see ``build_trace``).
 
-    ``start_s`` and ``end_s`` become the Trace's columns as they are (not copied); the other
-    columns come from the OpTable, each written once into its final array.
+    Args:
+        spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
+            times in span order; the other columns are filled here from the OpTable.
+        remote: the ops that send to another rank (flat indices, rising), if known.
     """
     ops = program.ops
     n = ops.num_ops
     if remote is None:
         remote = np.flatnonzero(ops.is_remote_send)
-    spans: dict[str, npt.NDArray[Any]] = {
-        "device": _stacked(n, ops.rank, remote, np.int64),
-        "stream": _stacked(n, COMPUTE, remote, np.int64, SEND),
-        "kind": _stacked(n, ops.kind, remote, np.int64),
-        "stage": _stacked(n, ops.stage, remote, np.int64),
-        "microbatch": _stacked(n, ops.microbatch, remote, np.int64),
-        "minibatch": _stacked(n, ops.minibatch, remote, np.int64),
-        "weight_version": _stacked(n, ops.version, remote, np.int64, -1),
-        "start_s": start_s,
-        "end_s": end_s,
-        "bytes": _stacked(n, 0.0, remote, np.float64, ops.send_bytes),
-        "peer": _stacked(n, -1, remote, np.int64, ops.send_rank),
-        "position": _stacked(n, ops.position, remote, np.int64),
-    }
-    assert tuple(spans) == SPAN_COLUMNS and start_s.shape == end_s.shape == (n + remote.size,)
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, end_s[:n]))
-
-
-def _stacked(n: int, compute: npt.NDArray[Any] | float, remote: npt.NDArray[np.int64], dtype: type,
-             send: npt.NDArray[Any] | float | None = None) -> npt.NDArray[Any]:
-    """A span column: ``compute`` for the ``n`` compute spans, then per send span ``send`` (an
-    op column, read at the sending ops, or one value; by default ``compute`` read there)."""
-    column = np.empty(n + remote.size, dtype=dtype)
-    column[:n] = compute
-    source = compute if send is None else send
-    if isinstance(source, np.ndarray):
-        np.take(source, remote, out=column[n:], mode="clip")
-    else:
-        column[n:] = source
-    return column
+    assert spans["start_s"].shape == (n + remote.size,)
+    for column, compute, send in (
+        ("device", ops.rank, None), ("stream", COMPUTE, SEND), ("kind", ops.kind, None),
+        ("stage", ops.stage, None), ("microbatch", ops.microbatch, None), ("minibatch", ops.minibatch, None),
+        ("weight_version", ops.version, -1), ("bytes", 0.0, ops.send_bytes), ("peer", -1, ops.send_rank),
+        ("position", ops.position, None),
+    ):
+        target = spans[column]
+        target[:n] = compute
+        source = compute if send is None else send
+        if isinstance(source, np.ndarray):
+            np.take(source, remote, out=target[n:], mode="clip")
+        else:
+            target[n:] = source
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n]))
