@@ -206,12 +206,13 @@ def end_to_end_rows() -> list[dict[str, Any]]:
 def point(schedule: str, p: int, m: int, engine: str) -> dict[str, Any]:
     """One simulate() in this process, with its peak RSS (run in a fresh process by rss_rows)."""
     profile, topology = inputs(p)
+    imported = peak_rss_mib()
     started = time.perf_counter()
     result = simulate(profile, topology, schedule=schedule, num_stages=p, num_microbatches=m, engine=engine)  # type: ignore[arg-type]
     wall = time.perf_counter() - started
     return {"schedule": schedule, "p": p, "m": m, "engine": result.metrics.engine, "ops": result.metrics.num_ops,
             "simulate_s": wall, "engine_s": result.engine_wall_s, "peak_rss_mib": peak_rss_mib(),
-            "backend": jit.backend()}
+            "import_rss_mib": imported, "backend": jit.backend()}
 
 
 def peak_rss_mib() -> float:
