@@ -22,8 +22,9 @@ import numpy as np
 import simpy
 
 from pipesim import Topology, jit, uniform_profile
-from pipesim.engine.analytic import run_analytic, solve_in_span_order
+from pipesim.engine.analytic import Method, run_analytic, solve_in_span_order
 from pipesim.engine.assemble import trace_from_times
+from pipesim.engine import kernel_policy
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import OpTable, Program, lower
 from pipesim.engine.memory import memory_columns
@@ -63,14 +64,14 @@ def fresh(prog: Program) -> Program:
     return dataclasses.replace(prog, ops=table)
 
 
-def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7) -> float:
+def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7, method: Method = "auto") -> float:
     """Best engine time of ``run_analytic`` (the pass and assembling the Trace), each repeat on a
     fresh table."""
     times: list[float] = []
     while len(times) < 2 or (sum(times) < budget_s and len(times) < most):
         run = fresh(prog)
         started = time.perf_counter()
-        run_analytic(run)
+        run_analytic(run, method=method)
         times.append(time.perf_counter() - started)
     return min(times)
 
@@ -110,8 +111,8 @@ def engine_rows() -> list[dict[str, Any]]:
             ops = prog.ops.num_ops
             per_stage = int(np.diff(prog.ops.rank_offsets).max())
             bare = max(bare_simpy_ops_per_s(p, per_stage) for _ in range(2))
-            run_analytic(prog)  # compiles the kernels on the first point (numba caches them on disk)
-            analytic_s = time_analytic(prog)
+            run_analytic(prog, method="kernel")  # numba's start-up (and compiling, unless cached) on the first point
+            analytic_s = time_analytic(prog, method="kernel")
             row: dict[str, Any] = {"schedule": schedule, "p": p, "m": m, "k": prog.schedule.num_minibatches,
                                    "ops": ops, "bare_ops_per_s": bare, "analytic_s": analytic_s}
             expected_des_s = ops / des_rate[schedule] if schedule in des_rate else 0.0
@@ -149,6 +150,34 @@ def plain_points() -> list[dict[str, Any]]:
     return rows
 
 
+def startup_rows() -> list[dict[str, Any]]:
+    """A fresh process's first ``simulate()`` with the analytic engine, 1f1b at p=8 m=64 and
+    p=64 m=512: numba's start-up is paid there (the engine rows above run warm)."""
+    rows = []
+    for label, extra, env in (("auto", [], {}), ("kernels forced", ["--kernels"], {}),
+                              ("PIPESIM_NO_JIT=1", [], {"PIPESIM_NO_JIT": "1"})):
+        for p, m in ((8, 64), (64, 512)):
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, __file__, "--startup", str(p), str(m), *extra], capture_output=True,
+                                  text=True, check=True, timeout=300, env={**os.environ, **env})
+            wall = time.perf_counter() - started
+            rows.append({"mode": label, "process_s": wall, **json.loads(done.stdout.strip().splitlines()[-1])})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def startup_point(p: int, m: int, kernels: bool) -> dict[str, Any]:
+    """Run by ``startup_rows`` in a fresh process: the first simulate() (with ``kernels``, the
+    compiled kernels from the first op on)."""
+    if kernels:
+        kernel_policy.KERNELS_FROM_OPS = 0
+    profile, topology = inputs(p)
+    started = time.perf_counter()
+    result = simulate(profile, topology, schedule="1f1b", num_stages=p, num_microbatches=m, engine="analytic")
+    return {"p": p, "m": m, "ops": result.metrics.num_ops, "simulate_s": time.perf_counter() - started,
+            "engine_s": result.engine_wall_s}
+
+
 def analytic_phases() -> list[dict[str, Any]]:
     """Where the compiled analytic engine's time goes, per phase, at three points (best of 7)."""
     rows = []
@@ -163,7 +192,7 @@ def analytic_phases() -> list[dict[str, Any]]:
             "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n]), budget_s=5.0, most=7),
             "trace_s": best_of(lambda prog=prog, spans=spans, remote=remote:
                                trace_from_times(prog, spans, meta, remote=remote), budget_s=5.0, most=7),
-            "total_s": time_analytic(prog, budget_s=5.0),
+            "total_s": time_analytic(prog, budget_s=5.0, method="kernel"),
         }
         phases["spans_s"] = max(phases["trace_s"] - phases["memory_s"], 0.0)
         rows.append({"schedule": schedule, "p": p, "m": m, "ops": n, **phases})
@@ -265,11 +294,11 @@ def machine() -> str:
 
 
 def report(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[dict[str, Any]], profile: str,
-           header: str, phases: list[dict[str, Any]]) -> str:
+           header: str, phases: list[dict[str, Any]], startup: list[dict[str, Any]]) -> str:
     """RESULTS.md: the tables and what they say against the targets."""
     from report_text import render
 
-    return render(engines, e2e, rss, profile, header, phases)
+    return render(engines, e2e, rss, profile, header, phases, startup)
 
 
 def main() -> None:
@@ -277,10 +306,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--point", nargs=4, metavar=("SCHEDULE", "P", "M", "ENGINE"))
     parser.add_argument("--plain", action="store_true", help="time the analytic engine only (with PIPESIM_NO_JIT=1)")
+    parser.add_argument("--startup", nargs=2, type=int, metavar=("P", "M"), help="one first simulate() as JSON")
+    parser.add_argument("--kernels", action="store_true", help="with --startup: the compiled kernels at once")
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the shared results file")
     args = parser.parse_args()
     if args.plain:
         print(json.dumps(plain_points()))
+        return
+    if args.startup:
+        print(json.dumps(startup_point(*args.startup, kernels=args.kernels)))
         return
     if args.point:
         schedule, p, m, engine = args.point
@@ -292,13 +326,14 @@ def main() -> None:
         assert (row["schedule"], row["p"], row["m"]) == (plain["schedule"], plain["p"], plain["m"])
         row["plain_s"], row["plain_backend"] = plain["analytic_s"], plain["backend"]
     phases = analytic_phases()
+    startup = startup_rows()
     e2e = end_to_end_rows()
     rss = rss_rows()
     profile = des_profile()
     sys.path.insert(0, str(HERE))
     from results_file import write_section
 
-    write_section("engines", report(engines, e2e, rss, profile, header, phases), Path(args.out))
+    write_section("engines", report(engines, e2e, rss, profile, header, phases, startup), Path(args.out))
     print(f"wrote the engines section of {args.out}")
 
 

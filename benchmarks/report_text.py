@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipesim.engine.kernel_policy import KERNELS_FROM_OPS
+
 BEFORE = """\
 Profiled with cProfile on the core DES (main at f6a1cff) before any change, 1f1b p=32 m=256 with
 communication (16,416 ops): 0.86 s, about 19,000 ops/s, 80,031 SimPy events (4.9 per op: a timeout
@@ -81,7 +83,7 @@ def _rate(ops: int, seconds: float | None) -> str:
 
 
 def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[dict[str, Any]], profile: str,
-           header: str, phases: list[dict[str, Any]]) -> str:
+           header: str, phases: list[dict[str, Any]], startup: list[dict[str, Any]]) -> str:
     """The whole RESULTS.md."""
     lines = ["## Engine benchmarks (issue 4)", "", "Written by `make bench` (benchmarks/bench_engines.py).", "", header, "",
              "Every point: uniform stages (1 ms forward, 2 ms backward, 1 MB activations, 4 MB weights), links of "
@@ -135,6 +137,14 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
         lines.append(f"| {row['schedule']} | {row['p']} | {row['m']} | {row['ops']:,} | {row['solve_s'] * 1e3:.1f} | "
                      f"{row['spans_s'] * 1e3:.1f} | {row['memory_s'] * 1e3:.1f} | {row['total_s'] * 1e3:.1f} | "
                      f"{row['ops'] / row['total_s'] / 1e6:.2f} M |")
+    lines += ["", "A fresh process's first `simulate()` (analytic engine, 1f1b): \"auto\" uses the compiled kernels "
+              f"only once a process has run {KERNELS_FROM_OPS:,} ops (`engine/kernel_policy.py`), so a single small "
+              "run never starts numba; \"kernels forced\" uses them from the first op (numba's start-up, loading "
+              "the kernels cached on disk); PIPESIM_NO_JIT=1 does not import numba at all.", "",
+              "| mode | p | m | ops | process wall s | first simulate() s | its engine s |", "|---|---|---|---|---|---|---|"]
+    for row in startup:
+        lines.append(f"| {row['mode']} | {row['p']} | {row['m']} | {row['ops']:,} | {row['process_s']:.2f} | "
+                     f"{row['simulate_s']:.3f} | {row['engine_s']:.3f} |")
     lines += ["", "### simulate() end to end, per point", "",
               "`simulate(..., engine=\"auto\")`, best of up to 3; the split below it times each step once.", "",
               "| schedule | p | m | ops | simulate() s | build schedule s | validate s | lower s | engine s | metrics s |",

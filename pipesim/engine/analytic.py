@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from pipesim import jit
 from pipesim.engine.assemble import build_trace, span_block, trace_from_times
+from pipesim.engine.kernel_policy import kernels_pay_off
 from pipesim.engine.lowering import OpTable, Program
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, DeadlockError
@@ -47,10 +48,12 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
     the same order, so both engines give the same spans bit for bit, whichever method runs.
 
     Args:
-        method: ``"kernel"`` (one sequential pass, ``solve_kernel``: compiled when numba is
-            installed, see ``pipesim.jit``), ``"rounds"`` (numpy, all ranks a step at a
-            time), ``"loop"`` (plain Python, rank by rank; faster than rounds for very few
-            ranks) or ``"auto"``: the kernel when it is compiled, else rounds or loop.
+        method: ``"kernel"`` (one sequential pass, ``solve_kernel``, and ``memory_kernel``
+            for the memory events: compiled when numba is installed, see ``pipesim.jit``),
+            ``"rounds"`` (numpy, all ranks a step at a time), ``"loop"`` (plain Python, rank
+            by rank; faster than rounds for very few ranks), the last two with numpy memory
+            events; or ``"auto"``: the kernels where they pay off
+            (``kernel_policy.kernels_pay_off``), else rounds or loop.
 
     Raises:
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
@@ -61,17 +64,18 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
         raise ConfigError("engine", "analytic", reason)
     ops = program.ops
     if method == "auto":
-        method = "kernel" if jit.ENABLED else "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+        fallback: Method = "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+        method = "kernel" if kernels_pay_off(ops.num_ops) else fallback
     meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
     if method == "kernel":
         spans, arrival, remote, stuck = solve_in_span_order(ops)
         if stuck:
             _raise_deadlock(program, stuck, arrival)
-        return trace_from_times(program, spans, meta, remote=remote)
+        return trace_from_times(program, spans, meta, remote=remote, memory_method="kernel")
     end, arrival, stuck = (_solve_rounds if method == "rounds" else _solve_loop)(ops)
     if stuck:
         _raise_deadlock(program, stuck, arrival)
-    return build_trace(program, end, arrival, meta)
+    return build_trace(program, end, arrival, meta, memory_method="numpy")
 
 
 def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[dict[str, npt.NDArray[Any]], FloatArray,

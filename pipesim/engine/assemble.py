@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.lowering import Program
-from pipesim.engine.memory import memory_columns
+from pipesim.engine.memory import MemoryMethod, memory_columns
 from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -41,6 +41,7 @@ def build_trace(
     *,
     start_s: FloatArray | None = None,
     send_start_s: FloatArray | None = None,
+    memory_method: MemoryMethod = "auto",
 ) -> Trace:
     """The Trace of a run: spans in a fixed order, memory events from the ends.
 
@@ -54,6 +55,7 @@ def build_trace(
             op's end when it sends nothing or sends to its own rank).
         meta: the Trace's meta.
         start_s, send_start_s: starts as the engine saw them; by default implied by the ends.
+        memory_method: how to compute the memory events (``memory.memory_columns``).
     """
     ops = program.ops
     if start_s is None or send_start_s is None:
@@ -64,7 +66,7 @@ def build_trace(
     start[:n], end[:n] = start_s, end_s
     np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
     np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
-    return trace_from_times(program, spans, meta, remote=remote)
+    return trace_from_times(program, spans, meta, remote=remote, memory_method=memory_method)
 
 
 def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
@@ -80,13 +82,14 @@ def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
 
 
 def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
-                     remote: npt.NDArray[np.int64] | None = None) -> Trace:
+                     remote: npt.NDArray[np.int64] | None = None, memory_method: MemoryMethod = "auto") -> Trace:
     """The Trace of a run whose span times are already in place (see ``build_trace``).
 
     Args:
         spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
             times in span order; the other columns are filled here from the OpTable.
         remote: the ops that send to another rank (flat indices, rising), if known.
+        memory_method: how to compute the memory events (``memory.memory_columns``).
     """
     ops = program.ops
     n = ops.num_ops
@@ -106,4 +109,4 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
             np.take(source, remote, out=target[n:], mode="clip")
         else:
             target[n:] = source
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n]))
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))

@@ -10,6 +10,7 @@ import numpy.typing as npt
 
 from pipesim import jit
 from pipesim.engine.columns import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
+from pipesim.engine.kernel_policy import kernels_pay_off
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS, TraceBuilder
 
@@ -17,10 +18,11 @@ WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS = (CATEGORIES.index(c) for c in CATEG
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 Columns = dict[str, npt.NDArray[np.generic]]
+MemoryMethod = Literal["auto", "kernel", "numpy"]
 
 
 def memory_columns(program: Program, end_s: FloatArray, *,
-                   method: Literal["auto", "kernel", "numpy"] = "auto", compiled: bool = True) -> Columns:
+                   method: MemoryMethod = "auto", compiled: bool = True) -> Columns:
     """The memory events of a run whose op ``g`` (flat OpTable index) ended at ``end_s[g]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
@@ -37,10 +39,11 @@ def memory_columns(program: Program, end_s: FloatArray, *,
 
     Args:
         method: ``"kernel"`` (``memory_kernel``: plain Python unless numba compiled it),
-            ``"numpy"``, or ``"auto"``: the kernel when it is compiled. Both give the same columns.
+            ``"numpy"``, or ``"auto"``: the kernel where it pays off
+            (``kernel_policy.kernels_pay_off``). All give the same columns.
         compiled: False runs the kernel's plain-Python form even where numba compiled it.
     """
-    if method == "kernel" or (method == "auto" and jit.ENABLED):
+    if method == "kernel" or (method == "auto" and kernels_pay_off(program.ops.num_ops)):
         ops, costs = program.ops, program.costs
         ends = np.ascontiguousarray(end_s, np.float64)
         kernel = memory_kernel if compiled else getattr(memory_kernel, "py_func", memory_kernel)
