@@ -59,7 +59,13 @@ What changed:
   (one `argsort`): no per-event temporaries, no lexsort, no concatenation. The numpy path
   (used without numba) now scatters events to their op's slots instead of a lexsort, and
   writes each column once.
-- The benchmark times every analytic repeat on a fresh OpTable, so nothing cached carries over."""
+- `kernel_policy`: numba's own start-up in a fresh process (before any kernel runs; loading the
+  cached kernels is the small part) took 1 to 7 s on this loaded machine, far more than a small
+  run costs in numpy. So `run_analytic(method="auto")` and the DES's memory events use the
+  kernels only once the process has run 500,000 ops (one large run, or a sweep of many small
+  ones); below that they take the numpy paths, bit-identical (tests hold every path equal).
+- The benchmark times every analytic repeat on a fresh OpTable, so nothing cached carries over;
+  its "analytic" columns force the kernels (`method="kernel"`), warm."""
 
 
 RSS_NOTES = """\
@@ -70,8 +76,8 @@ and llvmlite alone ~125 MiB; 51 MiB with PIPESIM_NO_JIT=1); building the schedul
 span columns, 48 MiB of memory events: the columns themselves, int64 and float64 as the Trace
 defines them); `compute_metrics` ~300 MiB of temporaries on top. Assembling the Trace used to
 need about as much again in temporaries (a copy per column, 14 event-sized arrays for memory
-events); it now writes each column once (span columns in one block), so the analytic engine's
-peak is the Trace plus the kernels' few per-op arrays. The DES's higher peak is not the shared
+events); it now writes each column once, so the analytic engine's peak is the Trace plus a few
+per-op arrays. The DES's higher peak is not the shared
 assembly: after `run_des` returns, ~157 MiB of its objects still sit in reference cycles until
 the garbage collector runs (`gc.collect()` right after it frees them, and the DES peak then falls
 below the engine's own, ~990 MiB with numba loaded, ~840 MiB without); that is des.py's to fix

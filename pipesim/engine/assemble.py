@@ -70,12 +70,9 @@ def build_trace(
 
 
 def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
-    """Empty span columns (SPAN_COLUMNS, their dtypes), all in one allocation.
-
-    One block, not twelve arrays: a block this large is mapped afresh and given back whole
-    when the Trace goes, rather than carved from the heap between other arrays (which left
-    holes that later allocations, such as the metrics', could not reuse).
-    """
+    """Empty span columns (SPAN_COLUMNS, int64 or float64 as the Trace defines them), all in
+    one allocation: each column is a row of one block, viewed with its dtype, so an engine can
+    write times straight into the Trace's own columns."""
     block = np.empty((len(SPAN_COLUMNS), num_spans), dtype=np.float64)
     return {column: block[i] if column in _FLOAT_SPANS else block[i].view(np.int64)
             for i, column in enumerate(SPAN_COLUMNS)}
