@@ -23,7 +23,7 @@ import simpy
 
 from pipesim import Topology, jit, uniform_profile
 from pipesim.engine.analytic import Method, run_analytic, solve_in_span_order
-from pipesim.engine.assemble import trace_from_times
+from pipesim.engine.assemble import fill_span_columns
 from pipesim.engine import kernel_policy
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import OpTable, Program, lower
@@ -186,15 +186,14 @@ def analytic_phases() -> list[dict[str, Any]]:
         n = prog.ops.num_ops
         spans, _, remote, _ = solve_in_span_order(prog.ops)
         end = spans["end_s"]
-        meta = dict(prog.meta)
         phases = {
             "solve_s": best_of(lambda prog=prog: solve_in_span_order(prog.ops), budget_s=5.0, most=7),
-            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n]), budget_s=5.0, most=7),
-            "trace_s": best_of(lambda prog=prog, spans=spans, remote=remote:
-                               trace_from_times(prog, spans, meta, remote=remote), budget_s=5.0, most=7),
+            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n], method="kernel"),
+                                budget_s=5.0, most=7),
+            "spans_s": best_of(lambda prog=prog, spans=spans, remote=remote: fill_span_columns(prog, spans, remote),
+                               budget_s=5.0, most=7),
             "total_s": time_analytic(prog, budget_s=5.0, method="kernel"),
         }
-        phases["spans_s"] = max(phases["trace_s"] - phases["memory_s"], 0.0)
         rows.append({"schedule": schedule, "p": p, "m": m, "ops": n, **phases})
         print(json.dumps(rows[-1]), flush=True)
     return rows

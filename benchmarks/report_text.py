@@ -136,7 +136,8 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
               "average above): absolute times here are inflated and vary by 2x or more between runs; ratios "
               "taken in the same run hold better.", "",
               "### Analytic engine: profile and phases", "", ANALYTIC_PROFILE, "",
-              "Phases of the compiled engine now (best of 7 each; spans = the Trace less its memory events):", "",
+              "Phases of the compiled engine now (best of 7 each, timed one by one; the engine also allocates the "
+              "Trace's columns):", "",
               "| schedule | p | m | ops | solve ms | span columns ms | memory events ms | engine ms | ops/s |",
               "|---|---|---|---|---|---|---|---|---|"]
     for row in phases:

@@ -88,10 +88,18 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
         remote: the ops that send to another rank (flat indices, rising), if known.
         memory_method: how to compute the memory events (``memory.memory_columns``).
     """
+    n = program.ops.num_ops
+    if remote is None:
+        remote = np.flatnonzero(program.ops.is_remote_send)
+    fill_span_columns(program, spans, remote)
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
+
+
+def fill_span_columns(program: Program, spans: dict[str, npt.NDArray[Any]], remote: npt.NDArray[np.int64]) -> None:
+    """Write every span column but the times, from the OpTable: per column its values for the
+    compute spans, then for the send spans of the ops ``remote`` (flat indices, rising)."""
     ops = program.ops
     n = ops.num_ops
-    if remote is None:
-        remote = np.flatnonzero(ops.is_remote_send)
     assert spans["start_s"].shape == (n + remote.size,)
     for column, compute, send in (
         ("device", ops.rank, None), ("stream", COMPUTE, SEND), ("kind", ops.kind, None),
@@ -106,4 +114,3 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
             np.take(source, remote, out=target[n:], mode="clip")
         else:
             target[n:] = source
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
