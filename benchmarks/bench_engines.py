@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -20,10 +21,13 @@ from typing import Any
 import numpy as np
 import simpy
 
-from pipesim import Topology, uniform_profile
-from pipesim.engine.analytic import run_analytic
+from pipesim import Topology, jit, uniform_profile
+from pipesim.engine.analytic import Method, run_analytic, solve_in_span_order
+from pipesim.engine.assemble import fill_span_columns
+from pipesim.engine import kernel_policy
 from pipesim.engine.des import run_des
-from pipesim.engine.lowering import Program, lower
+from pipesim.engine.lowering import OpTable, Program, lower
+from pipesim.engine.memory import memory_columns
 from pipesim.metrics import compute_metrics
 from pipesim.schedule.registry import build_schedule
 from pipesim.schedule.validate import validate
@@ -50,6 +54,26 @@ def program(schedule: str, p: int, m: int) -> Program:
     """The lowered program of one point (default K: 1 for 1f1b, 4 for 2bw)."""
     profile, topology = inputs(p)
     return prepare(profile, topology, make_plan(profile, schedule=schedule, num_stages=p, num_microbatches=m))
+
+
+def fresh(prog: Program) -> Program:
+    """``prog`` with a new OpTable over the same columns: nothing the last run cached on the
+    table (its links, previous sends) carries over into the next timing."""
+    ops = prog.ops
+    table = OpTable(**{f.name: getattr(ops, f.name) for f in dataclasses.fields(OpTable)})
+    return dataclasses.replace(prog, ops=table)
+
+
+def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7, method: Method = "auto") -> float:
+    """Best engine time of ``run_analytic`` (the pass and assembling the Trace), each repeat on a
+    fresh table."""
+    times: list[float] = []
+    while len(times) < 2 or (sum(times) < budget_s and len(times) < most):
+        run = fresh(prog)
+        started = time.perf_counter()
+        run_analytic(run, method=method)
+        times.append(time.perf_counter() - started)
+    return min(times)
 
 
 def bare_simpy_ops_per_s(num_stages: int, ops_per_stage: int) -> float:
@@ -87,7 +111,8 @@ def engine_rows() -> list[dict[str, Any]]:
             ops = prog.ops.num_ops
             per_stage = int(np.diff(prog.ops.rank_offsets).max())
             bare = max(bare_simpy_ops_per_s(p, per_stage) for _ in range(2))
-            analytic_s = best_of(lambda prog=prog: run_analytic(prog))
+            run_analytic(prog, method="kernel")  # numba's start-up (and compiling, unless cached) on the first point
+            analytic_s = time_analytic(prog, method="kernel")
             row: dict[str, Any] = {"schedule": schedule, "p": p, "m": m, "k": prog.schedule.num_minibatches,
                                    "ops": ops, "bare_ops_per_s": bare, "analytic_s": analytic_s}
             expected_des_s = ops / des_rate[schedule] if schedule in des_rate else 0.0
@@ -100,6 +125,77 @@ def engine_rows() -> list[dict[str, Any]]:
                 row["bare_ops_per_s"] = bare
             rows.append(row)
             print(json.dumps(row), flush=True)
+    return rows
+
+
+def plain_rows() -> list[dict[str, Any]]:
+    """The analytic engine's time per point with numba off (PIPESIM_NO_JIT=1: numpy rounds and
+    assembly), in a fresh process."""
+    env = {**os.environ, "PIPESIM_NO_JIT": "1"}
+    done = subprocess.run([sys.executable, __file__, "--plain"], capture_output=True, text=True, check=True,
+                          timeout=900, env=env)
+    rows: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return rows
+
+
+def plain_points() -> list[dict[str, Any]]:
+    """Run by ``plain_rows`` in the PIPESIM_NO_JIT=1 process."""
+    assert not jit.ENABLED, "run with PIPESIM_NO_JIT=1"
+    rows = []
+    for schedule in SCHEDULES:
+        for p, m in SIZES:
+            prog = program(schedule, p, m)
+            rows.append({"schedule": schedule, "p": p, "m": m, "backend": jit.backend(),
+                         "analytic_s": time_analytic(prog)})
+    return rows
+
+
+def startup_rows() -> list[dict[str, Any]]:
+    """A fresh process's first ``simulate()`` with the analytic engine, 1f1b at p=8 m=64 and
+    p=64 m=512: numba's start-up is paid there (the engine rows above run warm)."""
+    rows = []
+    for label, extra, env in (("auto", [], {}), ("kernels forced", ["--kernels"], {}),
+                              ("PIPESIM_NO_JIT=1", [], {"PIPESIM_NO_JIT": "1"})):
+        for p, m in ((8, 64), (64, 512)):
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, __file__, "--startup", str(p), str(m), *extra], capture_output=True,
+                                  text=True, check=True, timeout=300, env={**os.environ, **env})
+            wall = time.perf_counter() - started
+            rows.append({"mode": label, "process_s": wall, **json.loads(done.stdout.strip().splitlines()[-1])})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def startup_point(p: int, m: int, kernels: bool) -> dict[str, Any]:
+    """Run by ``startup_rows`` in a fresh process: the first simulate() (with ``kernels``, the
+    compiled kernels from the first op on)."""
+    if kernels:
+        kernel_policy.KERNELS_FROM_OPS = 0
+    profile, topology = inputs(p)
+    started = time.perf_counter()
+    result = simulate(profile, topology, schedule="1f1b", num_stages=p, num_microbatches=m, engine="analytic")
+    return {"p": p, "m": m, "ops": result.metrics.num_ops, "simulate_s": time.perf_counter() - started,
+            "engine_s": result.engine_wall_s}
+
+
+def analytic_phases() -> list[dict[str, Any]]:
+    """Where the compiled analytic engine's time goes, per phase, at three points (best of 7)."""
+    rows = []
+    for schedule, p, m in (("1f1b", 64, 512), ("1f1b", 128, 1024), ("2bw", 128, 1024)):
+        prog = program(schedule, p, m)
+        n = prog.ops.num_ops
+        spans, _, remote, _ = solve_in_span_order(prog.ops)
+        end = spans["end_s"]
+        phases = {
+            "solve_s": best_of(lambda prog=prog: solve_in_span_order(prog.ops), budget_s=5.0, most=7),
+            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n], method="kernel"),
+                                budget_s=5.0, most=7),
+            "spans_s": best_of(lambda prog=prog, spans=spans, remote=remote: fill_span_columns(prog, spans, remote),
+                               budget_s=5.0, most=7),
+            "total_s": time_analytic(prog, budget_s=5.0, method="kernel"),
+        }
+        rows.append({"schedule": schedule, "p": p, "m": m, "ops": n, **phases})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -138,11 +234,13 @@ def end_to_end_rows() -> list[dict[str, Any]]:
 def point(schedule: str, p: int, m: int, engine: str) -> dict[str, Any]:
     """One simulate() in this process, with its peak RSS (run in a fresh process by rss_rows)."""
     profile, topology = inputs(p)
+    imported = peak_rss_mib()
     started = time.perf_counter()
     result = simulate(profile, topology, schedule=schedule, num_stages=p, num_microbatches=m, engine=engine)  # type: ignore[arg-type]
     wall = time.perf_counter() - started
     return {"schedule": schedule, "p": p, "m": m, "engine": result.metrics.engine, "ops": result.metrics.num_ops,
-            "simulate_s": wall, "engine_s": result.engine_wall_s, "peak_rss_mib": peak_rss_mib()}
+            "simulate_s": wall, "engine_s": result.engine_wall_s, "peak_rss_mib": peak_rss_mib(),
+            "import_rss_mib": imported, "backend": jit.backend()}
 
 
 def peak_rss_mib() -> float:
@@ -190,36 +288,51 @@ def machine() -> str:
     return (f"- date: {dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}; commit {commit or '?'}\n"
             f"- machine: {model}, nproc {os.cpu_count()}, load average at start {load} (a shared machine: "
             f"compare ratios measured in the same run, not absolute times across runs)\n"
-            f"- python {platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}")
+            f"- python {platform.python_version()}, numpy {np.__version__}, simpy {simpy.__version__}; "
+            f"kernels: {jit.backend()}")
 
 
 def report(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[dict[str, Any]], profile: str,
-           header: str) -> str:
+           header: str, phases: list[dict[str, Any]], startup: list[dict[str, Any]]) -> str:
     """RESULTS.md: the tables and what they say against the targets."""
     from report_text import render
 
-    return render(engines, e2e, rss, profile, header)
+    return render(engines, e2e, rss, profile, header, phases, startup)
 
 
 def main() -> None:
     """Run everything and write RESULTS.md (or, with --point, one RSS point as JSON)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--point", nargs=4, metavar=("SCHEDULE", "P", "M", "ENGINE"))
+    parser.add_argument("--plain", action="store_true", help="time the analytic engine only (with PIPESIM_NO_JIT=1)")
+    parser.add_argument("--startup", nargs=2, type=int, metavar=("P", "M"), help="one first simulate() as JSON")
+    parser.add_argument("--kernels", action="store_true", help="with --startup: the compiled kernels at once")
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"), help="the shared results file")
     args = parser.parse_args()
+    if args.plain:
+        print(json.dumps(plain_points()))
+        return
+    if args.startup:
+        print(json.dumps(startup_point(*args.startup, kernels=args.kernels)))
+        return
     if args.point:
         schedule, p, m, engine = args.point
         print(json.dumps(point(schedule, int(p), int(m), engine)))
         return
     header = machine()
     engines = engine_rows()
+    for row, plain in zip(engines, plain_rows(), strict=True):
+        assert (row["schedule"], row["p"], row["m"]) == (plain["schedule"], plain["p"], plain["m"])
+        row["plain_s"], row["plain_backend"] = plain["analytic_s"], plain["backend"]
+    phases = analytic_phases()
+    startup = startup_rows()
     e2e = end_to_end_rows()
     rss = rss_rows()
     profile = des_profile()
     sys.path.insert(0, str(HERE))
     from results_file import write_section
 
-    write_section("engines", report(engines, e2e, rss, profile, header), Path(args.out))
+    write_section("engines", report(engines, e2e, rss, profile, header, phases, startup), Path(args.out))
     print(f"wrote the engines section of {args.out}")
 
 

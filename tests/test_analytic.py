@@ -70,7 +70,7 @@ def program_of(case: Case):  # type: ignore[no-untyped-def]
 def test_both_engines_give_the_same_spans_and_metrics(case: Case) -> None:
     program = program_of(case)
     des = run_des(program)
-    for method in ("rounds", "loop"):
+    for method in ("kernel", "rounds", "loop"):
         analytic = run_analytic(program, method=method)
         assert analytic.meta["engine"] == "analytic"
         assert_traces_agree(des, analytic)
@@ -122,11 +122,12 @@ def deadlocked_program():  # type: ignore[no-untyped-def]
 def test_both_engines_name_the_same_stuck_ops() -> None:
     program = deadlocked_program()
     messages = []
-    for run in (run_des, lambda p: run_analytic(p, method="rounds"), lambda p: run_analytic(p, method="loop")):
+    for run in (run_des, lambda p: run_analytic(p, method="rounds"), lambda p: run_analytic(p, method="loop"),
+                lambda p: run_analytic(p, method="kernel")):
         with pytest.raises(DeadlockError) as caught:
             run(program)
         messages.append(caught.value.reason)
-    assert messages[0] == messages[1] == messages[2]
+    assert messages[0] == messages[1] == messages[2] == messages[3]
     assert "rank 0 at 0B0 waits for 1B0" in messages[0]
     assert "rank 1 at 1F0 waits for 0F0" in messages[0]
 

@@ -1,13 +1,15 @@
-"""The analytic engine: the DES engine's timeline as a longest-path pass over the op graph, in numpy."""
+"""The analytic engine: the DES engine's timeline as a longest-path pass over the op graph."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.assemble import build_trace
+from pipesim import jit
+from pipesim.engine.assemble import build_trace, span_block, trace_from_times
+from pipesim.engine.kernel_policy import kernels_pay_off
 from pipesim.engine.lowering import OpTable, Program
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, DeadlockError
@@ -15,7 +17,7 @@ from pipesim.schedule.ir import grid
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Method = Literal["auto", "rounds", "loop"]
+Method = Literal["auto", "kernel", "rounds", "loop"]
 
 # Below this many ranks a plain loop beats numpy's per-call overhead (one round per op).
 _ROUNDS_FROM_RANKS = 6
@@ -43,16 +45,15 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
     Each rank runs its ops in order: op j starts at max(end of op j-1 on the rank, arrival
     of its input), and a send starts at max(end of its op, arrival of the previous send on
     its link). These are the DES engine's rules with the same floating-point operations in
-    the same order, so both engines give the same spans bit for bit.
-
-    The pass visits the graph in rounds: in each round every rank whose next op has its input
-    runs that op, all ranks at once as numpy vector operations. A round costs a few
-    microseconds whatever the number of ranks, and a run takes about as many rounds as its
-    longest rank has ops (plus the pipeline's fill), so p ranks give p ops per round.
+    the same order, so both engines give the same spans bit for bit, whichever method runs.
 
     Args:
-        method: ``"rounds"`` (numpy), ``"loop"`` (plain Python, rank by rank; faster for
-            very few ranks) or ``"auto"``.
+        method: ``"kernel"`` (one sequential pass, ``solve_kernel``, and ``memory_kernel``
+            for the memory events: compiled when numba is installed, see ``pipesim.jit``),
+            ``"rounds"`` (numpy, all ranks a step at a time), ``"loop"`` (plain Python, rank
+            by rank; faster than rounds for very few ranks), the last two with numpy memory
+            events; or ``"auto"``: the kernels where they pay off
+            (``kernel_policy.kernels_pay_off``), else rounds or loop.
 
     Raises:
         DeadlockError: some rank cannot proceed; names each stuck op and what it waits for.
@@ -63,12 +64,133 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
         raise ConfigError("engine", "analytic", reason)
     ops = program.ops
     if method == "auto":
-        method = "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+        fallback: Method = "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
+        method = "kernel" if kernels_pay_off(ops.num_ops) else fallback
+    meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
+    if method == "kernel":
+        spans, arrival, remote, stuck = solve_in_span_order(ops)
+        if stuck:
+            _raise_deadlock(program, stuck, arrival)
+        return trace_from_times(program, spans, meta, remote=remote, memory_method="kernel")
     end, arrival, stuck = (_solve_rounds if method == "rounds" else _solve_loop)(ops)
     if stuck:
         _raise_deadlock(program, stuck, arrival)
-    meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
-    return build_trace(program, end, arrival, meta)
+    return build_trace(program, end, arrival, meta, memory_method="numpy")
+
+
+def solve_in_span_order(ops: OpTable, *, compiled: bool = True) -> tuple[dict[str, npt.NDArray[Any]], FloatArray,
+                                                                        IntArray, list[int]]:
+    """Run ``solve_kernel`` on ``ops``.
+
+    Args:
+        compiled: False runs the kernel's plain-Python form even where numba compiled it
+            (tests hold the two equal).
+
+    Returns:
+        span columns (``assemble.span_block``) whose ``start_s`` and ``end_s`` hold every
+        span's times in the Trace's span order (one compute span per op, then one send span
+        per op that sends to another rank), the arrival of every op's output (+inf where the
+        op never ran), the ops that send to another rank (flat indices, rising) and the ops
+        stuck at the front of their ranks.
+    """
+    kernel = solve_kernel if compiled else getattr(solve_kernel, "py_func", solve_kernel)
+    num_sends = int(np.count_nonzero((ops.send_rank >= 0) & (ops.send_rank != ops.rank)))
+    spans = span_block(ops.num_ops + num_sends)
+    arrival, remote, cursor = kernel(ops.rank_offsets, ops.wait, ops.send_rank, ops.duration_s, ops.transfer_s,
+                                     spans["start_s"], spans["end_s"])
+    stuck = [g for g, last in zip(cursor.tolist(), ops.rank_offsets[1:].tolist(), strict=True) if g < last]
+    return spans, arrival, remote, stuck
+
+
+@jit.jit
+def solve_kernel(rank_offsets: IntArray, wait: IntArray, send_rank: IntArray, duration_s: FloatArray,
+                 transfer_s: FloatArray, start_s: FloatArray, end_s: FloatArray) -> tuple[FloatArray, IntArray, IntArray]:
+    """The longest-path pass, one op at a time in an order the dependencies allow.
+
+    A rank runs its ops in order until the next one's input has not arrived, and is resumed
+    when that input's producer ends (the input comes to the producer's ``send_rank``; a
+    sweep over the ranks at the end catches any other case). A send waits for the previous
+    send of its rank to the same peer (its link, first in first out).
+
+    Writes ``start_s`` and ``end_s`` per span: op ``g`` at row ``g``, the send of the k-th op
+    that sends to another rank at row ``n + k`` (both arrays have a row per span).
+
+    Returns:
+        ``arrival_s`` per op (+inf where it never ran), the indices of the ops that send to
+        another rank, and each rank's next op index (its end offset when it finished:
+        otherwise the rank is stuck there).
+    """
+    num_ranks, n = rank_offsets.shape[0] - 1, wait.shape[0]
+    # In flat order: each send's previous send on its link, and the first send row of each rank.
+    previous_send = np.full(n, -1, dtype=np.int64)
+    next_row = np.empty(num_ranks, dtype=np.int64)
+    last_to = np.full(num_ranks, -1, dtype=np.int64)  # per peer, the rank's last send to it so far
+    num_sends = 0
+    for r in range(num_ranks):
+        next_row[r] = n + num_sends
+        for g in range(rank_offsets[r], rank_offsets[r + 1]):
+            peer = send_rank[g]
+            if peer >= 0 and peer != r:
+                num_sends += 1
+                previous_send[g] = last_to[peer]
+                last_to[peer] = g
+        for g in range(rank_offsets[r], rank_offsets[r + 1]):
+            if send_rank[g] >= 0:
+                last_to[send_rank[g]] = -1
+    remote = np.empty(num_sends, dtype=np.int64)
+    arrival_s = np.full(n, np.inf)
+    cursor = rank_offsets[:-1].copy()
+    free = np.zeros(num_ranks)
+    waiting_for = np.full(num_ranks, -1, dtype=np.int64)  # the producer a blocked rank waits for
+    stack = np.empty(num_ranks, dtype=np.int64)
+    queued = np.zeros(num_ranks, dtype=np.bool_)
+    top = 0
+    for r in range(num_ranks - 1, -1, -1):
+        stack[top], queued[r] = r, True
+        top += 1
+    while top > 0:
+        while top > 0:
+            top -= 1
+            r = stack[top]
+            queued[r] = False
+            g, last, now, row = cursor[r], rank_offsets[r + 1], free[r], next_row[r]
+            while g < last:
+                producer = wait[g]
+                if producer >= 0:
+                    ready = arrival_s[producer]
+                    if ready == np.inf:
+                        waiting_for[r] = producer
+                        break
+                    if ready > now:
+                        now = ready
+                start_s[g] = now
+                now = now + duration_s[g]
+                end_s[g] = now
+                peer = send_rank[g]
+                if peer >= 0 and peer != r:
+                    before = previous_send[g]
+                    link_free = arrival_s[before] if before >= 0 else 0.0
+                    sent = now if now > link_free else link_free
+                    start_s[row] = sent
+                    sent = sent + transfer_s[g]
+                    end_s[row] = sent
+                    arrival_s[g] = sent
+                    remote[row - n] = g
+                    row += 1
+                    if waiting_for[peer] == g and not queued[peer]:
+                        waiting_for[peer] = -1
+                        stack[top], queued[peer] = peer, True
+                        top += 1
+                else:
+                    arrival_s[g] = now
+                g += 1
+            cursor[r], free[r], next_row[r] = g, now, row
+        for r in range(num_ranks):  # inputs that came some other way (none from lowered schedules)
+            if cursor[r] < rank_offsets[r + 1] and waiting_for[r] >= 0 and arrival_s[waiting_for[r]] != np.inf:
+                waiting_for[r] = -1
+                stack[top], queued[r] = r, True
+                top += 1
+    return arrival_s, remote, cursor
 
 
 def _solve_rounds(ops: OpTable) -> tuple[FloatArray, FloatArray, list[int]]:

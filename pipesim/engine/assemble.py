@@ -8,11 +8,12 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.lowering import Program
-from pipesim.engine.memory import memory_columns
+from pipesim.engine.memory import MemoryMethod, memory_columns
 from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
 COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
+_FLOAT_SPANS = frozenset({"start_s", "end_s", "bytes"})
 
 
 def op_starts(program: Program, end_s: FloatArray, arrival_s: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -40,6 +41,7 @@ def build_trace(
     *,
     start_s: FloatArray | None = None,
     send_start_s: FloatArray | None = None,
+    memory_method: MemoryMethod = "auto",
 ) -> Trace:
     """The Trace of a run: spans in a fixed order, memory events from the ends.
 
@@ -53,27 +55,62 @@ def build_trace(
             op's end when it sends nothing or sends to its own rank).
         meta: the Trace's meta.
         start_s, send_start_s: starts as the engine saw them; by default implied by the ends.
+        memory_method: how to compute the memory events (``memory.memory_columns``).
     """
     ops = program.ops
     if start_s is None or send_start_s is None:
         start_s, send_start_s = op_starts(program, end_s, arrival_s)
-    remote = np.flatnonzero(ops.is_remote_send)
-    num_sends = remote.size
-    columns: dict[str, npt.NDArray[Any]] = {
-        "device": np.concatenate([ops.rank, ops.rank[remote]]),
-        "stream": np.concatenate([np.full(ops.num_ops, COMPUTE, np.int64), np.full(num_sends, SEND, np.int64)]),
-        "kind": np.concatenate([ops.kind, ops.kind[remote]]),
-        "stage": np.concatenate([ops.stage, ops.stage[remote]]),
-        "microbatch": np.concatenate([ops.microbatch, ops.microbatch[remote]]),
-        "minibatch": np.concatenate([ops.minibatch, ops.minibatch[remote]]),
-        "weight_version": np.concatenate([ops.version, np.full(num_sends, -1, np.int64)]),
-        "start_s": np.concatenate([start_s, send_start_s[remote]]),
-        "end_s": np.concatenate([end_s, arrival_s[remote]]),
-        "bytes": np.concatenate([np.zeros(ops.num_ops), ops.send_bytes[remote]]),
-        "peer": np.concatenate([np.full(ops.num_ops, -1, np.int64), ops.send_rank[remote]]),
-        "position": np.concatenate([ops.position, ops.position[remote]]),
-    }
-    assert tuple(columns) == SPAN_COLUMNS
-    spans = {c: np.ascontiguousarray(v, dtype=np.float64 if v.dtype.kind == "f" else np.int64)
-             for c, v in columns.items()}
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, end_s))
+    n, remote = ops.num_ops, np.flatnonzero(ops.is_remote_send)
+    spans = span_block(n + remote.size)
+    start, end = spans["start_s"], spans["end_s"]
+    start[:n], end[:n] = start_s, end_s
+    np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
+    np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
+    return trace_from_times(program, spans, meta, remote=remote, memory_method=memory_method)
+
+
+def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
+    """Empty span columns (SPAN_COLUMNS, int64 or float64 as the Trace defines them), all in
+    one allocation: each column is a row of one block, viewed with its dtype, so an engine can
+    write times straight into the Trace's own columns."""
+    block = np.empty((len(SPAN_COLUMNS), num_spans), dtype=np.float64)
+    return {column: block[i] if column in _FLOAT_SPANS else block[i].view(np.int64)
+            for i, column in enumerate(SPAN_COLUMNS)}
+
+
+def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
+                     remote: npt.NDArray[np.int64] | None = None, memory_method: MemoryMethod = "auto") -> Trace:
+    """The Trace of a run whose span times are already in place (see ``build_trace``).
+
+    Args:
+        spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
+            times in span order; the other columns are filled here from the OpTable.
+        remote: the ops that send to another rank (flat indices, rising), if known.
+        memory_method: how to compute the memory events (``memory.memory_columns``).
+    """
+    n = program.ops.num_ops
+    if remote is None:
+        remote = np.flatnonzero(program.ops.is_remote_send)
+    fill_span_columns(program, spans, remote)
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
+
+
+def fill_span_columns(program: Program, spans: dict[str, npt.NDArray[Any]], remote: npt.NDArray[np.int64]) -> None:
+    """Write every span column but the times, from the OpTable: per column its values for the
+    compute spans, then for the send spans of the ops ``remote`` (flat indices, rising)."""
+    ops = program.ops
+    n = ops.num_ops
+    assert spans["start_s"].shape == (n + remote.size,)
+    for column, compute, send in (
+        ("device", ops.rank, None), ("stream", COMPUTE, SEND), ("kind", ops.kind, None),
+        ("stage", ops.stage, None), ("microbatch", ops.microbatch, None), ("minibatch", ops.minibatch, None),
+        ("weight_version", ops.version, -1), ("bytes", 0.0, ops.send_bytes), ("peer", -1, ops.send_rank),
+        ("position", ops.position, None),
+    ):
+        target = spans[column]
+        target[:n] = compute
+        source = compute if send is None else send
+        if isinstance(source, np.ndarray):
+            np.take(source, remote, out=target[n:], mode="clip")
+        else:
+            target[n:] = source
