@@ -2,30 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.metadata
+import importlib.util
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # PIPESIM_NO_JIT=1 runs every kernel as plain Python (the reference; slower but always available).
 _DISABLED = os.environ.get("PIPESIM_NO_JIT", "") not in ("", "0")
 
-
-def _load_numba() -> Any | None:
-    if _DISABLED:
-        return None
-    try:
-        return importlib.import_module("numba")
-    except ImportError:
-        return None
-
-
-_NUMBA = _load_numba()
-
 #: True when kernels decorated with ``jit`` are compiled (numba installed and not disabled).
-ENABLED: bool = _NUMBA is not None
+#: numba itself is imported only when a kernel is first called (it costs ~0.3 s and ~125 MiB).
+ENABLED: bool = not _DISABLED and importlib.util.find_spec("numba") is not None
+
+
+class _LazyKernel:
+    """A kernel compiled by numba on its first call; ``py_func`` is the plain Python function."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        functools.update_wrapper(self, function)
+        self.py_func = function
+        self._compiled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self._compiled is None:
+            numba = importlib.import_module("numba")
+            self._compiled = numba.njit(cache=True, nogil=True)(self.py_func)
+        return self._compiled(*args)
 
 
 def jit(function: F) -> F:
@@ -33,16 +40,16 @@ def jit(function: F) -> F:
 
     Kernels must therefore be written in the subset of Python and numpy that numba compiles,
     and give the same results either way: no fastmath, the same floating-point operations in
-    the same order, so compiled and plain runs are bit-identical.
+    the same order, so compiled and plain runs are bit-identical. Kernels are called from
+    Python only (not from one another): the compiled function is made on the first call.
     """
-    if _NUMBA is None:
+    if not ENABLED:
         return function
-    compiled: F = _NUMBA.njit(cache=True, nogil=True)(function)
-    return compiled
+    return cast(F, _LazyKernel(function))
 
 
 def backend() -> str:
     """``"numba <version>"`` when kernels are compiled, else ``"python"`` (recorded in benchmarks)."""
-    if _NUMBA is None:
+    if not ENABLED:
         return "python"
-    return f"numba {_NUMBA.__version__}"
+    return f"numba {importlib.metadata.version('numba')}"
