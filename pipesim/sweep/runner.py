@@ -71,6 +71,9 @@ def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]]) -> list[dic
     return runner.run_batch(points)
 
 
+# glibc's trim and mmap thresholds for embedded workers (bytes): freed memory up to this is reused.
+WORKER_MALLOC_BYTES = 256 << 20
+
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
@@ -79,6 +82,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     Raises:
         ConfigError: the scheduler cannot be reached, or ``workers < 1``.
     """
+    import dask.config
     from distributed import Client, LocalCluster
 
     if scheduler is not None:
@@ -94,12 +98,19 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     count = workers if workers is not None else (os.cpu_count() or 1)
     if count < 1:
         raise ConfigError("workers", count, "must be >= 1")
-    cluster = LocalCluster(  # type: ignore[no-untyped-call]
-        # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
-        # another cluster holds that port, so let the OS choose one.
-        n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-        silence_logs=logging.ERROR,
-    )
+    # Dask starts its worker processes with glibc's MALLOC_TRIM_THRESHOLD_ at 64 KiB, so the numpy
+    # columns a point frees go back to the OS and are faulted in again by the next point: on the
+    # 10,080-point sweep that was 48 M page faults and 94 s of system time, about half the wall
+    # (benchmarks/RESULTS.md, sweeps). Workers keep up to WORKER_MALLOC_BYTES of freed memory instead.
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}),
+               "MALLOC_TRIM_THRESHOLD_": WORKER_MALLOC_BYTES, "MALLOC_MMAP_THRESHOLD_": WORKER_MALLOC_BYTES}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
+            # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
+            # another cluster holds that port, so let the OS choose one.
+            n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1",
+            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+        )
     try:
         client = Client(cluster)  # type: ignore[no-untyped-call]
         try:
