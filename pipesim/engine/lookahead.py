@@ -12,6 +12,7 @@ from simpy.events import NORMAL
 
 from pipesim.engine.lowering import Program
 from pipesim.jit import ENABLED as JIT_ENABLED
+from pipesim.jit import compiled as compiled_kernel
 from pipesim.jit import jit
 
 FloatArray = npt.NDArray[np.float64]
@@ -153,7 +154,7 @@ class LookaheadRun:
 def _compiled_handler(run: LookaheadRun, rank_index: int) -> Handler:
     """The handler with numba: ``_advance`` does the ops, this schedules the events it asks for."""
     env, handlers, ints = run.env, run.handlers, run.ints
-    advance = _advance
+    advance = compiled_kernel(_advance)
 
     def resume(_: simpy.Event | None) -> None:
         """The rank resumes: run its ops until one waits for an input not known yet."""
