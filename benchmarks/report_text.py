@@ -150,8 +150,8 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
               f"- DES >= 1.0x bare SimPy: {min(des_ratios):.2f}x to {max(des_ratios):.2f}x here "
               f"({'met' if min(des_ratios) >= 1.0 else 'NOT met at every point'}). The DES runs with conservative "
               "lookahead (`engine/lookahead.py`, see the DES profile below): about 0.49 SimPy events per op "
-              "instead of 1. Below 1.0x, what is left is assembling the Trace (the memory events of a million "
-              "ops at 2bw p=128), shared with the analytic engine.", ""]
+              "instead of 1. Ratios swing with the machine's load: an earlier run of this benchmark on the same "
+              "day measured 0.91x at 2bw p=128 (before the DES called numba's dispatcher directly).", ""]
     lines += ["Measured on a 2-core machine shared with six other engineers' test runs (see the load "
               "average above): absolute times here are inflated and vary by 2x or more between runs; ratios "
               "taken in the same run hold better.", "",
