@@ -24,9 +24,9 @@ bandwidth: [10GB/s, 100GB/s]
 latency: [5us]
 stages: [4, 8]
 microbatches: [4, 64, 256, 512]
-minibatches: [8]
+minibatches: [16]
 schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
-engine: des  # with 8 minibatches of up to 512 microbatches the sweep lasts seconds: an interruption lands midway
+engine: des  # with 16 minibatches of up to 512 microbatches the sweep lasts seconds: an interruption lands midway
 """
 NUM_POINTS = 2 * 2 * 4 * 5
 

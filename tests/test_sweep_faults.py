@@ -31,11 +31,11 @@ bandwidth: [10GB/s]
 latency: [5us]
 stages: [4, 8]
 microbatches: [8, 1024]
-minibatches: [12]
+minibatches: [48]
 schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
 engine: des
 """
-# Points run in order: five cheap ones (m=8) finish first, and the m=1024 points (K=12: a fraction of a second
+# Points run in order: five cheap ones (m=8) finish first, and the m=1024 points (K=48: about half a second
 # each on the DES) are still running when a test kills a worker or the scheduler after three chunks.
 NUM_POINTS = 20
 PYTHON = sys.executable
