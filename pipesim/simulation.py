@@ -14,7 +14,8 @@ from pipesim.engine.lowering import Program, lower, lower_columnar
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
-from pipesim.metrics import Metrics, compute_metrics
+from pipesim.metrics import Metrics, compute_metrics, stage_staleness
+from pipesim.reuse import Reuse
 from pipesim.schedule.columnar import ColumnarOrder, columnar_order, is_columnar
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
@@ -147,6 +148,7 @@ def prepare(
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
     columnar: bool = True,
+    reuse: Reuse | None = None,
 ) -> Program:
     """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
     and the topology.
@@ -158,6 +160,7 @@ def prepare(
     (``schedule.columnar``) and lowered without Op objects: the Program's schedule builds its
     ops only when something reads them (a test holds both ways equal, column by column);
     ``columnar=False`` takes the Op way for them too (the reference, for tests and benchmarks).
+    ``reuse`` keeps columnar orders and stage costs for later calls (``pipesim.reuse``).
 
     Raises:
         ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
@@ -169,7 +172,11 @@ def prepare(
     order: ColumnarOrder | None = None
     p, m = plan.num_stages, plan.num_microbatches
     if columnar and schedule is None and is_columnar(plan.schedule, p, m, plan.num_ranks):
-        order = columnar_order(plan.schedule, p, m, plan.num_minibatches, **options)
+        def make_order() -> ColumnarOrder:
+            return columnar_order(plan.schedule, p, m, plan.num_minibatches, **options)
+
+        key = (plan.schedule, p, m, plan.num_minibatches, tuple(options.items()))
+        order = make_order() if reuse is None else reuse.order(key, make_order)
         schedule = order.schedule
     if schedule is None:
         schedule = build_schedule(
@@ -187,7 +194,11 @@ def prepare(
         )
     devices = rank_devices(schedule, plan)
     stage_devices = tuple(devices[rank] for rank in schedule.stage_to_rank)
-    costs = stage_costs(profile, plan, topology, stage_devices=stage_devices)
+    if reuse is None:
+        costs = stage_costs(profile, plan, topology, stage_devices=stage_devices)
+    else:
+        costs = reuse.stage_costs(profile, plan, topology, stage_devices,
+                                  lambda: stage_costs(profile, plan, topology, stage_devices=stage_devices))
     common: dict[str, Any] = {"rank_devices": devices, "microbatch_size": profile.microbatch_size,
                               "optimizer_state_multiplier": plan.optimizer_state_multiplier}
     if order is not None:
@@ -205,21 +216,24 @@ def simulate_plan(
     seed: int = 0,
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
+    reuse: Reuse | None = None,
 ) -> Result:
     """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
 
-    ``max_ops`` bounds the run's size (see ``check_size``).
+    ``max_ops`` bounds the run's size (see ``check_size``). ``reuse`` carries schedule orders,
+    stage costs and staleness over to later calls (``pipesim.reuse``; a sweep's points share them).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
-    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops)
+    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
     started = time.perf_counter()
     trace = _run(program, engine, jitter, seed)
     wall = time.perf_counter() - started
-    return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=compute_metrics(trace),
+    known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
+    return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=compute_metrics(trace, staleness=known),
                   engine_wall_s=wall)
 
 

@@ -174,8 +174,20 @@ def _staleness_all(trace: Trace, key: npt.NDArray[np.int64], num_groups: int) ->
     return grouped.staleness_all(trace, rows, key[rows], num_groups)
 
 
-def compute_metrics(trace: Trace) -> Metrics:
-    """All metrics of a trace."""
+Staleness = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]
+
+
+def stage_staleness(trace: Trace) -> Staleness:
+    """Per stage: forward delay (max, mean) and discrepancy (max), as ``staleness`` gives them.
+
+    They depend on each rank's order of ops and their weight versions alone, so every trace
+    of one schedule has the same (``pipesim.reuse`` keeps them for a sweep's points)."""
+    return _staleness_all(trace, trace.spans["stage"], len(trace.meta["stage_to_rank"]))
+
+
+def compute_metrics(trace: Trace, *, staleness: Staleness | None = None) -> Metrics:
+    """All metrics of a trace; ``staleness``, when given, is ``stage_staleness`` of a trace of
+    the same schedule."""
     meta = trace.meta
     s = trace.spans
     low, high, warmup, cooldown = steady_window(trace)
@@ -194,7 +206,7 @@ def compute_metrics(trace: Trace) -> Metrics:
                              for d in range(num_ranks)]
     exposed = _exposed_all(trace, num_ranks, num_stages, low, high, compute_rows=compute_rows)
     peaks, breakdowns, versions, inflight = _level_peaks(trace, trace.memory["stage"], num_stages)
-    delay_max, delay_mean, discrepancy = _staleness_all(trace, s["stage"], num_stages)
+    delay_max, delay_mean, discrepancy = stage_staleness(trace) if staleness is None else staleness
     stages = []
     peak_list, breakdown_list = peaks.tolist(), breakdowns.tolist()
     versions_list, inflight_list = versions.tolist(), inflight.tolist()

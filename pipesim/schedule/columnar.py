@@ -157,7 +157,8 @@ def columnar_order(
     previous_send[forward_at[:-1, 1:]] = forward_at[:-1, :-1]
     previous_send[backward_at[1:, 1:]] = backward_at[1:, :-1]
     stage = np.repeat(np.arange(p, dtype=np.int64), length)
-    for column in (stage, kind, microbatch, minibatch, version, wait, previous_send):
+    for column in (stage, kind, microbatch, minibatch, version, wait, previous_send, forward_at, backward_at,
+                   update_at):
         column.flags.writeable = False  # read only: columns may be shared (version is minibatch under FLUSH)
     schedule = deferred_schedule(name, p, m, num_minibatches, update, policy, total)
     return ColumnarOrder(

@@ -9,6 +9,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.metrics import Metrics
+from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
@@ -25,6 +26,19 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "stage_forward_delay_steps", "stage_forward_delay_mean", "stage_discrepancy_max",
 )
 COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
+
+
+# The axes that decide a point's schedule and stage costs, outermost first: points equal in these
+# (differing in bandwidth, latency, topology or recomputation, say) reuse each other's work when
+# they run one after another (``shared_work_order``).
+SHARED_WORK = ("profile", "num_stages", "partition_strategy", "schedule", "pipemare_update", "num_minibatches",
+               "num_microbatches")
+
+
+def shared_work_order(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``points`` reordered (stably) so that those equal in ``SHARED_WORK`` are adjacent."""
+    # (type name, value): an axis may mix None with numbers or text, which do not compare.
+    return sorted(points, key=lambda point: tuple((type(point[axis]).__name__, point[axis]) for axis in SHARED_WORK))
 
 
 def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
@@ -45,7 +59,9 @@ def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], .
 class PointRunner:
     """Simulates the points of one resolved spec, reusing profiles, topologies and partitions.
 
-    One instance lives on each Dask worker for the whole sweep (it travels once, scattered).
+    One instance lives on each Dask worker for the whole sweep (it travels once, as a task).
+    Consecutive points that share a schedule's shape share its order, stage costs and
+    staleness (``pipesim.reuse``; ``SHARED_WORK`` orders the points for that).
     """
 
     def __init__(self, resolved: Resolved) -> None:
@@ -55,6 +71,7 @@ class PointRunner:
         self.version = __version__
         self._topologies: dict[tuple[Any, ...], Topology] = {}
         self._partitions: dict[tuple[int, int, str], tuple[tuple[int, int], ...]] = {}
+        self.reuse = Reuse()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"resolved": self.resolved}
@@ -101,7 +118,7 @@ class PointRunner:
         )
         topology = self._topology(point)
         result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],
-                               seed=point["seed"])
+                               seed=point["seed"], reuse=self.reuse)
         limit = point["memory_limit_bytes"]
         if limit is None:
             limit = min(d.memory_bytes for d in topology.devices[:num_stages])

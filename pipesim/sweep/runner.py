@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.sweep.points import COLUMNS, PointRunner
+from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 
@@ -109,7 +109,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
             # another cluster holds that port, so let the OS choose one.
             n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1",
-            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
+            # CRITICAL: a worker's ERROR lines (a heartbeat missed while the cluster shuts down after a failed
+            # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
+            dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
         )
     try:
         client = Client(cluster)  # type: ignore[no-untyped-call]
@@ -169,7 +171,8 @@ def run_sweep(
                             time.perf_counter() - started)
     store = ResultStore(target, digest, len(points), COLUMNS, resume=resume)
     resumed = len(store.done)
-    todo = [point for point in points if point["point"] not in store.done]
+    # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
+    todo = shared_work_order([point for point in points if point["point"] not in store.done])
     if progress:
         progress(len(store.done), len(points))
     batches: list[list[dict[str, Any]]] = []
