@@ -8,9 +8,10 @@ noisy), with the jit backend (pipesim.jit.backend()), date and machine:
 
 1. Where a point's time goes, at three sizes: building and lowering the schedule, the engine
    (analytic where available, else DES), metrics, and (not part of a sweep) validation.
-2. The baseline: a seeded random sample of the sweep's points simulated serially in this
-   process, phase by phase (the sweep's own row work included), projected to all points on W
-   workers at perfect scaling.
+2. The baseline: a seeded random sample of the sweep's groups of points that share their work
+   (``pipesim.sweep.points.SHARED_WORK``) simulated serially in this process, phase by phase
+   (the sweep's own row work included), with reuse as a sweep runs them and, alternated with
+   it, every point from scratch; projected to all points on W workers at perfect scaling.
 3. ``--full``: all 10,080 points through ``run_sweep`` on an embedded cluster of W workers: wall
    time, points/s, and the wall split into the phases of 2 (scaled from the sample) and the
    rest (cluster start, Dask, transfers, chunk writes and the merge, imbalance).
@@ -41,11 +42,13 @@ from pipesim import jit  # noqa: E402
 from pipesim.engine.analytic import analytic_unsupported, run_analytic  # noqa: E402
 from pipesim.engine.des import run_des  # noqa: E402
 from pipesim.errors import PipesimError  # noqa: E402
-from pipesim.metrics import compute_metrics  # noqa: E402
+from pipesim.metrics import compute_metrics, stage_staleness  # noqa: E402
+from pipesim.reuse import Reuse  # noqa: E402
 from pipesim.schedule.validate import validate  # noqa: E402
 from pipesim.simulation import make_plan, prepare  # noqa: E402
 from pipesim.spec.topology import Topology  # noqa: E402
 from pipesim.sweep import PointRunner, Resolved, load_spec, metrics_row, parse_spec, run_sweep  # noqa: E402
+from pipesim.sweep.points import SHARED_WORK, shared_work_order  # noqa: E402
 
 SPEC = ROOT / "benchmarks" / "sweep_10k.yaml"
 
@@ -108,9 +111,22 @@ FINDINGS = (
 PHASES = ("plan + row", "build + lower", "engine", "metrics")
 
 
-def phase_seconds(runner: PointRunner, points: list[dict[str, Any]]) -> dict[str, float]:
+def sample_groups(points: list[dict[str, Any]], num_points: int) -> list[dict[str, Any]]:
+    """About ``num_points`` points: whole groups of points that share their work (equal in
+    ``SHARED_WORK``: here the 2 bandwidths x 2 recomputation settings), drawn at random (seed 0),
+    in the order a sweep runs them."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for point in points:
+        groups.setdefault(tuple(point[axis] for axis in SHARED_WORK), []).append(point)
+    size = max(1, len(points) // len(groups))
+    keys = random.Random(0).sample(sorted(groups), max(1, num_points // size))
+    return shared_work_order([point for key in keys for point in groups[key]])
+
+
+def phase_seconds(runner: PointRunner, points: list[dict[str, Any]], reuse: Reuse | None) -> dict[str, float]:
     """Seconds per phase to simulate ``points`` serially, as PointRunner does each point: the
-    plan and the row (the sweep's own work), building and lowering, the engine, the metrics."""
+    plan and the row (the sweep's own work), building and lowering, the engine, the metrics;
+    with ``reuse`` (as a sweep runs) or without (every point from scratch)."""
     spent = dict.fromkeys(PHASES, 0.0)
     for point in points:
         marks = [time.perf_counter()]
@@ -122,11 +138,12 @@ def phase_seconds(runner: PointRunner, points: list[dict[str, Any]]) -> dict[str
                              recompute=point["recompute"])
             topology = runner._topology(point)
             marks.append(time.perf_counter())
-            program = prepare(profile, topology, plan)
+            program = prepare(profile, topology, plan, reuse=reuse)
             marks.append(time.perf_counter())
             trace = run_analytic(program) if analytic_unsupported(program) is None else run_des(program)
             marks.append(time.perf_counter())
-            metrics = compute_metrics(trace)
+            known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
+            metrics = compute_metrics(trace, staleness=known)
             marks.append(time.perf_counter())
             row.update(metrics_row(metrics, plan.partition, min(d.memory_bytes for d in topology.devices)))
         except PipesimError as exc:
@@ -174,20 +191,30 @@ def main() -> None:
              f"{'present' if has_analytic else 'absent, so every point ran on the DES engine'}.", ""]
 
     print("1. one point, by phase", flush=True)
-    phase_seconds(runner, points[:3])  # warm-up: imports, and compiled kernels loaded from numba's cache
+    phase_seconds(runner, points[:3], None)  # warm-up: imports, and compiled kernels loaded from numba's cache
     lines += ["Where one point's time goes (2bw, K=4). Registry schedules are not re-validated when simulated "
               "(pipesim.simulation.prepare); the validate column is what validating would add; the last column is "
               "the metrics of main before the kernels (tests/metrics_reference.py), on the same trace:", "",
               *breakdown(resolved), ""]
 
-    print(f"2. baseline: {args.sample} sampled points, serially, by phase", flush=True)
-    sample = random.Random(0).sample(points, args.sample)
-    spent = phase_seconds(runner, sample)
+    print(f"2. baseline: about {args.sample} sampled points, serially, by phase", flush=True)
+    sample = sample_groups(points, args.sample)
+    phase_seconds(runner, sample[:4], Reuse())  # warm-up of the kernels this path adds
+    alone, spent = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
+    for _ in range(2):  # alternated, so that a change in the load falls on both
+        for phase, seconds in phase_seconds(runner, sample, None).items():
+            alone[phase] += seconds / 2
+        for phase, seconds in phase_seconds(runner, sample, Reuse()).items():
+            spent[phase] += seconds / 2
     per_point = sum(spent.values()) / len(sample)
     projected = per_point * len(points) / args.workers
-    lines.append(f"Baseline, serial in this process: {len(sample)} of its points drawn at random (seed 0) took "
-                 f"{per_point:.4f} s a point, so {len(points):,} points take about {per_point * len(points):,.0f} s on "
-                 f"one core, **{projected:,.1f} s projected on {args.workers} workers** at perfect scaling "
+    lines.append(f"Baseline, serial in this process: {len(sample)} of its points, in whole groups that share their "
+                 f"work (the 2 bandwidths x 2 recomputation settings of one schedule, p and m; drawn at random, seed "
+                 f"0), run as a sweep runs them, reusing orders, stage costs and staleness (`pipesim.reuse`): "
+                 f"{per_point:.4f} s a point ({sum(alone.values()) / len(sample):.4f} s with every point from scratch, "
+                 f"so reuse takes {sum(spent.values()) / sum(alone.values()):.2f}x the time; mean of 2 alternated "
+                 f"runs each), so {len(points):,} points take about {per_point * len(points):,.0f} s on one core, "
+                 f"**{projected:,.1f} s projected on {args.workers} workers** at perfect scaling "
                  f"({projected / 60:.2f}x the 60 s target).")
     print(lines[-1], flush=True)
 

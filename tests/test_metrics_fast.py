@@ -27,7 +27,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     the kernels as plain Python (what PIPESIM_NO_JIT=1 runs)."""
     monkeypatch.setattr(pipesim.metrics, "USE_KERNELS", request.param != "numpy")
     if request.param == "plain-kernels":
-        for name in ("_exposed", "_levels", "_staleness"):
+        for name in ("_exposed", "_levels", "_staleness", "_minibatch_ends"):
             kernel = getattr(kernels, name)
             monkeypatch.setattr(kernels, name, getattr(kernel, "py_func", kernel))
     return str(request.param)
@@ -99,3 +99,20 @@ def test_a_profile_without_sizes_gives_the_reference_metrics() -> None:
     for schedule in ("pipedream", "2bw", "gpipe"):
         assert_same(pipesim.simulate(profile, schedule=schedule, num_stages=4, num_microbatches=8,
                                      num_minibatches=3).trace)
+
+
+@pytest.mark.parametrize("has_nan", [False, True])
+def test_minibatch_ends_kernel_is_maximum_at(has_nan: bool) -> None:
+    rng = np.random.default_rng(4)
+    stream = rng.integers(0, 3, 500)
+    minibatch = rng.integers(0, 7, 500)
+    end = rng.random(500) * 10
+    if has_nan:
+        end[[17, 300]] = np.nan
+    compute = stream == 0
+    expected = np.zeros(8)
+    np.maximum.at(expected, minibatch[compute], end[compute])
+    found = kernels.minibatch_ends(stream, minibatch, end, 8)
+    assert found is not None and bits(found.tolist()) == bits(expected.tolist())
+    minibatch[np.flatnonzero(compute)[3]] = 8
+    assert kernels.minibatch_ends(stream, minibatch, end, 8) is None

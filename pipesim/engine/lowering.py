@@ -13,7 +13,9 @@ import numpy.typing as npt
 from pipesim.engine.columns import (
     KIND_CODES,
     KIND_ORDER,
+    B_CODE,
     F_CODE,
+    U_CODE,
     minibatch_column,
     schedule_columns,
     send_target_column,
@@ -272,42 +274,36 @@ def lower_columnar(
     """
     schedule = order.schedule
     devices = _devices(schedule, costs, topology, rank_devices)
-    p, length, total = schedule.num_stages, order.ops_per_rank, order.num_ops
-    forward_at, backward_at, update_at = order.forward_at, order.backward_at, order.update_at
-    per_stage = [np.asarray(values, dtype=np.float64) for values in (costs.forward_s, costs.backward_s, costs.update_s)]
-    duration = np.empty(total, dtype=np.float64)
-    for at, values in zip((forward_at, backward_at, update_at), per_stage, strict=True):
-        duration[at] = values[:, None]
-    # Rank r runs stage r. The ops that send: F of stage s < p-1 to s + 1, B of s > 0 to s - 1,
-    # each with stage s's output (or its gradient) of ``output_bytes[s]`` for boundary s.
-    downstream, upstream = forward_at[:-1], backward_at[1:]
-    boundaries = np.arange(p - 1, dtype=np.int64)[:, None]
-    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)[:-1, None]
-    send_rank = np.full(total, -1, dtype=np.int64)
-    send_rank[downstream] = boundaries + 1
-    send_rank[upstream] = boundaries
-    send_bytes = np.zeros(total, dtype=np.float64)
-    send_bytes[downstream] = output_bytes
-    send_bytes[upstream] = output_bytes
-    remote = np.zeros(total, dtype=np.bool_)
-    remote[downstream] = True
-    remote[upstream] = True
-    transfer = np.zeros(total, dtype=np.float64)
-    for at, step in ((downstream, 1), (upstream, -1)):
-        times = np.array([
-            topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
-            for s in range(p) if 0 <= s + step < p
-        ], dtype=np.float64)
-        transfer[at] = times[:, None]
-        per_stage.append(times)
+    p, length = schedule.num_stages, order.ops_per_rank
+    # Every column is a gather from a small table through the order's cached indices (the
+    # same values, wherever they land, as writing per-stage values through forward_at etc.).
+    durations = np.zeros((p, len(KIND_ORDER)), dtype=np.float64)
+    for code, values in ((F_CODE, costs.forward_s), (B_CODE, costs.backward_s), (U_CODE, costs.update_s)):
+        durations[:, code] = values
+    duration = durations.ravel().take(order.stage_kind)
+    # Links: F of stage s < p-1 sends to s + 1, B of s > 0 to s - 1, each with stage s's output (or
+    # its gradient) of ``output_bytes[boundary]``; the last entry is the ops that send nothing.
+    boundaries = np.arange(p - 1, dtype=np.int64)
+    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)[:-1]
+    link_bytes = np.concatenate([output_bytes, output_bytes, [0.0]])
+    link_rank = np.concatenate([boundaries + 1, boundaries, [-1]])
+    link_s = np.array([
+        topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
+        for step, first in ((1, 0), (-1, 1)) for s in range(first, first + p - 1)
+    ] + [0.0], dtype=np.float64)
+    link = order.send_link
+    send_rank = link_rank.take(link)
+    send_bytes = link_bytes.take(link)
+    transfer = link_s.take(link)
+    remote = link < 2 * (p - 1)
     # Every value above lands in its column (every stage runs F, B and U; every boundary
     # carries sends both ways), so the columns are finite when these are.
-    if not all(np.isfinite(values).all() for values in per_stage):
+    if not (np.isfinite(durations).all() and np.isfinite(link_s).all()):
         _check_finite(duration, transfer)  # raises, naming the first op's value
     ops = OpTable(
         rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
         rank=order.stage,  # rank r runs stage r: one (read-only) array
-        position=np.tile(np.arange(length, dtype=np.int64), p),
+        position=order.position,
         stage=order.stage,
         kind=order.kind,
         microbatch=order.microbatch,

@@ -100,8 +100,12 @@ class Metrics:
 def minibatch_ends(trace: Trace) -> npt.NDArray[np.float64]:
     """End time of each minibatch: the end of its last compute op (its update included)."""
     s = trace.spans
-    compute = s["stream"] == _COMPUTE
     num = int(trace.meta["num_minibatches"])
+    if USE_KERNELS:
+        found = kernels.minibatch_ends(s["stream"], s["minibatch"], s["end_s"], num)
+        if found is not None:
+            return found
+    compute = s["stream"] == _COMPUTE
     ends = np.zeros(num)
     np.maximum.at(ends, s["minibatch"][compute], s["end_s"][compute])
     return ends
@@ -199,8 +203,13 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None) -> Metr
     num_stages = len(stage_to_rank)
     num_ranks = int(meta["num_ranks"])
     # Busy time per device: each device's clipped spans in stored order, summed as numpy sums them.
-    order, bounds = grouped.segments(s["device"][compute_rows], num_ranks)
-    mine = compute_rows if order is None else compute_rows[order]
+    # The engines store the compute spans first: then a slice reads them without copying.
+    mine: slice | npt.NDArray[np.intp] = compute_rows
+    if compute_rows.size and int(compute_rows[-1]) - int(compute_rows[0]) + 1 == compute_rows.size:
+        mine = slice(int(compute_rows[0]), int(compute_rows[-1]) + 1)
+    order, bounds = grouped.segments(s["device"][mine], num_ranks)
+    if order is not None:
+        mine = compute_rows[order]
     busy = np.clip(np.minimum(s["end_s"][mine], high) - np.maximum(s["start_s"][mine], low), 0.0, None)
     utilization_by_device = [float(busy[bounds[d]:bounds[d + 1]].sum()) / width if width > 0 else 1.0
                              for d in range(num_ranks)]

@@ -205,6 +205,28 @@ def _staleness(stream: IntArray, key: IntArray, kind: IntArray, micro: IntArray,
     return delay_max, delay_mean, discrepancy_max, True
 
 
+@jit
+def _minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int) -> tuple[FloatArray, bool]:
+    """Per minibatch, the largest end of its compute spans (0 without any); False for a
+    minibatch index outside 0..num-1."""
+    ends = np.zeros(num)
+    for r in range(stream.size):
+        if stream[r] == _COMPUTE:
+            k = minibatch[r]
+            if k < 0 or k >= num:
+                return ends, False
+            if ends[k] == ends[k] and not end[r] <= ends[k]:  # as np.maximum: a NaN wins and stays
+                ends[k] = end[r]
+    return ends, True
+
+
+def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int) -> FloatArray | None:
+    """pipesim.metrics.minibatch_ends, or None for a minibatch index out of range (numpy's
+    ``maximum.at`` then raises or wraps as it does)."""
+    ends, ok = _minibatch_ends(stream, minibatch, end, num)
+    return ends if ok else None
+
+
 def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
                           per_stage: bool = True) -> list[float] | None:
     """Per stage (or device) exposed communication (pipesim.metrics.grouped), or None where the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -15,6 +15,7 @@ IntArray = npt.NDArray[np.int64]
 
 # Kind codes: the index of the kind in OpKind (F, B, I, W, U), as engine.columns.KIND_ORDER.
 F_CODE, B_CODE, U_CODE = 0, 1, 4
+NUM_KINDS = 5
 
 # Schedules built here, with their weight policy; every other name keeps the Op path.
 POLICIES = {
@@ -68,6 +69,26 @@ class ColumnarOrder:
     def num_ops(self) -> int:
         """Number of ops."""
         return int(self.stage.shape[0])
+
+    @cached_property
+    def position(self) -> IntArray:
+        """Per op, its index in its rank's order (read only)."""
+        return _read_only(np.tile(np.arange(self.ops_per_rank, dtype=np.int64), self.schedule.num_stages))
+
+    @cached_property
+    def stage_kind(self) -> IntArray:
+        """Per op, ``stage * NUM_KINDS + kind``: its row in a (stage, kind) table (read only)."""
+        return _read_only(self.stage * NUM_KINDS + self.kind)
+
+    @cached_property
+    def send_link(self) -> IntArray:
+        """Per op, the link it sends over: ``s`` for F(s) to s + 1 (s < p - 1), ``p - 1 + s - 1``
+        for B(s) to s - 1 (s > 0), and ``2 (p - 1)`` for an op that sends nothing (read only)."""
+        p = self.schedule.num_stages
+        link = np.full(self.num_ops, 2 * (p - 1), dtype=np.int64)
+        link[self.forward_at[:-1]] = np.arange(p - 1, dtype=np.int64)[:, None]
+        link[self.backward_at[1:]] = p - 1 + np.arange(p - 1, dtype=np.int64)[:, None]
+        return _read_only(link)
 
 
 def columnar_order(
@@ -159,13 +180,18 @@ def columnar_order(
     stage = np.repeat(np.arange(p, dtype=np.int64), length)
     for column in (stage, kind, microbatch, minibatch, version, wait, previous_send, forward_at, backward_at,
                    update_at):
-        column.flags.writeable = False  # read only: columns may be shared (version is minibatch under FLUSH)
+        _read_only(column)  # columns may be shared (version is minibatch under FLUSH; pipesim.reuse)
     schedule = deferred_schedule(name, p, m, num_minibatches, update, policy, total)
     return ColumnarOrder(
         schedule=schedule, ops_per_rank=length, stage=stage, kind=kind, microbatch=microbatch, minibatch=minibatch,
         version=version, wait=wait, previous_send=previous_send, forward_at=forward_at, backward_at=backward_at,
         update_at=update_at,
     )
+
+
+def _read_only(column: IntArray) -> IntArray:
+    column.flags.writeable = False
+    return column
 
 
 def _registry_ranks(name: str, num_stages: int, num_microbatches: int, num_minibatches: int,
