@@ -140,3 +140,23 @@ def test_a_columnar_order_is_read_only(name: str) -> None:
                    order.update_at, order.previous_send):
         with pytest.raises(ValueError):
             column[0] = 1
+
+
+def test_traces_of_one_order_share_their_span_columns_but_the_times_and_bytes() -> None:
+    topology = Topology.uniform(num_devices=3, bandwidth="10GB/s", latency="10us")
+    reuse = Reuse()
+    traces = []
+    for activation_bytes in (1e6, 1e6, 2e6):
+        profile = uniform_profile(num_layers=6, forward_s=0.001, backward_s=0.002, activation_bytes=activation_bytes,
+                                  param_bytes=1e6)
+        plan = make_plan(profile, schedule="2bw", num_stages=3, num_microbatches=3, num_minibatches=2)
+        traces.append(simulate_plan(profile, topology, plan, engine="analytic", reuse=reuse).trace)
+        want = simulate_plan(profile, topology, plan, engine="analytic").trace
+        for name, column in want.spans.items():
+            assert np.array_equal(traces[-1].spans[name], column), name
+    assert reuse.stats()["order_misses"] == 1
+    first, second, third = (trace.spans for trace in traces)
+    assert first["kind"] is second["kind"] and first["bytes"] is second["bytes"]
+    assert first["start_s"] is not second["start_s"]
+    assert first["bytes"] is not third["bytes"]  # other output bytes: built again
+    assert not first["kind"].flags.writeable

@@ -91,8 +91,34 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
     n = program.ops.num_ops
     if remote is None:
         remote = np.flatnonzero(program.ops.is_remote_send)
-    fill_span_columns(program, spans, remote)
+    shared = shared_span_columns(program, remote)
+    if shared is None:
+        fill_span_columns(program, spans, remote)
+    else:
+        spans.update(shared)
     return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
+
+
+def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:
+    """The span columns other than the times, read only, shared by every program lowered from
+    one columnar order (``Program.derived``; None for other programs): they depend on the order
+    alone, but for the bytes sent, so the last stage costs' output bytes are part of the key.
+    A Trace takes these arrays as its columns, without a copy."""
+    derived = program.derived
+    if derived is None:
+        return None
+    key = tuple(program.costs.output_bytes)
+    known = derived.get("span_columns")
+    if known is not None and known[0] == key:
+        columns: dict[str, npt.NDArray[Any]] = known[1]
+        return columns
+    spans = span_block(program.ops.num_ops + remote.size)
+    fill_span_columns(program, spans, remote)
+    columns = {column: values for column, values in spans.items() if column not in ("start_s", "end_s")}
+    for values in columns.values():
+        values.flags.writeable = False
+    derived["span_columns"] = (key, columns)
+    return columns
 
 
 def fill_span_columns(program: Program, spans: dict[str, npt.NDArray[Any]], remote: npt.NDArray[np.int64]) -> None:

@@ -151,6 +151,9 @@ class Program:
         shared_paths: per (src_rank, dst_rank) whose path crosses shared NICs, its SharedPath;
             empty when every path is dedicated.
         nic_bandwidth_bytes_per_s: capacity of every NIC named in ``shared_paths``.
+        derived: for a program lowered from a columnar order, the order's ``derived`` dict,
+            shared by every program lowered from it (None otherwise): values that depend on the
+            order alone, such as the Trace's span columns other than times and bytes.
     """
 
     schedule: Schedule
@@ -162,6 +165,7 @@ class Program:
     has_link_contention: bool = field(default=False)
     shared_paths: dict[tuple[int, int], SharedPath] = field(default_factory=dict)
     nic_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    derived: dict[str, Any] | None = field(default=None)
 
     @cached_property
     def versions(self) -> VersionPlan:
@@ -320,7 +324,7 @@ def lower_columnar(
     ops.__dict__["is_remote_send"] = remote
     ops.__dict__["previous_send"] = order.previous_send
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
-                    optimizer_state_multiplier=optimizer_state_multiplier)
+                    optimizer_state_multiplier=optimizer_state_multiplier, derived=order.derived)
 
 
 def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
@@ -348,7 +352,7 @@ def _check_finite(duration: FloatArray, transfer: FloatArray) -> None:
 
 def _program(
     schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], ops: OpTable, *,
-    microbatch_size: int, optimizer_state_multiplier: float,
+    microbatch_size: int, optimizer_state_multiplier: float, derived: dict[str, Any] | None = None,
 ) -> Program:
     """The Program around an OpTable: sizes for memory, the run's meta, shared paths."""
     paths, nic_bandwidth = shared_paths(topology, devices, ops.rank, ops.send_rank, ops.is_remote_send)
@@ -380,4 +384,5 @@ def _program(
         has_link_contention=bool(paths),
         shared_paths=paths,
         nic_bandwidth_bytes_per_s=nic_bandwidth,
+        derived=derived,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,6 +50,9 @@ class ColumnarOrder:
         previous_send: flat index of the previous op sending over the same rank pair, or -1.
         forward_at, backward_at: ``(p, K*m)``, flat index of F(s, i) and of B(s, i).
         update_at: ``(p, updates per stage)``, flat index of the stage's U number j.
+        derived: values that later stages derive from the order alone, kept with it so that
+            every program lowered from it shares them (lowering keeps the Trace's span columns
+            other than times and bytes here; see ``pipesim.reuse``).
     """
 
     schedule: Schedule
@@ -64,6 +67,7 @@ class ColumnarOrder:
     forward_at: IntArray
     backward_at: IntArray
     update_at: IntArray
+    derived: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_ops(self) -> int:
