@@ -8,7 +8,7 @@ noisy), with the jit backend (pipesim.jit.backend()), date and machine:
 
 1. Where a point's time goes, at three sizes: building and lowering the schedule, the engine
    (analytic where available, else DES), metrics, and (not part of a sweep) validation.
-2. The baseline: a seeded random sample of the sweep's groups of points that share their work
+2. The baseline: a systematic sample of the sweep's groups of points that share their work
    (``pipesim.sweep.points.SHARED_WORK``) simulated serially in this process, phase by phase
    (the sweep's own row work included), with reuse as a sweep runs them and, alternated with
    it, every point from scratch; projected to all points on W workers at perfect scaling.
@@ -27,7 +27,6 @@ import argparse
 import datetime
 import os
 import platform
-import random
 import subprocess
 import sys
 import tempfile
@@ -103,9 +102,17 @@ FINDINGS = (
     "its workers with the trim and mmap thresholds at 256 MiB (`pipesim.sweep.runner.WORKER_MALLOC_BYTES`): "
     "the same sweep, same session, took 69.1 s with 2.8 s of system time and 0.55 M page faults (127.6 s "
     "without, measured just after). An external cluster (`--scheduler`) keeps its own settings: start its "
-    "workers with those two variables set. What is left is spread over a dozen numpy passes and kernels of "
-    "about 1 ms each per point (memory events, exposed communication, staleness, the solve, span columns, "
-    "the columnar order); no single one dominates."
+    "workers with those two variables set. That left a dozen numpy passes and kernels of about 1 ms each "
+    "per point (memory events, exposed communication, staleness, the solve, span columns, the columnar "
+    "order), 69.4 s for the sweep. Profiling a slice (cProfile, 600 points) showed that about a third of "
+    "that work depends on a point's schedule alone: the columnar order (1.5 ms), the staleness kernel "
+    "(1.1 ms), the span columns but times (1.5 ms), the structural columns of lowering; and the stage costs "
+    "(1 ms, Python over 128 layers) on the partition, not on m. Each schedule shape has four points (two "
+    "bandwidths x recomputation off/on), which the sweep ran 5,040 points apart. Now points run grouped by "
+    "shape (`SHARED_WORK`) and a worker keeps the last two orders with their staleness and span columns, "
+    "and the stage costs (`pipesim/reuse.py`); rows are bit for bit those of separate simulations "
+    "(tests/test_reuse.py). On a quiet machine (2026-11-22) the sweep went from 69.4 s to 38.5 s and 44.7 s "
+    "(two runs, 07:54 and 07:56: the run to run spread on this machine is about 15%)."
 )
 
 PHASES = ("plan + row", "build + lower", "engine", "metrics")
@@ -113,14 +120,17 @@ PHASES = ("plan + row", "build + lower", "engine", "metrics")
 
 def sample_groups(points: list[dict[str, Any]], num_points: int) -> list[dict[str, Any]]:
     """About ``num_points`` points: whole groups of points that share their work (equal in
-    ``SHARED_WORK``: here the 2 bandwidths x 2 recomputation settings), drawn at random (seed 0),
-    in the order a sweep runs them."""
+    ``SHARED_WORK``: here the 2 bandwidths x 2 recomputation settings), every k-th group in
+    the sweep's order (by p, then schedule and m), in the order a sweep runs them. A systematic
+    sample covers p evenly: a point's cost grows with p * m, so a random one of a few dozen
+    groups strays by tens of percent (one run drew a sample 1.5x the sweep's mean)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for point in points:
         groups.setdefault(tuple(point[axis] for axis in SHARED_WORK), []).append(point)
     size = max(1, len(points) // len(groups))
-    keys = random.Random(0).sample(sorted(groups), max(1, num_points // size))
-    return shared_work_order([point for key in keys for point in groups[key]])
+    keys = [key for _, key in sorted((tuple((type(v).__name__, v) for v in key), key) for key in groups)]
+    step = max(1, len(keys) // max(1, num_points // size))
+    return shared_work_order([point for key in keys[step // 2::step] for point in groups[key]])
 
 
 def phase_seconds(runner: PointRunner, points: list[dict[str, Any]], reuse: Reuse | None) -> dict[str, float]:
@@ -174,7 +184,7 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="run all 10,080 points on Dask instead of projecting")
-    parser.add_argument("--sample", type=int, default=80, help="points sampled for the projection")
+    parser.add_argument("--sample", type=int, default=160, help="points sampled for the projection")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
@@ -209,8 +219,8 @@ def main() -> None:
     per_point = sum(spent.values()) / len(sample)
     projected = per_point * len(points) / args.workers
     lines.append(f"Baseline, serial in this process: {len(sample)} of its points, in whole groups that share their "
-                 f"work (the 2 bandwidths x 2 recomputation settings of one schedule, p and m; drawn at random, seed "
-                 f"0), run as a sweep runs them, reusing orders, stage costs and staleness (`pipesim.reuse`): "
+                 f"work (the 2 bandwidths x 2 recomputation settings of one schedule, p and m; every k-th group by p, "
+                 f"schedule and m), run as a sweep runs them, reusing orders, stage costs and staleness (`pipesim.reuse`): "
                  f"{per_point:.4f} s a point ({sum(alone.values()) / len(sample):.4f} s with every point from scratch, "
                  f"so reuse takes {sum(spent.values()) / sum(alone.values()):.2f}x the time; mean of 2 alternated "
                  f"runs each), so {len(points):,} points take about {per_point * len(points):,.0f} s on one core, "
