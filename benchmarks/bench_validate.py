@@ -337,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         "(the engine's model of order and communication alone)",
         "",
         "What the calibrated prediction models: each stage's F, B and U as long as the mean of that stage's ops "
-        "of that kind in the steady state of a separate GPipe run of the real runtime (same model, partition, "
+        "of that kind, and varying independently by their standard deviation (the expectation over 32 draws), "
+        "in the steady state of a separate GPipe run of the real runtime (same model, partition, "
         "microbatch size, threads, gloo), so that the peer rank computing, gloo's copying threads and the cache "
         "state of a running pipeline are in the op times; transfers as latency + bytes / bandwidth fitted by "
         "linkbench; the schedule's order, dependencies and weight policy from the Schedule IR. Nothing is fitted "
