@@ -36,8 +36,9 @@ from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.process import raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
 from pipesim.harness.validate import FreshProfiles, relative_error, validate_schedule  # noqa: E402
+from pipesim.harness.variability import expected_iteration_time  # noqa: E402
 from pipesim.schedule.registry import SCHEDULES  # noqa: E402
-from pipesim.simulation import simulate  # noqa: E402
+from pipesim.simulation import prepare, simulate  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402
 from pipesim.spec.topology import Topology  # noqa: E402
 
@@ -69,6 +70,7 @@ class Tally:
     """Per schedule, everything measured."""
 
     quiet: list[float] = field(default_factory=list)
+    mean_ops_quiet: list[float] = field(default_factory=list)
     loaded: list[float] = field(default_factory=list)
     other_quiet: list[float] = field(default_factory=list)
     layer_quiet: list[float] = field(default_factory=list)
@@ -162,9 +164,13 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     other_predicted = simulate(others[0].profile, topology, schedule=name, num_stages=case.num_stages,
                                num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
                                partition=comparison.partition, optimizer_state_multiplier=0.0)
-    other_error = relative_error(other_predicted.metrics.iteration_time_s, run.measured.iteration_time_s)
+    other_program = prepare(others[0].profile, topology, other_predicted.plan)
+    other_time, _ = expected_iteration_time(other_program, others[0].op_spread, draws=32)
+    other_error = relative_error(other_time, run.measured.iteration_time_s)
     if others[0].cpu_share >= quiet and run_share >= quiet:
         tally.other_quiet.append(other_error)
+    if is_quiet and run.mean_ops_iteration_time_s is not None:
+        tally.mean_ops_quiet.append(relative_error(run.mean_ops_iteration_time_s, run.measured.iteration_time_s))
     if is_quiet:
         tally.predicted_s.append(report["predicted"]["iteration_time_s"])
         tally.measured_s.append(report["measured"]["iteration_time_s"])
@@ -217,6 +223,11 @@ def percent(values: list[float], how: str) -> str:
     return f"{(statistics.median(magnitudes) if how == 'median' else max(magnitudes)):.1%}"
 
 
+def signed_median(values: list[float]) -> str:
+    """The median of signed values as a percentage, or a dash."""
+    return f"{statistics.median(values):+.1%}" if values else "-"
+
+
 def spread(values: list[float]) -> list[float]:
     """Each value's relative deviation from their median: the errors of the best fixed prediction
     (the noise floor of identical runs)."""
@@ -228,17 +239,19 @@ def spread(values: list[float]) -> list[float]:
 
 def table(tallies: dict[str, Tally]) -> list[str]:
     """The per-schedule rows of the results table."""
-    rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | loaded runs: "
+    rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | mean op times "
+            "alone (no spread): median signed / worst error | loaded runs: "
             "median / worst error | 1F1B calibration instead: quiet runs, median / worst error "
             "| layer profile alone: quiet runs, median / worst error | measured: worst "
             "deviation from its median | replay error (median) | versions exact | peak memory error | "
             "utilization error (max) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in tallies.items():
         quiet_ms = (f"{1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f}"
                     if t.quiet else "- | -")
         rows.append(
             f"| {name} | {len(t.quiet)} | {quiet_ms} | {percent(t.quiet, 'median')} | {percent(t.quiet, 'worst')} "
+            f"| {signed_median(t.mean_ops_quiet)} / {percent(t.mean_ops_quiet, 'worst')} "
             f"| {len(t.loaded)}: {percent(t.loaded, 'median')} / {percent(t.loaded, 'worst')} "
             f"| {len(t.other_quiet)}: {percent(t.other_quiet, 'median')} / {percent(t.other_quiet, 'worst')} "
             f"| {len(t.layer_quiet)}: {percent(t.layer_quiet, 'median')} / {percent(t.layer_quiet, 'worst')} "
@@ -306,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         "calibration run (`pipesim validate --op-times calibrated`, the default); the layer profile's own "
         "prediction (`--op-times layers`) is in its own column, and so is the prediction from a second "
         f"calibration run, {other.describe()} (`--calibration-schedule 1f1b`), made just before or after the "
-        "first in turns; the validated run's own times are never used",
+        "first in turns; the validated run's own times are never used; the predicted iteration time (both "
+        "calibrations) is the mean over 32 seeded draws of op times with the calibration run's spread "
+        "(`--spread-draws 32`, the default; pipesim.harness.variability), the mean op times' own prediction "
+        "in its own column",
         f"- every process of the benchmark ran at nice {args.nice} (`--nice`; on this machine's per-session CPU "
         "groups, for the whole session), so that the other users of the shared machine take less of the two "
         "cores from the ranks",
@@ -321,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         "(the engine's model of order and communication alone)",
         "",
         "What the calibrated prediction models: each stage's F, B and U as long as the mean of that stage's ops "
-        "of that kind in the steady state of a separate GPipe run of the real runtime (same model, partition, "
+        "of that kind, and varying independently by their standard deviation (the expectation over 32 draws), "
+        "in the steady state of a separate GPipe run of the real runtime (same model, partition, "
         "microbatch size, threads, gloo), so that the peer rank computing, gloo's copying threads and the cache "
         "state of a running pipeline are in the op times; transfers as latency + bytes / bandwidth fitted by "
         "linkbench; the schedule's order, dependencies and weight policy from the Schedule IR. Nothing is fitted "
@@ -354,10 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     layer_signed = [e for t in everything for e in t.layer_quiet]
     other_all = [abs(e) for t in everything for e in t.other_quiet]
     other_signed = [e for t in everything for e in t.other_quiet]
+    mean_ops_signed = [e for t in everything for e in t.mean_ops_quiet]
     if quiet_all and layer_all:
         lines += ["", f"Pooled over every quiet run of both models: calibrated op times {statistics.median(signed):+.1%} "
                   f"median signed error ({statistics.median(quiet_all):.1%} median, {max(quiet_all):.1%} worst "
-                  f"absolute, {len(quiet_all)} runs); the layer profile alone {statistics.median(layer_signed):+.1%} "
+                  f"absolute, {len(quiet_all)} runs); the same calibrations' mean op times alone (no spread) "
+                  f"{signed_median(mean_ops_signed)} median signed "
+                  f"({percent(mean_ops_signed, 'median')} median, {percent(mean_ops_signed, 'worst')} worst absolute); "
+                  f"the layer profile alone {statistics.median(layer_signed):+.1%} "
                   f"median signed ({statistics.median(layer_all):.1%} median, {max(layer_all):.1%} worst absolute, "
                   f"{len(layer_all)} runs); 1F1B calibration instead "
                   f"{statistics.median(other_signed) if other_signed else 0.0:+.1%} median signed "

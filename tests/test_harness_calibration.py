@@ -68,6 +68,8 @@ def test_a_real_calibration_run_sets_each_stage_op_times_from_its_spans() -> Non
         for kind in "FBU":
             assert got.of(kind) == pytest.approx(wanted.of(kind), rel=1e-9)
     assert result.layer_op_times == stage_op_times(profile, ((0, 2), (2, 4)))
+    assert len(result.op_spread) == 2 and all(s.of(k) >= 0 for s in result.op_spread for k in "FBU")
+    assert any(s.of(k) > 0 for s in result.op_spread for k in "FB")  # real op times vary
     assert "gpipe run of the real runtime" in result.profile.device
 
 

@@ -56,6 +56,11 @@ def parse_schedules(text: str) -> list[str]:
               help="Microbatches per minibatch of the calibration run.")
 @click.option("--calibration-minibatches", type=int, default=20, show_default=True,
               help="Minibatches of the calibration run (the first and the last are not measured).")
+@click.option("--spread-draws", type=int, default=32, show_default=True,
+              help="With calibrated op times, the predicted iteration time is the mean over this many seeded draws of "
+                   "every op's time from a normal of its stage and kind's calibrated mean and the calibration run's "
+                   "spread (op times that vary make a pipeline wait longer than its mean op times say); 0: the "
+                   "iteration time of the mean op times alone (reported beside it in --json either way).")
 @click.option("--nice", type=int, default=0, show_default=True,
               help="Nice value for every process of the measurement (profile, calibration, runs), set before any "
                    "starts; below 0 puts them ahead of other programs (needs root or CAP_SYS_NICE) and, where Linux "
@@ -71,7 +76,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
                      profile_repeats: int, reprofile: bool, statistic: str, op_times: str, calibration_schedule: str,
                      calibration_microbatches: int,
-                     calibration_minibatches: int, nice: int, learning_rate: float, pipemare_update: str,
+                     calibration_minibatches: int, spread_draws: int, nice: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two.
@@ -93,6 +98,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     raise_priority(nice)
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be >= 1")
+    if spread_draws < 0:
+        raise ConfigError("spread_draws", spread_draws, "must be >= 0")
     if profile_path:
         profile = load_profile(profile_path)
         spec = spec_of(profile)
@@ -132,7 +139,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
                 num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
                 op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo",
-                num_ranks=num_ranks,
+                num_ranks=num_ranks, spread_draws=spread_draws,
                 calibration=None if op_times == "layers" else
                 lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s))
             reports.append(comparison.to_dict())
@@ -155,6 +162,10 @@ def print_report(report: dict[str, object]) -> None:
     click.echo(f"  iteration time  predicted {predicted['iteration_time_s'] * 1e3:.3f} ms  measured "
                f"{measured['iteration_time_s'] * 1e3:.3f} ms (runs: {runs})  "
                f"error {report['iteration_time_error']:+.1%}")
+    mean_ops = predicted.get("mean_op_times_iteration_time_s_runs")
+    if isinstance(mean_ops, list):
+        click.echo("  predicted as the expectation over the calibration run's op-time spread; its mean op times "
+                   "alone predicted " + ", ".join(f"{t * 1e3:.3f}" for t in mean_ops) + " ms")
     layer = report.get("layer_profile")
     if isinstance(layer, dict):
         click.echo(f"  op times from a separate {report['op_times']}; the layer profile alone predicted "

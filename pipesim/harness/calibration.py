@@ -7,11 +7,13 @@ separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1
 microbatches and minibatches; never a run being validated), whose steady-state op times per stage and kind
 become the stage's op times. The result is a Profile for one partition: each stage's layers are
 scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
-equals the calibration run's.
+equals the calibration run's. The spread (standard deviation) of each stage's ops of a kind is kept
+too: pipesim.harness.variability turns it into the expected iteration time.
 """
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,8 @@ class Calibrated:
         op_times: per stage, the calibration run's op times (F, B, U).
         layer_op_times: per stage, the layer profile's prediction of the same ops.
         cpu_share: the smallest share of its busy time a rank of the calibration run had a CPU for.
+        op_spread: per stage, the standard deviation of the calibration run's ops of each kind
+            (F, B, U) in the same spans as ``op_times``.
     """
 
     profile: Profile
@@ -75,6 +79,7 @@ class Calibrated:
     op_times: tuple[OpCosts, ...]
     layer_op_times: tuple[OpCosts, ...]
     cpu_share: float
+    op_spread: tuple[OpCosts, ...] = ()
 
 
 def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> tuple[OpCosts, ...]:
@@ -89,8 +94,8 @@ def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> 
     return tuple(times)
 
 
-def measured_op_times(trace: Trace, num_stages: int, statistic: str) -> tuple[OpCosts, ...]:
-    """Per stage, the ``statistic`` of its compute spans of each kind in the steady-state minibatches."""
+def _steady_spans(trace: Trace, num_stages: int) -> dict[tuple[int, str], list[float]]:
+    """Per (stage, kind), the durations of its compute spans in the steady-state minibatches."""
     last = int(trace.meta.get("num_minibatches", 0)) - 1
     spans: dict[tuple[int, str], list[float]] = {}
     for span in trace.iter_spans():
@@ -99,7 +104,21 @@ def measured_op_times(trace: Trace, num_stages: int, statistic: str) -> tuple[Op
     missing = [f"stage {s} {k}" for s in range(num_stages) for k in KINDS if (s, k) not in spans]
     if missing:
         raise ConfigError("calibration", ", ".join(missing), "the calibration run recorded no such op")
+    return spans
+
+
+def measured_op_times(trace: Trace, num_stages: int, statistic: str) -> tuple[OpCosts, ...]:
+    """Per stage, the ``statistic`` of its compute spans of each kind in the steady-state minibatches."""
+    spans = _steady_spans(trace, num_stages)
     return tuple(OpCosts(*(summarize(spans[(stage, kind)], statistic) for kind in KINDS))
+                 for stage in range(num_stages))
+
+
+def measured_op_spread(trace: Trace, num_stages: int) -> tuple[OpCosts, ...]:
+    """Per stage, the standard deviation (population) of its compute spans of each kind in the
+    steady-state minibatches, the spans ``measured_op_times`` summarizes."""
+    spans = _steady_spans(trace, num_stages)
+    return tuple(OpCosts(*(statistics.pstdev(spans[(stage, kind)]) for kind in KINDS))
                  for stage in range(num_stages))
 
 
@@ -160,4 +179,4 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
     shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
     return Calibrated(profile=calibrated, partition=partition, op_times=targets,
                       layer_op_times=stage_op_times(profile, partition),
-                      cpu_share=min(shares, default=1.0))
+                      cpu_share=min(shares, default=1.0), op_spread=measured_op_spread(trace, num_stages))

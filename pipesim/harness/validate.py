@@ -17,6 +17,8 @@ from pipesim.engine.lowering import Program
 from pipesim.engine.trace import STREAMS, Trace
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
+from pipesim.harness.overheads import OpCosts
+from pipesim.harness.variability import expected_iteration_time
 from pipesim.metrics import Metrics, compute_metrics
 from pipesim.schedule.ir import Op
 from pipesim.simulation import Result as SimulationResult
@@ -112,6 +114,9 @@ class RunComparison:
         calibration_cpu_share: the CPU share of the calibration run, when there was one.
         op_times: per column (``predicted``, ``layer_profile``, ``measured``, ``measured_cpu``),
             per stage and kind ("0F"), the mean op time in the steady state (see ``op_means``).
+        mean_ops_iteration_time_s: when ``predicted``'s iteration time is the expectation over
+            the calibration run's op-time spread (see pipesim.harness.variability), the
+            iteration time of the mean op times alone.
     """
 
     predicted: Metrics
@@ -124,6 +129,7 @@ class RunComparison:
     layer_predicted: Metrics | None = None
     calibration_cpu_share: float | None = None
     op_times: dict[str, dict[str, float]] = field(default_factory=dict)
+    mean_ops_iteration_time_s: float | None = None
 
     @property
     def iteration_time_error(self) -> float:
@@ -183,6 +189,8 @@ class Comparison:
 
         predicted = side([run.predicted for run in self.runs])
         predicted["iteration_time_s_runs"] = [run.predicted.iteration_time_s for run in self.runs]
+        if all(run.mean_ops_iteration_time_s is not None for run in self.runs):
+            predicted["mean_op_times_iteration_time_s_runs"] = [run.mean_ops_iteration_time_s for run in self.runs]
         measured = side([run.measured for run in self.runs])
         measured["iteration_time_s_runs"] = [run.measured.iteration_time_s for run in self.runs]
         measured["cpu_share_runs"] = [list(run.cpu_share) for run in self.runs]
@@ -272,6 +280,9 @@ class CalibratedTimes(Protocol):
     @property
     def cpu_share(self) -> float: ...  # noqa: D102
 
+    @property
+    def op_spread(self) -> tuple[OpCosts, ...]: ...  # noqa: D102
+
 
 # Given the layer profile and the partition, a calibrated profile for that partition.
 Calibration = Callable[[Profile, tuple[tuple[int, int], ...]], CalibratedTimes]
@@ -282,7 +293,7 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                       training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
                       partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                       backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
-                      calibration: Calibration | None = None) -> Comparison:
+                      calibration: Calibration | None = None, spread_draws: int = 32) -> Comparison:
     """Simulate ``schedule`` on a profile and ``topology``, run it ``repeats`` times, and compare.
 
     Args:
@@ -295,6 +306,9 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
             run with the layer profile and the partition: a separate calibration run of the
             real runtime, never the validated run), and the layer profile's own prediction is
             kept beside it (``RunComparison.layer_predicted``).
+        spread_draws: with a calibration, the predicted iteration time is the mean over this
+            many seeded draws of op times with the calibration run's spread (see
+            pipesim.harness.variability); 0 predicts from the mean op times alone.
 
     Raises:
         ConfigError: bad counts or a profile whose model cannot be built;
@@ -323,11 +337,20 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                                 stages_per_rank=num_stages // num_ranks if num_ranks else 1)
 
             layer_result, calibration_share = None, None
+            spread: tuple[OpCosts, ...] = ()
             if calibration is not None:
                 layer_result = predict(current)
                 calibrated = calibration(current, cuts)
-                current, calibration_share = calibrated.profile, calibrated.cpu_share
+                current, calibration_share, spread = calibrated.profile, calibrated.cpu_share, calibrated.op_spread
             result = predict(current)
+            program = prepare(current, topology, result.plan)
+            predicted, mean_ops = result.metrics, None
+            expected = expected_iteration_time(program, spread, draws=spread_draws)[0] if spread and spread_draws else 0.0
+            if expected > 0:
+                mean_ops = predicted.iteration_time_s
+                predicted = dataclasses.replace(
+                    predicted, iteration_time_s=expected,
+                    throughput_samples_per_s=predicted.throughput_samples_per_s * mean_ops / expected)
             if config is None:
                 config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages,
                                    num_microbatches=num_microbatches, num_minibatches=num_minibatches,
@@ -339,12 +362,12 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
             peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()
             runs.append(RunComparison(
-                predicted=result.metrics, measured=compute_metrics(trace),
-                replayed=compute_metrics(replay(prepare(current, topology, result.plan), trace)),
+                predicted=predicted, measured=compute_metrics(trace),
+                replayed=compute_metrics(replay(program, trace)),
                 versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
                 profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
                 layer_predicted=None if layer_result is None else layer_result.metrics,
-                calibration_cpu_share=calibration_share,
+                calibration_cpu_share=calibration_share, mean_ops_iteration_time_s=mean_ops,
                 op_times={"predicted": op_means(result.trace), "measured": op_means(trace),
                           "measured_cpu": op_means(trace, cpu=True),
                           **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})}))
