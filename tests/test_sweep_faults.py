@@ -29,14 +29,17 @@ SPEC = """\
 profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
 bandwidth: [10GB/s]
 latency: [5us]
-stages: [4, 8]
+stages: [2, 3, 8, 9]
 microbatches: [8, 1024]
-minibatches: [48]
+minibatches: [32]
 schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
 engine: des
+where: "stages < 8 and microbatches == 8 or stages >= 8 and microbatches == 1024"
 """
-# Points run in order: five cheap ones (m=8) finish first, and the m=1024 points (K=48: about half a second
-# each on the DES) are still running when a test kills a worker or the scheduler after three chunks.
+# A sweep runs its points by stages first (pipesim.sweep.points.SHARED_WORK): the ten cheap ones (p <= 3, m=8)
+# finish first, and the ten heavy ones (p >= 8, m=1024, K=32: about half a second each on the DES, 3 s of work on two
+# workers) are still running when a test kills a worker or the scheduler after three chunks, even where the sweep
+# process, slowed by other load, writes its chunks late.
 NUM_POINTS = 20
 PYTHON = sys.executable
 
