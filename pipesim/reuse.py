@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
@@ -20,24 +21,33 @@ _COUNT_FIELDS = frozenset({"num_microbatches", "num_minibatches"})
 
 
 class _Lru(Generic[Value]):
-    """A dict that keeps its ``size`` most recently used entries."""
+    """A dict that keeps its ``size`` most recently used entries; safe to share between threads
+    (a Dask worker with several threads runs batches of one PointRunner at once)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.entries: OrderedDict[Hashable, Value] = OrderedDict()
         self.hits = self.misses = 0
+        self.lock = threading.Lock()
 
     def get(self, key: Hashable, make: Callable[[], Value]) -> Value:
-        if key in self.entries:
-            self.entries.move_to_end(key)
-            self.hits += 1
-            return self.entries[key]
-        self.misses += 1
-        value = make()
-        self.entries[key] = value
-        if len(self.entries) > self.size:
-            self.entries.popitem(last=False)
+        with self.lock:
+            if key in self.entries:
+                self.entries.move_to_end(key)
+                self.hits += 1
+                return self.entries[key]
+            self.misses += 1
+        value = make()  # outside the lock: two threads may both make it; either value is the same
+        with self.lock:
+            self.entries[key] = value
+            if len(self.entries) > self.size:
+                self.entries.popitem(last=False)
         return value
+
+    def values(self) -> list[Value]:
+        """The entries' values, most recently used last."""
+        with self.lock:
+            return list(self.entries.values())
 
 
 class Reuse:
@@ -75,7 +85,7 @@ class Reuse:
     def staleness(self, schedule: Schedule, make: Callable[[], Any]) -> Any:
         """The staleness measured on ``schedule``, when it is the schedule of an order held
         here (computed by ``make`` the first time); else ``make()``, not kept."""
-        for order, known in self._orders.entries.values():
+        for order, known in self._orders.values():
             if order.schedule is schedule:
                 if not known:
                     known.append(make())

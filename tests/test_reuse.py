@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -160,3 +161,17 @@ def test_traces_of_one_order_share_their_span_columns_but_the_times_and_bytes() 
     assert first["start_s"] is not second["start_s"]
     assert first["bytes"] is not third["bytes"]  # other output bytes: built again
     assert not first["kind"].flags.writeable
+
+
+def test_one_runner_shared_by_threads_gives_the_rows_of_fresh_simulations() -> None:
+    """A Dask worker with several threads runs batches of one PointRunner at once."""
+    resolved = Resolved(parse_spec(SPEC))
+    points = shared_work_order(resolved.points())
+    fresh = PointRunner(resolved)
+    fresh.reuse = None  # type: ignore[assignment]
+    expected = {point["point"]: fresh.run(point) for point in points}
+    shared = PointRunner(resolved)
+    shared.reuse = Reuse(orders=1, costs=2)  # small, so that threads evict each other's entries
+    with ThreadPoolExecutor(4) as pool:
+        batches = list(pool.map(shared.run_batch, [points[i::4] for i in range(4)] * 3))
+    assert all(same_row(row, expected[row["point"]]) for batch in batches for row in batch)
