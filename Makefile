@@ -43,7 +43,7 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-validate
+bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate
 
 .PHONY: bench-planner
 # Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,
@@ -63,6 +63,12 @@ bench-sweep: $(STAMP)
 # another source tree (e.g. git archive main | tar -x -C /tmp/main).
 bench-schedules: $(STAMP)
 	$(PY) benchmarks/bench_schedules.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)")
+
+.PHONY: bench-variance
+# Host speed drift with no ranks running: a fixed unit of work in 1-second windows, on 1 and 2 cores,
+# into its section of benchmarks/RESULTS.md (about 2 minutes); the noise floor under bench-validate.
+bench-variance: $(STAMP)
+	$(PY) benchmarks/variance_ab.py
 
 .PHONY: bench-validate
 # Prediction against real runs (the torch harness): pipesim validate for the five schedules, repeated,
