@@ -9,9 +9,12 @@ times, predicted against measured. This machine is shared: a run, or the measure
 prediction came from, during which a rank had its core for less than ``--quiet`` of its busy time
 (the trace's ``cpu_share``) ran on a loaded machine, whose load no profile can predict; such runs
 are reported apart, and the benchmark tries again (up to ``--attempts`` times per run) for a
-quiet one. Usage::
+quiet one. The host's own speed drifts (``make bench-variance``): a speed probe before the profile and
+after the run (benchmarks/speed_probe.py) tells the quiet runs during which it held within ``--steady``
+from those during which it did not; both are reported, and the tries go on until a run is also steady.
+Usage::
 
-    python benchmarks/bench_validate.py [--runs 5] [--quiet 0.9] [--attempts 4] [--quick] [--no-write]
+    python benchmarks/bench_validate.py [--runs 5] [--quiet 0.9] [--steady 0.05] [--attempts 4] [--quick] [--no-write]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_file import write_section  # noqa: E402
+from benchmarks.speed_probe import SpeedProbe  # noqa: E402
 from pipesim.harness import RunFailedError  # noqa: E402
 from pipesim.harness.calibration import Calibrated, CalibrationRun, calibrate  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
@@ -85,6 +89,9 @@ class Tally:
     memory_errors: list[float] = field(default_factory=list)
     utilization_errors: list[float] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    drift_quiet: list[float] = field(default_factory=list)
+    steady: list[float] = field(default_factory=list)
+    drifted: list[float] = field(default_factory=list)
 
 
 def machine() -> str:
@@ -128,10 +135,11 @@ def wait_for_idle(wanted: float, patience_s: float) -> float:
 
 
 def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tally, timing: Timing,
-            calibration: CalibrationRun, other: CalibrationRun) -> bool:
+            calibration: CalibrationRun, other: CalibrationRun, probe: SpeedProbe, steady: float) -> bool:
     """Profile, calibrate (with ``calibration``, and with ``other`` for its own column, in turns first),
-    simulate and run once; add it to the tally; True when the calibration and the run were both
-    quiet (the layer profile's error counts as quiet when it and the run were)."""
+    simulate and run once, between two speed probes; add it to the tally; True when the calibration and
+    the run were both quiet (the layer profile's error counts as quiet when it and the run were) and the
+    host's speed held within ``steady`` from the first probe to the second."""
     source = FreshProfiles(lambda: measure_profile(case.spec, case.microbatch_size, timing=timing))
     others: list[Calibrated] = []
 
@@ -143,6 +151,7 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
         others.append(calibrate(times, case.spec, cuts, other))
         return primary
 
+    before = probe.measure()
     try:
         comparison = validate_schedule(source, topology, case.spec, schedule=name, num_stages=case.num_stages,
                                        num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
@@ -151,6 +160,7 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
         tally.failed.append(str(failure))
         print(f"  {name}: {failure}", flush=True)
         return False
+    drift = probe.measure() / before - 1.0
     report = comparison.to_dict()
     run = comparison.runs[0]
     error, layer_error = run.iteration_time_error, run.layer_profile_error
@@ -160,6 +170,10 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     run_share = min((s for s in run.cpu_share if s is not None), default=1.0)
     is_quiet = calibration_share >= quiet and run_share >= quiet
     (tally.quiet if is_quiet else tally.loaded).append(error)
+    is_steady = abs(drift) <= steady
+    if is_quiet:
+        tally.drift_quiet.append(drift)
+        (tally.steady if is_steady else tally.drifted).append(error)
     (tally.layer_quiet if profile_share >= quiet and run_share >= quiet else tally.layer_loaded).append(layer_error)
     other_predicted = simulate(others[0].profile, topology, schedule=name, num_stages=case.num_stages,
                                num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches,
@@ -189,15 +203,16 @@ def one_run(case: Case, name: str, topology: Topology, quiet: float, tally: Tall
     print(f"  {name}: error {error:+.1%} ({other.schedule} calibration {other_error:+.1%}, layer profile alone "
           f"{layer_error:+.1%}; CPU share: profile "
           f"{profile_share:.2f}, calibration {calibration_share:.2f}, run {run_share:.2f}; "
-          f"{'quiet' if is_quiet else 'loaded'})", flush=True)
-    return is_quiet
+          f"{'quiet' if is_quiet else 'loaded'}; speed probe {drift:+.1%} after against before, "
+          f"{'steady' if is_steady else 'drifted'})", flush=True)
+    return is_quiet and is_steady
 
 
 def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: float, deadline: float,
-             timing: Timing, calibration: CalibrationRun,
-             other: CalibrationRun) -> tuple[dict[str, Tally], list[str]]:
-    """Up to ``runs`` quiet runs per schedule (at most ``attempts`` tries each, none after ``deadline``,
-    a ``time.perf_counter`` value); the tallies and notes."""
+             timing: Timing, calibration: CalibrationRun, other: CalibrationRun, probe: SpeedProbe,
+             steady: float) -> tuple[dict[str, Tally], list[str]]:
+    """Up to ``runs`` quiet and steady runs per schedule (at most ``attempts`` tries each, none after
+    ``deadline``, a ``time.perf_counter`` value); the tallies and notes."""
     tallies = {name: Tally() for name in SCHEDULES if name in FIVE}
     idle = wait_for_idle(0.9, patience_s=patience_s)
     topology, fits = measure_links(case.num_stages, max_bytes=4 << 20)
@@ -209,7 +224,7 @@ def run_case(case: Case, runs: int, quiet: float, attempts: int, patience_s: flo
                 if time.perf_counter() > deadline:
                     break
                 wait_for_idle(0.9, patience_s=patience_s)
-                if one_run(case, name, topology, quiet, tally, timing, calibration, other):
+                if one_run(case, name, topology, quiet, tally, timing, calibration, other, probe, steady):
                     break
         print(f"{case.label}: {run_index + 1} of {runs} done, load {load()}", flush=True)
     return tallies, notes
@@ -239,18 +254,21 @@ def spread(values: list[float]) -> list[float]:
 
 def table(tallies: dict[str, Tally]) -> list[str]:
     """The per-schedule rows of the results table."""
-    rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | mean op times "
+    rows = ["| schedule | quiet runs | predicted ms | measured ms | median error | worst error | quiet and steady: "
+            "runs, median / worst error | speed probe, after against before (quiet runs): median / worst | mean op times "
             "alone (no spread): median signed / worst error | loaded runs: "
             "median / worst error | 1F1B calibration instead: quiet runs, median / worst error "
             "| layer profile alone: quiet runs, median / worst error | measured: worst "
             "deviation from its median | replay error (median) | versions exact | peak memory error | "
             "utilization error (max) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, t in tallies.items():
         quiet_ms = (f"{1e3 * statistics.median(t.predicted_s):.2f} | {1e3 * statistics.median(t.measured_s):.2f}"
                     if t.quiet else "- | -")
         rows.append(
             f"| {name} | {len(t.quiet)} | {quiet_ms} | {percent(t.quiet, 'median')} | {percent(t.quiet, 'worst')} "
+            f"| {len(t.steady)}: {percent(t.steady, 'median')} / {percent(t.steady, 'worst')} "
+            f"| {percent(t.drift_quiet, 'median')} / {percent(t.drift_quiet, 'worst')} "
             f"| {signed_median(t.mean_ops_quiet)} / {percent(t.mean_ops_quiet, 'worst')} "
             f"| {len(t.loaded)}: {percent(t.loaded, 'median')} / {percent(t.loaded, 'worst')} "
             f"| {len(t.other_quiet)}: {percent(t.other_quiet, 'median')} / {percent(t.other_quiet, 'worst')} "
@@ -282,10 +300,24 @@ def op_table(tallies: dict[str, Tally]) -> list[str]:
     return rows + [""]
 
 
+def acceptance(verdicts: list[tuple[list[float], int]]) -> tuple[bool, bool]:
+    """Whether every schedule has its wanted runs, and whether, with them, every schedule's errors have a
+    median under 5% and a worst under 10%."""
+    enough = all(len(errors) >= wanted for errors, wanted in verdicts)
+    met = enough and all(errors and statistics.median([abs(e) for e in errors]) < 0.05
+                         and max(abs(e) for e in errors) < 0.10 for errors, _ in verdicts)
+    return enough, met
+
+
+def verdict(met: bool, enough: bool) -> str:
+    """The acceptance line's verdict."""
+    return "met" if met else "NOT met" + ("" if enough else " (too few runs to judge)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and write its section of RESULTS.md."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--runs", type=int, default=5, help="quiet runs wanted per schedule and case")
+    parser.add_argument("--runs", type=int, default=5, help="quiet and steady runs wanted per schedule and case")
     parser.add_argument("--quiet", type=float, default=0.9,
                         help="least CPU share of a quiet run and of the measurement its prediction came from")
     parser.add_argument("--attempts", type=int, default=4, help="tries per wanted run")
@@ -296,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="the profile's timed repeats per layer")
     parser.add_argument("--nice", type=int, default=-20,
                         help="nice value of every process of the benchmark (0: as started; below 0 needs root)")
+    parser.add_argument("--steady", type=float, default=0.05,
+                        help="most change of the speed probe from before a run's measurements to after the run "
+                             "for the run to count as steady")
     parser.add_argument("--quick", action="store_true", help="one run, one attempt, the first case")
     parser.add_argument("--no-write", action="store_true", help="print, do not write RESULTS.md")
     args = parser.parse_args(argv)
@@ -328,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
         "cores from the ranks",
         f"- a run is *quiet* when every rank of the run, and of the calibration run its prediction came from (of "
         f"the layer profile, for the layer profile's column), had its CPU for at least {args.quiet:.0%} of its "
-        f"busy time; the others are counted apart as loaded; {runs} quiet runs wanted per schedule, {attempts} "
+        f"busy time; the others are counted apart as loaded; a quiet run is also *steady* when a speed probe "
+        f"(benchmarks/speed_probe.py: the MLP stage's F+B on both cores for 0.3 s, mean thread CPU time) taken "
+        f"after the run is within {args.steady:.0%} of one taken before its layer profile, i.e. the host's "
+        f"speed held from the measurements the prediction came from to the run (`make bench-variance` shows "
+        f"that it drifts); {runs} quiet and steady runs wanted per schedule, {attempts} "
         f"tries each, each try after waiting up to {args.patience:.0f} s for a second in which the machine was "
-        "90% idle",
+        "90% idle; every quiet run is in the quiet columns, steady or not",
         "- measured: worst deviation from its median: how far the quiet runs' own iteration times stray from "
         "their median, i.e. the worst error of the best fixed prediction (the noise floor of identical runs)",
         "- replay error: the engine re-run with each op lasting as long as it did in the run, against the run "
@@ -348,22 +387,28 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     verdicts = []
+    steady_verdicts = []
     everything: list[Tally] = []
+    probe = SpeedProbe()
     for case in cases:
         print(case.label, flush=True)
         timing = Timing(repeats=args.repeats, statistic=args.statistic, processes=case.num_stages)
         tallies, notes = run_case(case, runs, args.quiet, attempts, args.patience,
                                   started + 60 * args.budget * (cases.index(case) + 1) / len(cases), timing,
-                                  calibration, other)
+                                  calibration, other, probe, args.steady)
         lines += [f"### {case.label}", "", *table(tallies), "", *op_table(tallies),
                   *[f"- {note}" for note in notes], ""]
         verdicts += [(t.quiet, runs) for t in tallies.values()]
+        steady_verdicts += [(t.steady, runs) for t in tallies.values()]
         everything += list(tallies.values())
+    probe.close()
     elapsed = time.perf_counter() - started
     lines.append(f"- load average at end {load()}; {elapsed / 60:.0f} min in all")
-    enough = all(len(quiet) >= wanted for quiet, wanted in verdicts)
-    met = enough and all(percent(q, "median") != "-" and statistics.median([abs(e) for e in q]) < 0.05
-                         and max(abs(e) for e in q) < 0.10 for q, _ in verdicts)
+    enough, met = acceptance(verdicts)
+    steady_enough, steady_met = acceptance(steady_verdicts)
+    steady_all = [abs(e) for t in everything for e in t.steady]
+    drifted_all = [abs(e) for t in everything for e in t.drifted]
+    drift_all = [abs(e) for t in everything for e in t.drift_quiet]
     quiet_all = [abs(e) for t in everything for e in t.quiet]
     layer_all = [abs(e) for t in everything for e in t.layer_quiet]
     floor_all = [abs(e) for t in everything for e in spread(t.measured_s)]
@@ -384,7 +429,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(other_signed) if other_signed else 0.0:+.1%} median signed "
                   f"({statistics.median(other_all) if other_all else 0.0:.1%} median, {max(other_all, default=0.0):.1%} "
                   f"worst absolute, {len(other_all)} runs); identical runs' own spread around their median: "
-                  f"{statistics.median(floor_all):.1%} median, {max(floor_all, default=0.0):.1%} worst."]
+                  f"{statistics.median(floor_all):.1%} median, {max(floor_all, default=0.0):.1%} worst.",
+                  "", f"The speed probe over the quiet runs' measurements (from before the layer profile to after "
+                  f"the run): {percent(drift_all, 'median')} median, {percent(drift_all, 'worst')} worst change. "
+                  f"Quiet runs during which the host's speed held within {args.steady:.0%} (steady): "
+                  f"{len(steady_all)} runs, {percent(steady_all, 'median')} median, {percent(steady_all, 'worst')} "
+                  f"worst error; the quiet runs during which it did not (drifted): {len(drifted_all)} runs, "
+                  f"{percent(drifted_all, 'median')} median, {percent(drifted_all, 'worst')} worst error."]
     lines += ["", "Reading the figures. The replay error (the engine fed each run's own op times) is the engine's "
               "share of the error; the rest is in the op times. *Bias*: the layer profile predicts too short on "
               "the pooled median (its column), because an op inside a running pipeline is not the layer timed "
@@ -398,11 +449,14 @@ def main(argv: list[str] | None = None) -> int:
               "worst deviation from its median' is the floor: identical runs, every one quiet by the CPU-share "
               "test, stray that far from their own median, because on this shared machine an op's thread CPU "
               "time itself changes from run to run (other processes share the caches and the memory bandwidth "
-              "even when they get little CPU time), which neither the CPU-share test nor any prediction made "
-              "before the run can see. Where that floor is above 10%, no prediction can meet the worst-error "
-              "target."]
+              "even when they get little CPU time) and the host's own speed drifts (section 'Host speed drift': the "
+              "same fixed work with no ranks running), which neither the CPU-share test nor any prediction made "
+              "before the run can see; the speed probe sees the part of the drift that comes between the "
+              "measurements and the run, and the steady runs are those without it. Where that floor is above "
+              "10%, no prediction can meet the worst-error target."]
     lines += ["", "Acceptance (quiet runs: median < 5%, worst < 10% for every schedule): "
-              + ("met" if met else "NOT met" + ("" if enough else " (too few quiet runs to judge)")) + " in this run."]
+              + verdict(met, enough) + " in this run. On the quiet and steady runs alone: "
+              + verdict(steady_met, steady_enough) + "."]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
