@@ -126,6 +126,19 @@ def test_memory_breakdown_has_a_stacked_bar_per_stage(trace: Trace) -> None:
     assert ax.get_xlabel() == "stage" and ax.get_ylabel() == "peak memory (MB)"
 
 
+def test_memory_breakdown_axis_starts_at_zero_when_a_kind_is_tiny() -> None:
+    """The demo's case (VGG-16 on 4 stages): stage 0's weights are 1e-5 of the tallest bar, and
+    matplotlib's autoscaling took their top as the axis' lower limit, dropping the 0 tick."""
+    profile = pipesim.load_profile(Path(__file__).resolve().parents[1] / "traces" / "vgg16.json")
+    result = pipesim.simulate(profile, pipesim.Topology.uniform(num_devices=4, bandwidth="25Gbit/s", latency="5us"),
+                              schedule="1f1b", num_stages=4, num_microbatches=8, engine="analytic")
+    stages = result.metrics.stages
+    assert min(s.peak_breakdown_bytes["weights"] for s in stages) < 1e-5 * max(s.peak_memory_bytes for s in stages)
+    ax = plots.memory_breakdown(result.metrics)
+    assert ax.get_ylim()[0] == 0.0
+    assert 0.0 in list(ax.get_yticks())
+
+
 def test_staleness_bars_match_the_metrics() -> None:
     metrics = run("pipedream", p=4, m=4).metrics
     ax = plots.staleness(metrics)
