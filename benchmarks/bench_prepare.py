@@ -13,7 +13,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -85,12 +84,6 @@ def run_child(tree: Path, env: dict[str, str], repeats: int, both: bool) -> dict
     return result
 
 
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
-    return f"nproc {os.cpu_count()}, {cpu}, Python {platform.python_version()}"
-
-
 def table(compiled: dict[str, Any], plain: dict[str, Any], kept: dict[str, Any],
           baseline: dict[str, Any] | None) -> list[str]:
     head = "| schedule | p | m | ops | Op path ms | columnar ms | speed-up | columnar CPU ms | columnar, plain ms | " \
@@ -127,6 +120,9 @@ def main() -> None:
     plain = run_child(ROOT, {"PIPESIM_NO_JIT": "1"}, args.repeats, both=False)
     kept = run_child(ROOT, KEEP_MEMORY, args.repeats, both=False)
     baseline = run_child(args.baseline.resolve(), {}, max(3, args.repeats // 3), both=False) if args.baseline else None
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_file import RESULTS, machine, write_section
+
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     lines = [
         "## prepare(): columnar schedules (`make bench-prepare`)", "",
@@ -150,9 +146,6 @@ def main() -> None:
     print(section)
     if args.no_write:
         return
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from results_file import RESULTS, write_section
-
     write_section("prepare", section)
     print(f"wrote {RESULTS}")
 

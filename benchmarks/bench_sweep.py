@@ -25,9 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -173,13 +170,6 @@ def serial_seconds(runner: PointRunner, points: list[dict[str, object]]) -> floa
     return time.perf_counter() - started
 
 
-def machine() -> str:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
-    model = next((line.split(":", 1)[1].strip() for line in lscpu if line.startswith("Model name")), "?")
-    # Not `nproc`: it follows OMP_NUM_THREADS, which Dask sets to 1 in this process.
-    nproc = len(os.sched_getaffinity(0))
-    return f"nproc {nproc}, {model}, Python {platform.python_version()}"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -265,6 +255,9 @@ def main() -> None:
                   f"writes) shares the 2 cores with the workers."]
         print(lines[-1], flush=True)
 
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_file import RESULTS, machine, write_section
+
     lines += ["", FINDINGS]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     target = "make bench-sweep-full" if args.full else "make bench-sweep"
@@ -274,9 +267,6 @@ def main() -> None:
     if args.no_write:
         print(section)
         return
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from results_file import RESULTS, write_section
-
     write_section("sweep", section)
     print(f"wrote {RESULTS}")
 

@@ -13,29 +13,42 @@ from __future__ import annotations
 import multiprocessing as mp
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 PROBE_S = 0.3
 
 
-def _serve(commands: Any, results: Any) -> None:
-    """A probe process: on each ``seconds`` command, time units for that long and put their mean CPU time."""
+def mlp_stage_unit() -> Callable[[], None]:
+    """The bench-validate MLP stage's forward and backward (4 x Linear(512)+ReLU, batch 64), as a callable."""
     import torch
     from torch import nn
 
-    torch.set_num_threads(1)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(4)])
     x = torch.randn(64, 512)
-    for _ in range(20):  # warm-up
+
+    def unit() -> None:
         model(x).sum().backward()
+
+    return unit
+
+
+def _serve(commands: Any, results: Any) -> None:
+    """A probe process: on each ``seconds`` command, time units for that long and put their mean CPU time."""
+    from pipesim.harness.process import configure_process
+
+    configure_process(1)  # 1 torch thread, freed memory kept: as every rank
+    unit = mlp_stage_unit()
+    for _ in range(20):  # warm-up
+        unit()
     results.put(0.0)
     while (seconds := commands.get()) is not None:
         cpus: list[float] = []
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             cpu = time.thread_time()
-            model(x).sum().backward()
+            unit()
             cpus.append(time.thread_time() - cpu)
         results.put(statistics.fmean(cpus))
 

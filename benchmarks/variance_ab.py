@@ -13,8 +13,9 @@ For each unit it records the wall time and the thread's CPU time; for each windo
 steal time (/proc/stat). Two figures are compared: the scatter of units within a window, and the
 spread of the windows' means. If the host ran at a steady speed, the window means would vary by
 about the within-window standard deviation / sqrt(units) alone; the ratio says how far beyond that
-they go. A window lasts about as long as one validated run's steady state, so the windows' worst
-deviation from their median is what identical runs can be expected to show.
+they go. The worst deviation of the window means from their median is what identical 1-second runs
+can be expected to show; the same over 0.3-second stretches of consecutive units, about one
+bench-validate MLP run's steady state.
 
 Usage: ``python benchmarks/variance_ab.py [--windows N] [--nice N] [--no-write]`` (``make bench-variance``);
 writes its section of benchmarks/RESULTS.md.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,7 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results_file import write_section  # noqa: E402
+from benchmarks.results_file import machine, write_section  # noqa: E402
+from benchmarks.speed_probe import mlp_stage_unit  # noqa: E402
 from pipesim.harness.process import configure_process, raise_priority  # noqa: E402
 
 WORKLOADS = ("python", "torch")
@@ -52,21 +53,6 @@ def python_unit() -> None:
         raise AssertionError
 
 
-def torch_unit_factory() -> Any:
-    """The bench-validate MLP stage's forward and backward, as a callable."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(512, 512), nn.ReLU()) for _ in range(4)])
-    x = torch.randn(64, 512)
-
-    def unit() -> None:
-        model(x).sum().backward()
-
-    return unit
-
-
 def steal_and_total() -> tuple[int, int]:
     """The machine's steal and total jiffies so far (the aggregate ``cpu`` line of /proc/stat)."""
     try:
@@ -80,7 +66,7 @@ def steal_and_total() -> tuple[int, int]:
 def worker(index: int, windows: int, barrier: Any, results: Any) -> None:
     """Run ``windows`` windows of each workload, alternating; put ``(index, records)``."""
     configure_process(1)
-    units = {"python": python_unit, "torch": torch_unit_factory()}
+    units = {"python": python_unit, "torch": mlp_stage_unit()}
     for unit in units.values():  # warm-up
         for _ in range(20):
             unit()
@@ -157,7 +143,7 @@ def report(results: dict[int, list[dict[str, Any]]], windows: int, nice: int, st
     lines = [
         "## Host speed drift (`make bench-variance`)",
         "",
-        f"{started}; nproc {os.cpu_count()}, {cpu_model()}, Python {platform.python_version()}; "
+        f"{started}; {machine()}; "
         f"load average {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} at the end; nice {nice}.",
         "",
         "No ranks and no gloo: 1 or 2 processes (one per core) run a fixed unit of work in 1-second "
@@ -187,17 +173,6 @@ def report(results: dict[int, list[dict[str, Any]]], windows: int, nice: int, st
               "during the windows: " + ", ".join(f"{p} process{'es' if p > 1 else ''} {100 * v:.2f}%"
                                                  for p, v in sorted(steal.items())) + "."]
     return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo, or the platform's."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
