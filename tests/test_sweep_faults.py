@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -36,10 +36,11 @@ schedule: [gpipe, 1f1b, pipedream, 2bw, pipemare]
 engine: des
 where: "stages < 8 and microbatches == 8 or stages >= 8 and microbatches == 1024"
 """
-# A sweep runs its points by stages first (pipesim.sweep.points.SHARED_WORK): the ten cheap ones (p <= 3, m=8)
-# finish first, and the ten heavy ones (p >= 8, m=1024, K=32: about half a second each on the DES, 3 s of work on two
-# workers) are still running when a test kills a worker or the scheduler after three chunks, even where the sweep
-# process, slowed by other load, writes its chunks late.
+# A sweep runs its points by stages first (pipesim.sweep.points.SHARED_WORK, kept by Dask through falling task
+# priorities; without them, about half the tries ran heavy points first and finished before the kill): the ten
+# cheap ones (p <= 3, m=8) finish first, and the ten heavy ones (p >= 8, m=1024, K=32: about half a second each on
+# the DES, 3 s of work on two workers) are still running when a test kills a worker or the scheduler after three
+# chunks, even where the sweep process, slowed by other load, writes its chunks late.
 NUM_POINTS = 20
 PYTHON = sys.executable
 
@@ -146,6 +147,41 @@ def kept_points(parts: Path) -> set[int]:
     return set(points)
 
 
+KILL_ATTEMPTS = 3
+
+
+def interrupted_sweep(spec_path: Path, out: Path, tmp_path: Path, kill: Callable[[Cluster], None],
+                      *extra: str) -> tuple[str, int, str, float]:
+    """A sweep on a fresh scheduler with two workers, ``kill`` applied to the cluster once three chunks are on
+    disk; the scheduler's address, the sweep's exit code and stderr, and its seconds from the kill to its end.
+
+    The cheap points run first and the heavy ones leave seconds of work after the third chunk, but the sweep
+    process shares the two cores with both workers and a scheduler, and under other load it can write its
+    first chunks after every result has reached it; then the kill lands on a finished sweep. Such a try (exit
+    0, the table written) tested nothing: it is run again on a fresh cluster, up to KILL_ATTEMPTS times, and
+    the test fails when the kill never landed mid-sweep.
+    """
+    for attempt in range(KILL_ATTEMPTS):
+        folder = tmp_path / f"cluster-{attempt}"
+        folder.mkdir()
+        cluster = Cluster(folder)
+        try:
+            cluster.add_workers(2)
+            process = sweep(spec_path, out, "--scheduler", cluster.address, "--batch-size", "1", *extra)
+            wait_for_chunks(Path(f"{out}.parts"), 3, process)
+            kill(cluster)
+            killed = time.monotonic()
+            code, _, stderr = finish(process, 60)
+            elapsed = time.monotonic() - killed
+        finally:
+            cluster.close()
+        if code == 0 and out.exists() and not Path(f"{out}.parts").exists():
+            out.unlink()
+            continue
+        return cluster.address, code, stderr, elapsed
+    pytest.fail(f"in {KILL_ATTEMPTS} tries, every point had finished before the kill landed")
+
+
 def resume_to_the_end(spec_path: Path, out: Path, reference: dict[str, bytes], kept: set[int]) -> None:
     """``--resume`` on a fresh embedded cluster completes the table to exactly the uninterrupted one."""
     code, stdout, stderr = finish(sweep(spec_path, out, "--resume", "--workers", "1"), 180)
@@ -169,20 +205,21 @@ def test_a_killed_worker_is_replaced_by_the_other_and_the_sweep_completes(
     assert out.read_bytes() == reference[".parquet"]
 
 
-def test_every_worker_killed_stops_after_the_worker_timeout_and_resume_completes(
-    cluster: Cluster, spec_path: Path, reference: dict[str, bytes], tmp_path: Path
-) -> None:
-    out, parts = tmp_path / "results.parquet", tmp_path / "results.parquet.parts"
-    process = sweep(spec_path, out, "--scheduler", cluster.address, "--batch-size", "1", "--worker-timeout", "2")
-    wait_for_chunks(parts, 3, process)
+def kill_every_worker(cluster: Cluster) -> None:
     for worker in cluster.workers:
         worker.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    code, _, stderr = finish(process, 60)
-    assert time.monotonic() - killed < 30
+
+
+def test_every_worker_killed_stops_after_the_worker_timeout_and_resume_completes(
+    spec_path: Path, reference: dict[str, bytes], tmp_path: Path
+) -> None:
+    out, parts = tmp_path / "results.parquet", tmp_path / "results.parquet.parts"
+    address, code, stderr, elapsed = interrupted_sweep(spec_path, out, tmp_path, kill_every_worker,
+                                                       "--worker-timeout", "2")
+    assert elapsed < 30
     assert code == 1 and len(stderr.splitlines()) == 1, stderr
     kept = kept_points(parts)
-    assert f"the Dask scheduler at {cluster.address} has had no workers for 2 s" in stderr
+    assert f"the Dask scheduler at {address} has had no workers for 2 s" in stderr
     assert f"{len(kept)} finished points are kept in {parts} (rerun with --resume)" in stderr
     assert 3 <= len(kept) < NUM_POINTS and not out.exists()
     resume_to_the_end(spec_path, out, reference, kept)
@@ -206,17 +243,14 @@ def test_workers_that_come_back_finish_the_sweep_after_all_were_killed(
 
 
 def test_a_lost_scheduler_ends_the_sweep_naming_its_address_and_resume_completes(
-    cluster: Cluster, spec_path: Path, reference: dict[str, bytes], tmp_path: Path
+    spec_path: Path, reference: dict[str, bytes], tmp_path: Path
 ) -> None:
     out, parts = tmp_path / "results.csv", tmp_path / "results.csv.parts"
-    process = sweep(spec_path, out, "--scheduler", cluster.address, "--batch-size", "1")
-    wait_for_chunks(parts, 3, process)
-    cluster.scheduler.send_signal(signal.SIGKILL)
-    killed = time.monotonic()
-    code, _, stderr = finish(process, 60)
-    assert time.monotonic() - killed < 30, "the sweep hung on a dead scheduler"
+    address, code, stderr, elapsed = interrupted_sweep(
+        spec_path, out, tmp_path, lambda cluster: cluster.scheduler.send_signal(signal.SIGKILL))
+    assert elapsed < 30, "the sweep hung on a dead scheduler"
     assert code == 1 and len(stderr.splitlines()) == 1, stderr
-    assert stderr.startswith(f"pipesim: error: lost the Dask scheduler at {cluster.address}")
+    assert stderr.startswith(f"pipesim: error: lost the Dask scheduler at {address}")
     kept = kept_points(parts)
     assert 3 <= len(kept) < NUM_POINTS and not out.exists()
     resume_to_the_end(spec_path, out, reference, kept)

@@ -214,7 +214,10 @@ def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dic
         try:
             # A task rather than scattered data: if every worker holding it dies, Dask recomputes it.
             shared = client.submit(_identity, runner, pure=False)
-            futures = [client.submit(run_batch, shared, batch, pure=False) for batch in batches]
+            # Batches submitted together share a Dask generation, within which the scheduler picks by its own
+            # order; falling priorities keep them in the shared-work order they were made in.
+            futures = [client.submit(run_batch, shared, batch, pure=False, priority=len(batches) - index)
+                       for index, batch in enumerate(batches)]
         except (OSError, TimeoutError) as exc:
             raise watch.lost(exc) from exc
         # Results are gathered in the background: a finished batch whose worker died before its rows

@@ -171,6 +171,10 @@ class ResultStore:
         with writing(manifest, self.parts, len(self.done)):
             self.parts.mkdir(parents=True, exist_ok=True)
             write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))
+        # The writer's libraries now, before any work is sent out: imported at the first chunk, with both cores
+        # busy with workers, they held that chunk back by about a second (2026-11-25).
+        import pandas  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
 
     @staticmethod
     def _read_done(chunks: Sequence[Path]) -> set[int]:
