@@ -8,14 +8,11 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ScheduleError
-from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy, grid
+from pipesim.schedule.ir import (B_CODE, F_CODE, I_CODE, KIND_CODES, KIND_ORDER, U_CODE, W_CODE, Op, OpKind, Schedule,
+                                 WeightPolicy, grid)
 
 IntArray = npt.NDArray[np.int64]
 
-# Kind codes, the order of trace.KINDS.
-KIND_ORDER = (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.U)
-KIND_CODES = {kind: code for code, kind in enumerate(KIND_ORDER)}
-F_CODE, B_CODE, I_CODE, W_CODE, U_CODE = range(len(KIND_ORDER))
 
 
 @dataclass(frozen=True, eq=False)

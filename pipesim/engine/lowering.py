@@ -11,11 +11,6 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.columns import (
-    KIND_CODES,
-    KIND_ORDER,
-    B_CODE,
-    F_CODE,
-    U_CODE,
     minibatch_column,
     schedule_columns,
     send_target_column,
@@ -25,7 +20,7 @@ from pipesim.engine.columns import (
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
 from pipesim.schedule.columnar import ColumnarOrder
-from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
+from pipesim.schedule.ir import B_CODE, F_CODE, KIND_CODES, KIND_ORDER, U_CODE, Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts

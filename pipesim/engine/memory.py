@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.columns import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.engine.kernel_policy import kernels_pay_off
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS, TraceBuilder

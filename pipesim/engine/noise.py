@@ -8,7 +8,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.columns import B_CODE, F_CODE, U_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, U_CODE
 from pipesim.engine.lowering import Program
 from pipesim.errors import ConfigError
 

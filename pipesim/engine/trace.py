@@ -11,11 +11,12 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
+from pipesim.schedule.ir import KIND_ORDER
 
 TRACE_SCHEMA = "pipesim.trace/1"
 
 # Span kinds, in code order; communication spans have kind "F" or the gradient kind of their op.
-KINDS = ("F", "B", "I", "W", "U")
+KINDS = tuple(kind.value for kind in KIND_ORDER)
 STREAMS = ("compute", "send")
 CATEGORIES = ("weights", "gradients", "optimizer", "activations")
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipesim.engine.columns import B_CODE, F_CODE, U_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, U_CODE
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program
 from pipesim.errors import ConfigError

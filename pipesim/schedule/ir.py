@@ -28,6 +28,12 @@ class OpKind(enum.Enum):
     U = "U"
 
 
+# Op kinds in code order: the integer ``kind`` column of op tables, traces and metrics indexes this.
+KIND_ORDER = (OpKind.F, OpKind.B, OpKind.I, OpKind.W, OpKind.U)
+KIND_CODES = {kind: code for code, kind in enumerate(KIND_ORDER)}
+F_CODE, B_CODE, I_CODE, W_CODE, U_CODE = range(len(KIND_ORDER))
+
+
 class WeightPolicy(enum.Enum):
     """How a schedule keeps and picks weight versions (DESIGN.md section 2).
 
