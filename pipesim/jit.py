@@ -1,68 +1,133 @@
-"""Optional compilation with numba: ``jit`` compiles a numeric kernel when numba is present."""
+"""Optional compilation with numba, and the one policy that decides when compiled kernels run.
+
+A kernel is written once, in the subset of Python and numpy that numba compiles. ``jit``
+wraps it: ``kernel.py_func`` is the plain-Python function, ``compiled(kernel)`` numba's
+(made on first use). Which of the two a run uses is ``use_compiled(num_ops)``: an explicit
+setting, or the run's own size, never what the process ran before. Both give the same bits.
+"""
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.metadata
 import importlib.util
 import os
+import types
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
+JitSetting = Literal["auto", "always", "never"]
+JIT_SETTINGS: tuple[JitSetting, ...] = ("auto", "always", "never")
 
-# PIPESIM_NO_JIT=1 runs every kernel as plain Python (the reference; slower but always available).
-_DISABLED = os.environ.get("PIPESIM_NO_JIT", "") not in ("", "0")
+#: True when numba is installed (it is imported only when a compiled kernel is first asked for:
+#: its start-up costs ~0.3 s and ~100 MiB).
+AVAILABLE: bool = importlib.util.find_spec("numba") is not None
 
-#: True when kernels decorated with ``jit`` are compiled (numba installed and not disabled).
-#: numba itself is imported only when a kernel is first called (it costs ~0.3 s and ~125 MiB).
-ENABLED: bool = not _DISABLED and importlib.util.find_spec("numba") is not None
+#: With ``auto``, runs of at least this many ops use the compiled kernels. Below it the
+#: plain-Python kernels finish before numba has started (benchmarks/RESULTS.md, "Kernel policy").
+COMPILED_FROM_OPS = 100_000
 
 
-class _LazyKernel:
-    """A kernel compiled by numba on its first call; ``py_func`` is the plain Python function."""
+def setting_from_environment() -> JitSetting:
+    """``PIPESIM_JIT`` (auto, always or never; default auto); ``PIPESIM_NO_JIT=1`` means never."""
+    if os.environ.get("PIPESIM_NO_JIT", "") not in ("", "0"):
+        return "never"
+    value = os.environ.get("PIPESIM_JIT", "auto").strip().lower() or "auto"
+    if value not in JIT_SETTINGS:
+        from pipesim.errors import ConfigError  # noqa: PLC0415 - errors imports nothing back
+        raise ConfigError("PIPESIM_JIT", value, "must be one of auto, always, never")
+    return "always" if value == "always" else "never" if value == "never" else "auto"
+
+
+#: True when this process may use compiled kernels (numba installed, and not set to never).
+ENABLED: bool = AVAILABLE and os.environ.get("PIPESIM_NO_JIT", "") in ("", "0") and \
+    os.environ.get("PIPESIM_JIT", "auto").strip().lower() != "never"
+
+
+def use_compiled(num_ops: int, setting: JitSetting | None = None) -> bool:
+    """Whether a run of ``num_ops`` ops uses numba's kernels.
+
+    Args:
+        setting: ``"always"`` (when numba is installed), ``"never"``, or ``"auto"``: from
+            ``COMPILED_FROM_OPS`` ops on. None reads ``setting_from_environment()``.
+    """
+    chosen = setting_from_environment() if setting is None else setting
+    if chosen not in JIT_SETTINGS:
+        from pipesim.errors import ConfigError  # noqa: PLC0415
+        raise ConfigError("kernels", chosen, "must be one of auto, always, never")
+    if not AVAILABLE or chosen == "never":
+        return False
+    return chosen == "always" or num_ops >= COMPILED_FROM_OPS
+
+
+class Kernel:
+    """A kernel written once: ``py_func`` runs it as Python, ``dispatcher()`` compiles it with numba.
+
+    A kernel may call other kernels by their module-level names: its plain form calls their
+    plain forms and its compiled form their compiled forms (numba inlines them).
+    """
 
     def __init__(self, function: Callable[..., Any]) -> None:
-        functools.update_wrapper(self, function)
-        self.py_func = function
+        self.__name__ = function.__name__
+        self.__qualname__ = function.__qualname__
+        self.__doc__ = function.__doc__
+        self.__module__ = function.__module__
+        self.__wrapped__ = function
+        self._plain: Callable[..., Any] | None = None
         self._compiled: Callable[..., Any] | None = None
 
     def __call__(self, *args: Any) -> Any:
-        return self.dispatcher()(*args)
+        """Run the plain-Python form (callers choose the compiled one with ``pick``)."""
+        return self.py_func(*args)
+
+    @property
+    def py_func(self) -> Callable[..., Any]:
+        """The plain-Python function, calling the plain forms of the kernels it uses."""
+        if self._plain is None:
+            self._plain = self._with_callees(lambda kernel: kernel.py_func)
+        return self._plain
 
     def dispatcher(self) -> Callable[..., Any]:
-        """numba's compiled function (made on the first request): call it directly in hot loops,
-        where this wrapper's own call costs about a microsecond."""
+        """numba's compiled function (compiled, or loaded from numba's disk cache, on first use)."""
         if self._compiled is None:
             numba = importlib.import_module("numba")
-            self._compiled = numba.njit(cache=True, nogil=True)(self.py_func)
+            self._compiled = numba.njit(cache=True, nogil=True)(self._with_callees(lambda kernel: kernel.dispatcher()))
         return self._compiled
+
+    def _with_callees(self, form: Callable[[Kernel], Callable[..., Any]]) -> Callable[..., Any]:
+        function = self.__wrapped__
+        assert isinstance(function, types.FunctionType)
+        callees = {name: form(value) for name, value in function.__globals__.items()
+                   if isinstance(value, Kernel) and name in function.__code__.co_names}
+        if not callees:
+            return function
+        rebound = types.FunctionType(function.__code__, {**function.__globals__, **callees}, function.__name__,
+                                     function.__defaults__, function.__closure__)
+        rebound.__qualname__ = function.__qualname__
+        rebound.__module__ = function.__module__
+        return rebound
 
 
 def jit(function: F) -> F:
-    """Compile ``function`` in numba's nopython mode (cached on disk), or return it unchanged.
+    """Mark ``function`` as a kernel (see ``Kernel``).
 
-    Kernels must therefore be written in the subset of Python and numpy that numba compiles,
-    and give the same results either way: no fastmath, the same floating-point operations in
-    the same order, so compiled and plain runs are bit-identical. Kernels are called from
-    Python only (not from one another): the compiled function is made on the first call.
+    Kernels give the same results either way: no fastmath, the same floating-point operations
+    in the same order, so compiled and plain runs are bit-identical.
     """
-    if not ENABLED:
-        return function
-    return cast(F, _LazyKernel(function))
+    return cast(F, Kernel(function))
 
 
-def compiled(kernel: F) -> F:
-    """The function to call for ``kernel`` in a hot loop: numba's dispatcher when kernels are
-    compiled (skipping the lazy wrapper), else ``kernel`` itself."""
-    if isinstance(kernel, _LazyKernel):
-        return cast(F, kernel.dispatcher())
-    return kernel
+def pick(kernel: F, compiled: bool) -> F:
+    """The function to call for ``kernel``: numba's dispatcher when ``compiled`` (and numba is
+    installed), else the plain-Python function."""
+    if not isinstance(kernel, Kernel):
+        return kernel
+    return cast(F, kernel.dispatcher() if compiled and AVAILABLE else kernel.py_func)
 
 
-def backend() -> str:
-    """``"numba <version>"`` when kernels are compiled, else ``"python"`` (recorded in benchmarks)."""
-    if not ENABLED:
+def backend(compiled: bool = True) -> str:
+    """``"numba <version>"`` when kernels can be compiled (and ``compiled``), else ``"python"``."""
+    if not (AVAILABLE and compiled):
         return "python"
     return f"numba {importlib.metadata.version('numba')}"

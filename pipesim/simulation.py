@@ -241,11 +241,11 @@ def _run(program: Program, engine: EngineName, jitter: float, seed: int) -> Trac
     """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
     if engine == "des":
         return run_des(program, jitter=jitter, seed=seed)
-    reason = analytic_unsupported(program, jitter=jitter)
-    if reason is None:
-        return run_analytic(program)
-    if engine == "analytic":
+    reason = analytic_unsupported(program)
+    if engine == "analytic" and reason is not None:
         raise ConfigError("engine", engine, reason)
+    if engine == "analytic" or (reason is None and jitter == 0):
+        return run_analytic(program, jitter=jitter, seed=seed)
     return run_des(program, jitter=jitter, seed=seed)
 
 

@@ -80,7 +80,7 @@ class EngineBesideReference(RuleBasedStateMachine):
 def disagreements(engine: DesRun, reference: ReferenceScheduler) -> list[str]:
     """What the engine did that the reference did not, at the same times, as ``"compute (r, pos, start, end)"``;
     once the engine has caught up with the reference's clock, also what it has not done yet."""
-    done, sends = engine.completed()
+    done, sends = engine.completed(until_s=reference.now_s)
     computed = set(done)
     # The engine knows a send's times when its op ends; count it, as the reference does, once it arrived.
     sent = {send for send in sends if send[3] <= reference.now_s}

@@ -12,7 +12,7 @@ BASE = {"errors", "units", "jit"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "units": {"errors"},
-    "jit": set(),
+    "jit": {"errors"},
     "spec": BASE,
     "schedule": BASE | {"spec"},
     "engine": BASE | {"spec", "schedule"},

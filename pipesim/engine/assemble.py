@@ -1,4 +1,9 @@
-"""Assembling a Trace from what an engine computed: per op its end and the arrival of its output."""
+"""Assembling a Trace from the span times an engine computed.
+
+Span order, the same for every engine: first one compute span per op in OpTable order (rank by
+rank, each in its op order), then one send span per op whose output crosses to another rank, in
+the same order. Sends to the same rank take no time and have no span.
+"""
 
 from __future__ import annotations
 
@@ -8,65 +13,12 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.lowering import Program
-from pipesim.engine.memory import MemoryMethod, memory_columns
+from pipesim.engine.memory import memory_columns
 from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
 COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
 _FLOAT_SPANS = frozenset({"start_s", "end_s", "bytes"})
-
-
-def op_starts(program: Program, end_s: FloatArray, arrival_s: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Start of every op and of every op's send, implied by the ends and arrivals.
-
-    An op starts when its rank is free and its input has arrived; a send starts when its op
-    has ended and the send before it on the same link has arrived.
-    """
-    ops = program.ops
-    previous_end = np.zeros_like(end_s)
-    if ops.num_ops:
-        previous_end[1:] = end_s[:-1]
-        previous_end[ops.rank_offsets[:-1][ops.rank_offsets[:-1] < ops.num_ops]] = 0.0
-    ready = np.where(ops.wait >= 0, arrival_s[np.maximum(ops.wait, 0)], 0.0)
-    start = np.maximum(previous_end, ready)
-    link_free = np.where(ops.previous_send >= 0, arrival_s[np.maximum(ops.previous_send, 0)], 0.0)
-    return start, np.maximum(end_s, link_free)
-
-
-def build_trace(
-    program: Program,
-    end_s: FloatArray,
-    arrival_s: FloatArray,
-    meta: dict[str, Any],
-    *,
-    start_s: FloatArray | None = None,
-    send_start_s: FloatArray | None = None,
-    memory_method: MemoryMethod = "auto",
-) -> Trace:
-    """The Trace of a run: spans in a fixed order, memory events from the ends.
-
-    Span order, the same for every engine: first one compute span per op in OpTable order
-    (rank by rank, each in its op order), then one send span per op whose output crosses to
-    another rank, in the same order. Sends to the same rank take no time and have no span.
-
-    Args:
-        end_s: per op (OpTable order), when it ended.
-        arrival_s: per op, when its output reached the receiving rank (its send's end; the
-            op's end when it sends nothing or sends to its own rank).
-        meta: the Trace's meta.
-        start_s, send_start_s: starts as the engine saw them; by default implied by the ends.
-        memory_method: how to compute the memory events (``memory.memory_columns``).
-    """
-    ops = program.ops
-    if start_s is None or send_start_s is None:
-        start_s, send_start_s = op_starts(program, end_s, arrival_s)
-    n, remote = ops.num_ops, np.flatnonzero(ops.is_remote_send)
-    spans = span_block(n + remote.size)
-    start, end = spans["start_s"], spans["end_s"]
-    start[:n], end[:n] = start_s, end_s
-    np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
-    np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
-    return trace_from_times(program, spans, meta, remote=remote, memory_method=memory_method)
 
 
 def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
@@ -79,14 +31,14 @@ def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
 
 
 def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
-                     remote: npt.NDArray[np.int64] | None = None, memory_method: MemoryMethod = "auto") -> Trace:
-    """The Trace of a run whose span times are already in place (see ``build_trace``).
+                     remote: npt.NDArray[np.int64] | None = None, compiled: bool | None = None) -> Trace:
+    """The Trace of a run whose span times are already in place (in the module's span order).
 
     Args:
         spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
             times in span order; the other columns are filled here from the OpTable.
         remote: the ops that send to another rank (flat indices, rising), if known.
-        memory_method: how to compute the memory events (``memory.memory_columns``).
+        compiled: compute the memory events with numba's kernel (``memory.memory_columns``).
     """
     n = program.ops.num_ops
     if remote is None:
@@ -96,7 +48,7 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
         fill_span_columns(program, spans, remote)
     else:
         spans.update(shared)
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
+    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], compiled=compiled))
 
 
 def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import simpy
 
 from pipesim.engine.lowering import Program, SharedPath
@@ -123,61 +125,54 @@ class SharedLinks:
     """The links of a program whose paths cross shared NICs: one first-in first-out queue each,
     served one send at a time through a ``Network`` that splits NIC bandwidth between flows.
 
-    On construction it relabels those links in ``link`` (the per-op link list the DES's
-    end-of-op handlers read) as ``-2 - index``, so the handlers tell them apart with one
-    comparison. It writes each send's start and arrival into ``send_start`` and ``arrival``
-    (per op) and, when a send arrives, calls ``wake(rank, now)`` for the rank in ``waiter``.
+    ``link`` is the program's per-op link column with those links relabelled ``-2 - index``
+    (the timing kernel stops after an op whose send takes one). ``send(g, now)`` queues op
+    ``g``'s send at its end; when it arrives, ``arrived(g, start_s, now)`` is called.
     """
 
-    def __init__(self, env: simpy.Environment, program: Program, link: list[int], *, send_start: list[float],
-                 arrival: list[float | None], waiter: list[int]) -> None:
+    def __init__(self, env: simpy.Environment, program: Program,
+                 arrived: Callable[[int, float, float], None]) -> None:
         ops = program.ops
         self.env = env
-        self.send_start, self.arrival, self.waiter = send_start, arrival, waiter
+        self.arrived = arrived
         self.network = Network(env, program.nic_bandwidth_bytes_per_s)
         self.send_bytes: list[float] = ops.send_bytes.tolist()
         self.paths: list[SharedPath] = []
-        self.queues: list[deque[int]] = []
-        self.wake: Callable[[int, float], None] = lambda rank_index, now: None
+        self.queues: list[deque[tuple[int, float]]] = []
         index_of: dict[tuple[int, int], int] = {}
-        rank, send_rank = ops.rank.tolist(), ops.send_rank.tolist()
-        for g, channel in enumerate(link):
-            if channel < 0:
-                continue
-            path = program.shared_paths.get((rank[g], send_rank[g]))
+        link = ops.link.copy()
+        for g in np.flatnonzero(link >= 0).tolist():
+            pair = (int(ops.rank[g]), int(ops.send_rank[g]))
+            path = program.shared_paths.get(pair)
             if path is None:
                 continue
-            pair = (rank[g], send_rank[g])
             if pair not in index_of:
                 index_of[pair] = len(self.paths)
                 self.paths.append(path)
                 self.queues.append(deque())
             link[g] = -2 - index_of[pair]
-        self.link = link
+        self.link: npt.NDArray[np.int64] = link
 
     def send(self, g: int, now: float) -> None:
-        """Queue op ``g``'s send on its link; start it at once if the link is idle."""
-        index = -2 - self.link[g]
+        """Queue op ``g``'s send on its link at ``now``; start it at once if the link is idle."""
+        index = -2 - int(self.link[g])
         queue = self.queues[index]
-        queue.append(g)
+        queue.append((g, now))
         if len(queue) == 1:
             self._begin(index, now)
 
     def _begin(self, index: int, now: float) -> None:
-        g = self.queues[index][0]
-        self.send_start[g] = now
+        g, _ = self.queues[index][0]
+        self.queues[index][0] = (g, now)
         path = self.paths[index]
         process = self.env.process(self.network.transfer(self.send_bytes[g], path.latency_s, path.nics))
         process.callbacks.append(lambda _event: self._arrived(index))
 
     def _arrived(self, index: int) -> None:
-        """The link's head send arrived: record it, wake the rank waiting for it, start the next."""
+        """The link's head send arrived: report it, then start the next."""
         now = self.env.now
         queue = self.queues[index]
-        g = queue.popleft()
-        self.arrival[g] = now
-        woken = self.waiter[g]
-        if woken >= 0:
-            self.wake(woken, now)
+        g, started = queue.popleft()
+        self.arrived(g, started, now)
         if queue:
             self._begin(index, now)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import numpy as np
@@ -90,3 +91,54 @@ def _per_rank(program: Program, values: FloatArray) -> list[list[float]]:
     offsets = program.ops.rank_offsets.tolist()
     flat: list[float] = values.tolist()
     return [flat[offsets[r]:offsets[r + 1]] for r in range(program.ops.num_ranks)]
+
+
+def run_durations(
+    program: Program,
+    *,
+    jitter: float = 0.0,
+    seed: int = 0,
+    durations: npt.ArrayLike | Sequence[Sequence[float]] | None = None,
+) -> FloatArray:
+    """Every op's compute time for one run (OpTable order): the lowered times, the given
+    ``durations``, or the lowered times scaled by seeded jitter.
+
+    Args:
+        jitter: coefficient of variation of every op's duration (0: deterministic). Factors
+            are drawn from ``numpy.random.default_rng(seed)`` rank by rank and clipped at 0.
+        durations: per rank, per op in its order, or one flat array in OpTable order
+            (``draw_durations`` gives them); ``jitter`` must then be 0.
+
+    Raises:
+        ConfigError: a negative jitter, jitter with durations, or durations of the wrong
+            length, infinite or negative.
+    """
+    if not jitter >= 0:
+        raise ConfigError("jitter", jitter, "must be >= 0")
+    base = program.ops.duration_s
+    if durations is not None:
+        if jitter:
+            raise ConfigError("jitter", jitter, "must be 0 when durations are given")
+        return _given(program, durations)
+    if jitter == 0:
+        return base
+    rng = np.random.default_rng(seed)
+    offsets = program.ops.rank_offsets.tolist()
+    factors = [np.maximum(rng.normal(1.0, jitter, offsets[r + 1] - offsets[r]), 0.0)
+               for r in range(program.ops.num_ranks)]
+    jittered: FloatArray = base * np.concatenate([np.zeros(0), *factors])
+    return jittered
+
+
+def _given(program: Program, durations: npt.ArrayLike | Sequence[Sequence[float]]) -> FloatArray:
+    if isinstance(durations, np.ndarray):
+        flat = durations.astype(np.float64, copy=False).reshape(-1)
+    else:  # per rank, per op: ranks of different lengths
+        flat = np.concatenate([np.zeros(0), *(np.asarray(row, dtype=np.float64).reshape(-1)
+                                              for row in durations)])  # type: ignore[union-attr]
+    if flat.shape[0] != program.ops.num_ops:
+        raise ConfigError("durations", int(flat.shape[0]), f"must give one duration per op ({program.ops.num_ops})")
+    bad = flat[~((flat >= 0.0) & (flat < math.inf))]
+    if bad.size:
+        raise ConfigError("durations", float(bad[0]), "every op's duration must be finite and >= 0")
+    return flat

@@ -1,0 +1,233 @@
+"""The timing kernel: advance one rank through its ops until it must wait. Both engines run it.
+
+The recurrence, written once (``advance``):
+
+    start(op)  = max(end of the rank's previous op, arrival of the op's input)
+    end(op)    = start(op) + duration(op)
+    send(op)   = max(end(op), arrival of the previous send on the same link)   # first in, first out
+    arrival    = send(op) + transfer(op)            (end(op) when nothing crosses to another rank)
+
+The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
+calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
+over shared NICs have no arrival known in advance: ``advance`` stops after such an op and
+the DES engine moves its bytes through ``network.SharedLinks``.
+
+State lives in two flat buffers (one of int64, one of float64) so that a compiled call takes
+two arguments: columns are slices at offsets kept in the first ``HEADER`` integers. With
+numba the buffers are numpy arrays; the plain-Python kernels run on lists of the same layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pipesim import jit
+from pipesim.engine.lowering import Program
+from pipesim.errors import DeadlockError
+from pipesim.schedule.ir import grid
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# Integer columns, then float columns; the header holds each one's offset in its buffer.
+WAIT, LINK, SEND_ROW, WAITER, NEXT, STOP = range(6)
+DURATION, TRANSFER, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(6, 14)
+NUM_RANKS = 14
+HEADER = 15
+
+# What ``advance`` returns as its status.
+AGAIN = 0      # it woke two ranks and stopped: call it again
+BLOCKED = -1   # the rank's next op waits for an input not known yet (the rank is its waiter now)
+FINISHED = -2  # the rank has run all its ops
+SHARED = 1     # the op it returns ended with a send over shared NICs (arrival not known)
+
+
+@jit.jit
+def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
+    """Run ``rank``'s ops in order while each op's input is known.
+
+    Writes every op's compute span (row ``g``) and send span (row ``SEND_ROW[g]``) and its
+    output's arrival. Where an op computes the input a blocked rank waits for, that rank is
+    woken: its ``CLOCK`` becomes the time its op can start.
+
+    Returns:
+        ``(woken, delay, woken2, delay2, status, g)``: up to two woken ranks (-1: none) and how
+        long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
+        FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
+    """
+    wait, link, send_row, waiter, next_op, stop = ints[WAIT], ints[LINK], ints[SEND_ROW], ints[WAITER], \
+        ints[NEXT], ints[STOP]
+    duration, transfer, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
+        ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
+    now = floats[clock + rank]
+    woken_first, delay_first = -1, 0.0
+    g = ints[next_op + rank]
+    last = ints[stop + rank]
+    t = floats[free + rank]
+    while g < last:
+        ready = floats[arrival + ints[wait + g]]
+        if ready != ready:  # NaN: the input's arrival is not known yet
+            ints[waiter + ints[wait + g]] = rank
+            ints[next_op + rank] = g
+            floats[free + rank] = t
+            return woken_first, delay_first, -1, 0.0, BLOCKED, g
+        if ready > t:
+            t = ready
+        floats[start + g] = t
+        t = t + floats[duration + g]
+        floats[end + g] = t
+        channel = ints[link + g]
+        if channel >= 0:
+            done = floats[link_free + channel]
+            if t > done:
+                done = t
+            row = ints[send_row + g]
+            floats[start + row] = done
+            done = done + floats[transfer + g]
+            floats[end + row] = done
+            floats[link_free + channel] = done
+        elif channel == -1:
+            done = t
+        else:
+            ints[next_op + rank] = g + 1
+            floats[free + rank] = t
+            return woken_first, delay_first, -1, 0.0, SHARED, g
+        floats[arrival + g] = done
+        woken = ints[waiter + g]
+        g += 1
+        if woken >= 0:
+            at = floats[free + woken]
+            if done > at:
+                at = done
+            floats[clock + woken] = at
+            if woken_first < 0:
+                woken_first, delay_first = woken, at - now
+            else:
+                ints[next_op + rank] = g
+                floats[free + rank] = t
+                return woken_first, delay_first, woken, at - now, AGAIN, g
+    ints[next_op + rank] = g
+    floats[free + rank] = t
+    return woken_first, delay_first, -1, 0.0, FINISHED, g
+
+
+@jit.jit
+def solve(ints: Any, floats: Any) -> int:
+    """Advance every rank until none can move (the analytic engine). Returns how many ranks
+    have ops left (0 unless the run deadlocks)."""
+    num_ranks = ints[NUM_RANKS]
+    stack = np.empty(num_ranks, np.int64)  # each rank is on it at most once: it is pushed when woken
+    top = 0
+    for r in range(num_ranks - 1, -1, -1):
+        stack[top] = r
+        top += 1
+    while top > 0:
+        top -= 1
+        r = stack[top]
+        status = AGAIN
+        while status == AGAIN:
+            woken, _, woken2, _, status, _ = advance(r, ints, floats)
+            if woken >= 0:
+                stack[top] = woken
+                top += 1
+            if woken2 >= 0:
+                stack[top] = woken2
+                top += 1
+    left = 0
+    for r in range(num_ranks):
+        if ints[ints[NEXT] + r] < ints[ints[STOP] + r]:
+            left += 1
+    return left
+
+
+@dataclass(eq=False)
+class KernelState:
+    """The buffers ``advance`` works on, for one run of a program.
+
+    Args (of ``KernelState.build``):
+        program: the lowered program; durations: per op (OpTable order), seconds.
+        link: per op its link (-1: no send to another rank; <= -2: a shared link, see
+            ``network.SharedLinks``); default ``program.ops.link``.
+        compiled: numpy buffers for the compiled kernels; False: lists for the plain ones.
+    """
+
+    ints: Any
+    floats: Any
+    offsets: list[int]
+    num_ops: int
+    num_spans: int
+    compiled: bool
+
+    @classmethod
+    def build(cls, program: Program, durations: FloatArray, *, link: IntArray | None = None,
+              compiled: bool) -> KernelState:
+        ops = program.ops
+        n, num_ranks = ops.num_ops, ops.num_ranks
+        remote = ops.is_remote_send
+        num_sends = int(np.count_nonzero(remote))
+        links = ops.link if link is None else link
+        num_links = int(ops.link.max()) + 1 if n else 0
+        send_row = np.full(n, -1, np.int64)
+        send_row[remote] = np.arange(n, n + num_sends, dtype=np.int64)
+        int_columns: list[npt.NDArray[Any]] = [
+            np.where(ops.wait < 0, n, ops.wait), links, send_row, np.full(n + 1, -1, np.int64),
+            ops.rank_offsets[:-1], ops.rank_offsets[1:]]
+        arrival = np.full(n + 1, np.nan)
+        arrival[n] = 0.0  # the slot read by ops that wait for nothing
+        zeros = np.zeros
+        float_columns: list[npt.NDArray[Any]] = [
+            np.asarray(durations, np.float64), ops.transfer_s, arrival, zeros(num_links), zeros(num_ranks),
+            zeros(num_ranks), zeros(n + num_sends), zeros(n + num_sends)]
+        int_sizes = [column.shape[0] for column in int_columns]
+        float_sizes = [column.shape[0] for column in float_columns]
+        offsets = [int(x) for x in np.cumsum([HEADER, *int_sizes[:-1]])] + \
+            [int(x) for x in np.cumsum([0, *float_sizes[:-1]])] + [num_ranks]
+        ints = np.concatenate([np.asarray(offsets, np.int64), *(c.astype(np.int64, copy=False) for c in int_columns)])
+        floats = np.concatenate(float_columns)
+        if not compiled:
+            return cls(ints.tolist(), floats.tolist(), offsets, n, n + num_sends, False)
+        return cls(ints, floats, offsets, n, n + num_sends, True)
+
+    def column(self, index: int, size: int) -> npt.NDArray[Any]:
+        """A column as a numpy array: ``size`` values from its offset (a view of a compiled
+        run's buffer: copy what outlives the state)."""
+        at = self.offsets[index]
+        source = self.ints if index < DURATION else self.floats
+        if self.compiled:
+            view: npt.NDArray[Any] = source[at: at + size]
+            return view
+        return np.asarray(source[at: at + size], dtype=np.int64 if index < DURATION else np.float64)
+
+    def span_times(self) -> tuple[FloatArray, FloatArray]:
+        """Start and end of every span (compute spans in op order, then sends)."""
+        return self.column(START, self.num_spans), self.column(END, self.num_spans)
+
+    def arrival_s(self) -> FloatArray:
+        """Per op, the arrival of its output (NaN: not known)."""
+        return self.column(ARRIVAL, self.num_ops)
+
+    def next_ops(self) -> list[int]:
+        """Per rank, its next op not computed yet (flat index; its stop when it has none left)."""
+        return [int(g) for g in self.column(NEXT, self.offsets[NUM_RANKS])]
+
+    def stuck(self, program: Program) -> list[int]:
+        """The ops at which ranks stopped before their last op."""
+        stops = program.ops.rank_offsets[1:].tolist()
+        return [g for g, stop in zip(self.next_ops(), stops, strict=True) if g < stop]
+
+
+def deadlock_error(program: Program, stuck: list[int], arrival_s: FloatArray) -> DeadlockError:
+    """The error for a run whose ranks stopped at ``stuck``: each stuck op and what it waits for."""
+    ops, schedule = program.ops, program.schedule
+    flat = [op for ops_of_rank in schedule.ranks for op in ops_of_rank]
+    lines, marked = [], set()
+    for g in stuck:
+        rank_index, producer = int(ops.rank[g]), int(ops.wait[g])
+        waiting = str(flat[producer]) if producer >= 0 and not np.isfinite(arrival_s[producer]) else "nothing"
+        lines.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
+        marked.add((rank_index, int(ops.position[g])))
+    return DeadlockError("deadlock: " + "; ".join(lines), grid(schedule.ranks, marked))

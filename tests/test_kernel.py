@@ -1,0 +1,59 @@
+"""The timing and memory kernels compiled by numba and as plain Python: the same bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+from hypothesis import given
+
+from engine_strategies import Case, cases
+from pipesim import jit
+from pipesim.engine.analytic import run_analytic
+from pipesim.engine.memory import memory_columns
+from pipesim.engine.trace import MEMORY_COLUMNS, SPAN_COLUMNS
+from pipesim.errors import ConfigError
+from pipesim.simulation import make_plan, prepare
+
+needs_numba = pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed (the fast extra)")
+
+
+def same(a: npt.NDArray[np.generic], b: npt.NDArray[np.generic]) -> bool:
+    """Equal bit for bit: same dtype, shape and bytes."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@needs_numba
+@given(cases())
+def test_compiled_and_plain_kernels_give_identical_traces(case: Case) -> None:
+    program = prepare(case.profile, case.topology, make_plan(case.profile, **case.kwargs))
+    compiled, plain = run_analytic(program, compiled=True), run_analytic(program, compiled=False)
+    for column in SPAN_COLUMNS:
+        assert same(compiled.spans[column], plain.spans[column]), column
+    end = compiled.spans["end_s"][: program.ops.num_ops]
+    a, b = memory_columns(program, end, compiled=True), memory_columns(program, end, compiled=False)
+    for column in MEMORY_COLUMNS:
+        assert same(a[column], b[column]), column
+        assert same(a[column], compiled.memory[column]), column
+
+
+def test_the_policy_depends_on_the_setting_and_the_run_size_only() -> None:
+    assert not jit.use_compiled(10**9, "never")
+    assert jit.use_compiled(1, "always") == jit.AVAILABLE
+    small, large = jit.COMPILED_FROM_OPS - 1, jit.COMPILED_FROM_OPS
+    for _ in range(3):  # the same answer however often the process has asked before
+        assert not jit.use_compiled(small, "auto")
+        assert jit.use_compiled(large, "auto") == jit.AVAILABLE
+    with pytest.raises(ConfigError, match="kernels='fast': must be one of auto, always, never"):
+        jit.use_compiled(1, "fast")  # type: ignore[arg-type]
+
+
+def test_the_environment_chooses_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PIPESIM_JIT", "always")
+    assert jit.setting_from_environment() == "always"
+    monkeypatch.setenv("PIPESIM_NO_JIT", "1")
+    assert jit.setting_from_environment() == "never"
+    monkeypatch.delenv("PIPESIM_NO_JIT")
+    monkeypatch.setenv("PIPESIM_JIT", "sometimes")
+    with pytest.raises(ConfigError, match="PIPESIM_JIT='sometimes'"):
+        jit.setting_from_environment()
