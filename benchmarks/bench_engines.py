@@ -22,9 +22,9 @@ import numpy as np
 import simpy
 
 from pipesim import Topology, jit, uniform_profile
-from pipesim.engine.analytic import Method, run_analytic, solve_in_span_order
+from pipesim.engine.analytic import run_analytic
 from pipesim.engine.assemble import fill_span_columns
-from pipesim.engine import kernel_policy
+from pipesim.engine.kernel import KernelState, solve
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import OpTable, Program, lower
 from pipesim.engine.memory import memory_columns
@@ -64,14 +64,14 @@ def fresh(prog: Program) -> Program:
     return dataclasses.replace(prog, ops=table)
 
 
-def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7, method: Method = "auto") -> float:
+def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7, compiled: bool | None = None) -> float:
     """Best engine time of ``run_analytic`` (the pass and assembling the Trace), each repeat on a
     fresh table."""
     times: list[float] = []
     while len(times) < 2 or (sum(times) < budget_s and len(times) < most):
         run = fresh(prog)
         started = time.perf_counter()
-        run_analytic(run, method=method)
+        run_analytic(run, compiled=compiled)
         times.append(time.perf_counter() - started)
     return min(times)
 
@@ -111,15 +111,15 @@ def engine_rows() -> list[dict[str, Any]]:
             ops = prog.ops.num_ops
             per_stage = int(np.diff(prog.ops.rank_offsets).max())
             bare = max(bare_simpy_ops_per_s(p, per_stage) for _ in range(2))
-            run_analytic(prog, method="kernel")  # numba's start-up (and compiling, unless cached) on the first point
-            analytic_s = time_analytic(prog, method="kernel")
+            run_analytic(prog, compiled=True)  # numba's start-up (and compiling, unless cached) on the first point
+            analytic_s = time_analytic(prog, compiled=True)
             row: dict[str, Any] = {"schedule": schedule, "p": p, "m": m, "k": prog.schedule.num_minibatches,
                                    "ops": ops, "bare_ops_per_s": bare, "analytic_s": analytic_s}
             expected_des_s = ops / des_rate[schedule] if schedule in des_rate else 0.0
             if expected_des_s > DES_LIMIT_S:
                 row["des_s"] = None
             else:
-                row["des_s"] = best_of(lambda prog=prog: run_des(prog), budget_s=2.0, most=3)
+                row["des_s"] = best_of(lambda prog=prog: run_des(prog, compiled=True), budget_s=2.0, most=3)
                 des_rate[schedule] = ops / row["des_s"]
                 bare = max(bare, bare_simpy_ops_per_s(p, per_stage))
                 row["bare_ops_per_s"] = bare
@@ -129,8 +129,8 @@ def engine_rows() -> list[dict[str, Any]]:
 
 
 def plain_rows() -> list[dict[str, Any]]:
-    """The analytic engine's time per point with numba off (PIPESIM_NO_JIT=1: numpy rounds and
-    assembly), in a fresh process."""
+    """The analytic engine's time per point with numba off (PIPESIM_NO_JIT=1: the kernels as plain
+    Python), in a fresh process."""
     env = {**os.environ, "PIPESIM_NO_JIT": "1"}
     done = subprocess.run([sys.executable, __file__, "--plain"], capture_output=True, text=True, check=True,
                           timeout=900, env=env)
@@ -170,7 +170,7 @@ def startup_point(p: int, m: int, kernels: bool) -> dict[str, Any]:
     """Run by ``startup_rows`` in a fresh process: the first simulate() (with ``kernels``, the
     compiled kernels from the first op on)."""
     if kernels:
-        kernel_policy.KERNELS_FROM_OPS = 0
+        os.environ["PIPESIM_JIT"] = "always"
     profile, topology = inputs(p)
     started = time.perf_counter()
     result = simulate(profile, topology, schedule="1f1b", num_stages=p, num_microbatches=m, engine="analytic")
@@ -184,15 +184,22 @@ def analytic_phases() -> list[dict[str, Any]]:
     for schedule, p, m in (("1f1b", 64, 512), ("1f1b", 128, 1024), ("2bw", 128, 1024)):
         prog = program(schedule, p, m)
         n = prog.ops.num_ops
-        spans, _, remote, _ = solve_in_span_order(prog.ops)
+        trace = run_analytic(prog, compiled=True)
+        spans = {column: values.copy() for column, values in trace.spans.items()}
+        remote = np.flatnonzero(prog.ops.is_remote_send)
         end = spans["end_s"]
+
+        def solved(prog: Program = prog) -> None:
+            state = KernelState.build(prog, prog.ops.duration_s, compiled=True)
+            jit.pick(solve, True)(state.ints, state.floats)
+
         phases = {
-            "solve_s": best_of(lambda prog=prog: solve_in_span_order(prog.ops), budget_s=5.0, most=7),
-            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n], method="kernel"),
+            "solve_s": best_of(solved, budget_s=5.0, most=7),
+            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n], compiled=True),
                                 budget_s=5.0, most=7),
             "spans_s": best_of(lambda prog=prog, spans=spans, remote=remote: fill_span_columns(prog, spans, remote),
                                budget_s=5.0, most=7),
-            "total_s": time_analytic(prog, budget_s=5.0, method="kernel"),
+            "total_s": time_analytic(prog, budget_s=5.0, compiled=True),
         }
         rows.append({"schedule": schedule, "p": p, "m": m, "ops": n, **phases})
         print(json.dumps(rows[-1]), flush=True)
@@ -269,7 +276,7 @@ def des_profile() -> str:
     prog = program("1f1b", 32, 256)
     profiler = cProfile.Profile()
     profiler.enable()
-    run_des(prog)
+    run_des(prog, compiled=True)
     profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(10)

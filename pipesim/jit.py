@@ -26,7 +26,7 @@ AVAILABLE: bool = importlib.util.find_spec("numba") is not None
 
 #: With ``auto``, runs of at least this many ops use the compiled kernels. Below it the
 #: plain-Python kernels finish before numba has started (benchmarks/RESULTS.md, "Kernel policy").
-COMPILED_FROM_OPS = 100_000
+COMPILED_FROM_OPS = 50_000
 
 
 def setting_from_environment() -> JitSetting:

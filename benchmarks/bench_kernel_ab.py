@@ -1,0 +1,170 @@
+"""The engines of this tree against a baseline tree, in one run: DES (and its ratio to a bare SimPy
+loop), the analytic engine compiled and by default, and ``prepare``; writes its RESULTS.md section.
+
+    python benchmarks/bench_kernel_ab.py --baseline TREE [--write]
+
+TREE is a source tree of the commit to compare with (``git archive COMMIT | tar -x -C TREE``).
+Each tree runs in its own worker process; every step is asked of both workers alternately
+(A B, B A, ...), and the fastest of each side is kept, so drift of this shared machine's speed
+hits both sides alike. Only public calls are timed; where the baseline's API differs (its
+analytic engine took ``method="kernel"`` for the compiled pass) the worker adapts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+POINTS = (("1f1b", 32, 1, 256), ("2bw", 32, 1, 256), ("1f1b", 64, 1, 512), ("interleaved-1f1b", 8, 2, 64),
+          ("zbv", 8, 2, 64))
+REPEATS = 6
+
+
+def tasks() -> dict[str, Callable[[], Any]]:
+    """Every (point, step) as a closure over inputs built once (run in a worker)."""
+    import simpy
+
+    from pipesim import Topology, uniform_profile
+    from pipesim.engine.analytic import run_analytic
+    from pipesim.engine.des import run_des
+    from pipesim.simulation import make_plan, prepare
+
+    compiled_analytic = ({"compiled": True} if "compiled" in inspect.signature(run_analytic).parameters
+                         else {"method": "kernel"})
+    # The baseline's DES compiled its lookahead whenever numba was installed.
+    compiled_des = {"compiled": True} if "compiled" in inspect.signature(run_des).parameters else {}
+    found: dict[str, Callable[[], Any]] = {}
+    for schedule, ranks, per_rank, m in POINTS:
+        p = ranks * per_rank
+        profile = uniform_profile(num_layers=p, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e6,
+                                  param_bytes=4e6)
+        topology = Topology.uniform(num_devices=ranks, bandwidth="25Gbit/s", latency="5us")
+        plan = make_plan(profile, schedule=schedule, num_stages=p, num_microbatches=m, stages_per_rank=per_rank)
+        program = prepare(profile, topology, plan)
+        per_rank_ops = int(max(program.ops.rank_offsets[1:] - program.ops.rank_offsets[:-1]))
+
+        def bare(num_ranks: int = ranks, num_ops: int = per_rank_ops) -> None:
+            env = simpy.Environment()
+
+            def rank() -> Any:
+                for _ in range(num_ops):
+                    yield env.timeout(1e-3)
+
+            for _ in range(num_ranks):
+                env.process(rank())
+            env.run()
+
+        key = f"{schedule} R={ranks} V={per_rank} m={m} ({program.ops.num_ops} ops)"
+        found[f"{key}|bare simpy"] = bare
+        found[f"{key}|des"] = lambda g=program: run_des(g)
+        found[f"{key}|des compiled"] = lambda g=program: run_des(g, **compiled_des)
+        found[f"{key}|analytic"] = lambda g=program: run_analytic(g)
+        found[f"{key}|analytic compiled"] = lambda g=program: run_analytic(g, **compiled_analytic)
+        found[f"{key}|prepare"] = lambda pr=profile, t=topology, pl=plan: prepare(pr, t, pl)
+    for task in found.values():  # numba's start-up and compiling, outside the timings
+        task()
+    return found
+
+
+def worker() -> None:
+    """Read a task name per line, run it once, print its seconds."""
+    known = tasks()
+    print(json.dumps(list(known)), flush=True)
+    for line in sys.stdin:
+        task = known[line.strip()]
+        started = time.perf_counter()
+        task()
+        print(time.perf_counter() - started, flush=True)
+
+
+def rows(baseline: Path, candidate: Path) -> list[dict[str, Any]]:
+    """Fastest time of every step in each tree, asked alternately."""
+    def start(tree: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+
+    def ask(process: subprocess.Popen[str], line: str) -> str:
+        assert process.stdin is not None and process.stdout is not None
+        if line:
+            process.stdin.write(line + "\n")
+            process.stdin.flush()
+        return process.stdout.readline()
+
+    workers = [start(baseline), start(candidate)]
+    names: list[str] = [json.loads(ask(w, "")) for w in workers][1]
+    found = []
+    for name in names:
+        times: list[list[float]] = [[], []]
+        for repeat in range(REPEATS):
+            for side in ((0, 1) if repeat % 2 == 0 else (1, 0)):
+                times[side].append(float(ask(workers[side], name)))
+        point, step = name.split("|")
+        found.append({"point": point, "step": step, "baseline_s": min(times[0]), "candidate_s": min(times[1])})
+        print(json.dumps(found[-1]), flush=True)
+    for process in workers:
+        assert process.stdin is not None
+        process.stdin.close()
+        process.wait()
+    return found
+
+
+def render(found: list[dict[str, Any]], baseline: str, header: str) -> str:
+    """The RESULTS.md section: per step both times and their ratio; per point the DES over bare SimPy."""
+    lines = ["## One timing kernel against the pre-change engines (`bench_kernel_ab.py`)", "", header, "",
+             f"Baseline: {baseline}. Each step is the fastest of {REPEATS} runs per side, asked alternately. "
+             "`des` and `analytic` are the default calls (the kernels compiled or plain as each tree's "
+             "policy chooses); `compiled` forces numba's kernels. `des / bare` is the DES time over a bare "
+             "SimPy loop with one timeout per op (below 1: faster than SimPy's own loop).", "",
+             "| point | step | baseline ms | this tree ms | this / baseline |", "|---|---|---|---|---|"]
+    bare = {(row["point"], side): row[f"{side}_s"] for row in found if row["step"] == "bare simpy"
+            for side in ("baseline", "candidate")}
+    for row in found:
+        lines.append(f"| {row['point']} | {row['step']} | {row['baseline_s'] * 1e3:.2f} | "
+                     f"{row['candidate_s'] * 1e3:.2f} | {row['candidate_s'] / row['baseline_s']:.2f} |")
+    lines += ["", "| point | des / bare, baseline | des / bare, this tree | compiled des / bare, baseline | "
+              "compiled des / bare, this tree |", "|---|---|---|---|---|"]
+    for point in dict.fromkeys(row["point"] for row in found):
+        step = {row["step"]: row for row in found if row["point"] == point}
+        cells = [f"{step[name][f'{side}_s'] / bare[(point, side)]:.2f}" for name in ("des", "des compiled")
+                 for side in ("baseline", "candidate")]
+        lines.append(f"| {point} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", type=Path, help="source tree to compare with")
+    parser.add_argument("--label", default="", help="what the baseline is (e.g. its commit)")
+    parser.add_argument("--write", action="store_true", help="replace this section of benchmarks/RESULTS.md")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker()
+        return
+    if args.baseline is None:
+        parser.error("--baseline TREE is required")
+    sys.path.insert(0, str(HERE))
+    import datetime as dt
+
+    from results_file import machine, write_section
+
+    found = rows(args.baseline.resolve(), HERE.parent)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    section = render(found, args.label or str(args.baseline), f"{stamp}; {machine()}; load average at start {load}")
+    print(section)
+    if args.write:
+        write_section("kernel-ab", section)
+
+
+if __name__ == "__main__":
+    main()
