@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.assemble import span_block, trace_from_times
+from pipesim.engine.assemble import trace_from_times
 from pipesim.engine.kernel import KernelState, deadlock_error, solve
 from pipesim.engine.lowering import Program
 from pipesim.engine.noise import run_durations
@@ -59,8 +59,7 @@ def run_analytic(
     state = KernelState.build(program, chosen, compiled=use)
     if jit.pick(solve, use)(state.ints, state.floats):
         raise deadlock_error(program, state.stuck(program), state.arrival_s())
-    spans = span_block(state.num_spans)
-    spans["start_s"][:], spans["end_s"][:] = state.span_times()
+    spans = state.span_columns()
     meta = {**program.meta, "engine": "analytic", "jitter": jitter}
     if jitter or durations is not None:
         meta["seed"] = seed

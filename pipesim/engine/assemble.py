@@ -21,11 +21,13 @@ COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
 _FLOAT_SPANS = frozenset({"start_s", "end_s", "bytes"})
 
 
-def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
-    """Empty span columns (SPAN_COLUMNS, int64 or float64 as the Trace defines them), all in
-    one allocation: each column is a row of one block, viewed with its dtype, so an engine can
-    write times straight into the Trace's own columns."""
-    block = np.empty((len(SPAN_COLUMNS), num_spans), dtype=np.float64)
+def span_block(num_spans: int, buffer: FloatArray | None = None) -> dict[str, npt.NDArray[Any]]:
+    """Span columns (SPAN_COLUMNS, int64 or float64 as the Trace defines them), all in one
+    allocation: each column is a row of one block, viewed with its dtype, so an engine can
+    write times straight into the Trace's own columns. ``buffer`` (at least
+    ``len(SPAN_COLUMNS) * num_spans`` floats) holds the block; by default a new one."""
+    size = len(SPAN_COLUMNS) * num_spans
+    block = (np.empty(size) if buffer is None else buffer[:size]).reshape(len(SPAN_COLUMNS), num_spans)
     return {column: block[i] if column in _FLOAT_SPANS else block[i].view(np.int64)
             for i, column in enumerate(SPAN_COLUMNS)}
 

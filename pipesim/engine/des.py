@@ -10,7 +10,7 @@ import numpy.typing as npt
 import simpy
 
 from pipesim import jit
-from pipesim.engine.assemble import span_block, trace_from_times
+from pipesim.engine.assemble import trace_from_times
 from pipesim.engine.kernel import (
     AGAIN, ARRIVAL, CLOCK, END, FINISHED, FREE, NEXT, SEND_ROW, SHARED, START, WAITER, KernelState, advance,
     deadlock_error,
@@ -189,8 +189,7 @@ class DesRun:
             stuck = self.state.stuck(self.program)
             if stuck:
                 raise deadlock_error(self.program, stuck, self.state.arrival_s())
-            spans = span_block(self.state.num_spans)
-            spans["start_s"][:], spans["end_s"][:] = self.state.span_times()
+            spans = self.state.span_columns()
             self._trace = trace_from_times(self.program, spans, self._meta, compiled=self.compiled)
         return self._trace
 

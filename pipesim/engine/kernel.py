@@ -26,7 +26,9 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
+from pipesim.engine.assemble import span_block
 from pipesim.engine.lowering import Program
+from pipesim.engine.trace import SPAN_COLUMNS
 from pipesim.errors import DeadlockError
 from pipesim.schedule.ir import grid
 
@@ -169,28 +171,42 @@ class KernelState:
         n, num_ranks = ops.num_ops, ops.num_ranks
         remote = ops.is_remote_send
         num_sends = int(np.count_nonzero(remote))
-        links = ops.link if link is None else link
         num_links = int(ops.link.max()) + 1 if n else 0
-        send_row = np.full(n, -1, np.int64)
+        int_sizes = (n, n, n, n + 1, num_ranks, num_ranks)
+        num_spans = n + num_sends
+        # The state's float columns, then the Trace's span block (one row per span column) whose
+        # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
+        state_sizes = (n, n, n + 1, num_links, num_ranks, num_ranks)
+        block_at = sum(state_sizes)
+        offsets = [int(x) for x in np.cumsum((HEADER, *int_sizes[:-1]))] + \
+            [int(x) for x in np.cumsum((0, *state_sizes[:-1]))] + \
+            [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")] + [num_ranks]
+        ints = np.empty(HEADER + sum(int_sizes), np.int64)
+        floats = np.empty(block_at + len(SPAN_COLUMNS) * num_spans)
+        floats[offsets[ARRIVAL] + n: block_at] = 0.0  # the arrival slot read by ops that wait for nothing, links, ranks
+        ints[:HEADER] = offsets
+
+        def part(index: int, size: int) -> npt.NDArray[Any]:
+            view: npt.NDArray[Any] = (ints if index < DURATION else floats)[offsets[index]: offsets[index] + size]
+            return view
+
+        wait = part(WAIT, n)
+        wait[:] = ops.wait
+        wait[wait < 0] = n  # the arrival slot that holds 0
+        part(LINK, n)[:] = ops.link if link is None else link
+        send_row = part(SEND_ROW, n)
+        send_row[:] = -1
         send_row[remote] = np.arange(n, n + num_sends, dtype=np.int64)
-        int_columns: list[npt.NDArray[Any]] = [
-            np.where(ops.wait < 0, n, ops.wait), links, send_row, np.full(n + 1, -1, np.int64),
-            ops.rank_offsets[:-1], ops.rank_offsets[1:]]
-        arrival = np.full(n + 1, np.nan)
-        arrival[n] = 0.0  # the slot read by ops that wait for nothing
-        zeros = np.zeros
-        float_columns: list[npt.NDArray[Any]] = [
-            np.asarray(durations, np.float64), ops.transfer_s, arrival, zeros(num_links), zeros(num_ranks),
-            zeros(num_ranks), zeros(n + num_sends), zeros(n + num_sends)]
-        int_sizes = [column.shape[0] for column in int_columns]
-        float_sizes = [column.shape[0] for column in float_columns]
-        offsets = [int(x) for x in np.cumsum([HEADER, *int_sizes[:-1]])] + \
-            [int(x) for x in np.cumsum([0, *float_sizes[:-1]])] + [num_ranks]
-        ints = np.concatenate([np.asarray(offsets, np.int64), *(c.astype(np.int64, copy=False) for c in int_columns)])
-        floats = np.concatenate(float_columns)
+        part(WAITER, n + 1)[:] = -1
+        part(NEXT, num_ranks)[:] = ops.rank_offsets[:-1]
+        part(STOP, num_ranks)[:] = ops.rank_offsets[1:]
+        part(DURATION, n)[:] = durations
+        part(TRANSFER, n)[:] = ops.transfer_s
+        part(ARRIVAL, n)[:] = np.nan  # not known yet; the slot after them holds 0
         if not compiled:
-            return cls(ints.tolist(), floats.tolist(), offsets, n, n + num_sends, False)
-        return cls(ints, floats, offsets, n, n + num_sends, True)
+            return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,
+                       n, num_spans, False)
+        return cls(ints, floats, offsets, n, num_spans, True)
 
     def column(self, index: int, size: int) -> npt.NDArray[Any]:
         """A column as a numpy array: ``size`` values from its offset (a view of a compiled
@@ -205,6 +221,16 @@ class KernelState:
     def span_times(self) -> tuple[FloatArray, FloatArray]:
         """Start and end of every span (compute spans in op order, then sends)."""
         return self.column(START, self.num_spans), self.column(END, self.num_spans)
+
+    def span_columns(self) -> dict[str, npt.NDArray[Any]]:
+        """The Trace's span columns with the times in place (``assemble.span_block``'s layout);
+        the other columns are left for ``assemble.trace_from_times`` to fill."""
+        if self.compiled:
+            block_at = self.offsets[START] - SPAN_COLUMNS.index("start_s") * self.num_spans
+            return span_block(self.num_spans, self.floats[block_at:])
+        spans = span_block(self.num_spans)
+        spans["start_s"][:], spans["end_s"][:] = self.span_times()
+        return spans
 
     def arrival_s(self) -> FloatArray:
         """Per op, the arrival of its output (NaN: not known)."""
