@@ -12,7 +12,6 @@ import numpy.typing as npt
 
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
-from pipesim.schedule.columns import send_links
 from pipesim.schedule.ir import KIND_CODES, KIND_ORDER, Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
@@ -194,7 +193,8 @@ def lower(
         validate(schedule)
     columns = schedule.table
     minibatch, version, wait = schedule.minibatch, schedule.version, schedule.wait
-    halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
+    measured = costs.backward_input_s is not None and costs.backward_weight_s is not None
+    halves = None if measured else split_evenly(costs)
     durations_by_kind = {
         OpKind.F: costs.forward_s,
         OpKind.B: costs.backward_s,
@@ -205,7 +205,7 @@ def lower(
     by_stage_kind = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).T
     duration = by_stage_kind.ravel().take(schedule.stage_kind)
     # Every send value is a function of the send's link: computed per link, then gathered.
-    links = send_links(schedule)
+    links = schedule.send_links
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
     link_bytes = np.where(links.boundary >= 0, output_bytes[links.boundary], 0.0)
@@ -213,7 +213,8 @@ def lower(
                              output_bytes)
     send_link = schedule.send_link
     send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
-    _check_finite(duration, transfer)
+    if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
+        _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
     ops = OpTable(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,

@@ -7,12 +7,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pipesim.schedule.columns import SendLinks
 
 IntArray = npt.NDArray[np.int64]
 
@@ -115,6 +118,8 @@ class ScheduleTable:
     microbatch column holds the update's index on its stage. Every column is read only.
 
     Attributes:
+        known_rank: the rank column, where a generator has it at hand (one stage per rank:
+            the stage column); None: derived from ``rank_offsets``.
         minibatch, updates_before, forward, wait, previous_send: order facts that a
             generator knows by formula, given here so that ``Schedule`` need not derive them
             (None: derived when read; see the Schedule properties of those names).
@@ -124,6 +129,7 @@ class ScheduleTable:
     stage: IntArray
     kind: IntArray
     microbatch: IntArray
+    known_rank: IntArray | None = None
     minibatch: IntArray | None = None
     updates_before: IntArray | None = None
     forward: IntArray | None = None
@@ -159,12 +165,17 @@ class ScheduleTable:
     @cached_property
     def rank(self) -> IntArray:
         """Per op, its rank."""
+        if self.known_rank is not None:
+            return self.known_rank
         lengths = np.diff(self.rank_offsets)
         return read_only(np.repeat(np.arange(self.num_ranks, dtype=np.int64), lengths))
 
     @cached_property
     def position(self) -> IntArray:
         """Per op, its index in its rank's order."""
+        lengths = np.diff(self.rank_offsets)
+        if lengths.size and (lengths == lengths[0]).all():  # every rank as long: one row, repeated
+            return read_only(np.tile(np.arange(lengths[0], dtype=np.int64), lengths.size))
         return read_only(np.arange(self.num_ops, dtype=np.int64) - self.rank_offsets[self.rank])
 
     def to_ranks(self) -> tuple[tuple[Op, ...], ...]:
@@ -268,8 +279,8 @@ class Schedule:
 
     @cached_property
     def forward(self) -> IntArray:
-        """Per op but U, the op that is its stage's F of the same microbatch, or -1
-        (``schedule.versions.forward_column``)."""
+        """Per op, the op that is its stage's F of the same microbatch; the op itself for a U
+        or an op without one (``schedule.versions.forward_column``)."""
         from pipesim.schedule.versions import forward_column
 
         known = self.table.forward
@@ -302,7 +313,9 @@ class Schedule:
     @cached_property
     def stage_kind(self) -> IntArray:
         """Per op, ``stage * NUM_KINDS + kind``: its row in a (stage, kind) table."""
-        return read_only(self.table.stage * NUM_KINDS + self.table.kind)
+        stage_kind = self.table.stage * NUM_KINDS
+        stage_kind += self.table.kind
+        return read_only(stage_kind)
 
     @cached_property
     def send_link(self) -> IntArray:
@@ -312,18 +325,21 @@ class Schedule:
         return read_only(send_link_column(self))
 
     @cached_property
-    def send_rank(self) -> IntArray:
-        """Per op, the rank that receives its output, or -1."""
+    def send_links(self) -> SendLinks:
+        """The links ops send over, with the ranks at their ends (``schedule.columns.send_links``)."""
         from pipesim.schedule.columns import send_links
 
-        return read_only(send_links(self).rank.take(self.send_link))
+        return send_links(self)
+
+    @cached_property
+    def send_rank(self) -> IntArray:
+        """Per op, the rank that receives its output, or -1."""
+        return read_only(self.send_links.rank.take(self.send_link))
 
     @cached_property
     def is_remote_send(self) -> npt.NDArray[np.bool_]:
         """True where the op's output crosses a link to another rank."""
-        from pipesim.schedule.columns import send_links
-
-        remote: npt.NDArray[np.bool_] = send_links(self).is_remote.take(self.send_link)
+        remote: npt.NDArray[np.bool_] = self.send_links.is_remote.take(self.send_link)
         remote.flags.writeable = False
         return remote
 

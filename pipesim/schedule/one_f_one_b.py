@@ -66,8 +66,11 @@ def one_f_one_b_schedule(
     microbatch[backward_at] = micro_index
     microbatch[update_at] = update_index
     minibatch = np.empty(total, dtype=np.int64)
-    minibatch[forward_at] = minibatch[backward_at] = micro_index // m
-    minibatch[update_at] = ((update_index + 1) * every - 1) // m  # the backward before it
+    if update_every is None:  # block k is minibatch k
+        minibatch.reshape(p, num_blocks, width)[:] = np.arange(num_blocks, dtype=np.int64)[None, :, None]
+    else:
+        minibatch[forward_at] = minibatch[backward_at] = micro_index // m
+        minibatch[update_at] = ((update_index + 1) * every - 1) // m  # the backward before it
     if update_every is None:
         updates_before = minibatch  # one U per block, after it: block k runs after k updates
     else:  # one block: the updates counted above
@@ -75,10 +78,11 @@ def one_f_one_b_schedule(
         updates_before[forward_at] = forward_updates
         updates_before[backward_at] = backward_updates
         updates_before[update_at] = update_index
-    # Each op's own stage's F (for the versions of stashing and flush schedules).
-    forward = np.empty(total, dtype=np.int64)
-    forward[forward_at] = forward[backward_at] = forward_at
-    forward[update_at] = -1
+    # Each op's own stage's F, read by the versions of stashing and flush schedules only.
+    forward = None
+    if weights in (WeightPolicy.STASH, WeightPolicy.FLUSH):
+        forward = np.arange(total, dtype=np.int64)  # right for the F's and U's
+        forward[backward_at] = forward_at
     # Inputs from other stages: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i); a rank's sends
     # over one link are its forwards (or its backwards) in microbatch order.
     wait = np.full(total, -1, dtype=np.int64)
@@ -87,11 +91,12 @@ def one_f_one_b_schedule(
     previous_send = np.full(total, -1, dtype=np.int64)
     previous_send[forward_at[:-1, 1:]] = forward_at[:-1, :-1]
     previous_send[backward_at[1:, 1:]] = backward_at[1:, :-1]
+    stage = read_only(np.repeat(np.arange(p, dtype=np.int64), length))
     table = ScheduleTable(
-        rank_offsets=read_only(np.arange(p + 1, dtype=np.int64) * length),
-        stage=read_only(np.repeat(np.arange(p, dtype=np.int64), length)),
+        rank_offsets=read_only(np.arange(p + 1, dtype=np.int64) * length), stage=stage, known_rank=stage,
         kind=read_only(kind), microbatch=read_only(microbatch), minibatch=read_only(minibatch),
-        updates_before=read_only(updates_before), forward=read_only(forward), wait=read_only(wait), previous_send=read_only(previous_send),
+        updates_before=read_only(updates_before),
+        forward=None if forward is None else read_only(forward), wait=read_only(wait), previous_send=read_only(previous_send),
     )
     return Schedule(name=name, num_stages=p, num_microbatches=m, num_minibatches=num_minibatches, table=table,
                     stage_to_rank=one_stage_per_rank(p), weights=weights)

@@ -33,8 +33,9 @@ def version_column(schedule: Schedule) -> IntArray:
     if policy is WeightPolicy.SINGLE:
         return now  # read only: the same column
     if policy is WeightPolicy.DOUBLE_BUFFER:
-        # Off a U, the minibatch is the microbatch's.
-        version = np.where(columns.kind == U_CODE, now, np.maximum(schedule.minibatch - 1, 0))
+        version = schedule.minibatch - 1  # off a U, the minibatch is the microbatch's
+        np.maximum(version, 0, out=version)
+        np.copyto(version, now, where=columns.kind == U_CODE)
         bad = np.flatnonzero(version > now)
         if bad.size:
             g = int(bad[0])
@@ -43,16 +44,14 @@ def version_column(schedule: Schedule) -> IntArray:
                                  f"{int(columns.stage[g])} has only made {int(now[g])}; "
                                  f"2bw needs num_microbatches >= num_stages")
         return version
-    # Per op, its stage's F of the same microbatch (-1: none, or a U). A stage's ``now`` never
+    # Per op, its stage's F of the same microbatch (itself if none). A stage's ``now`` never
     # falls along its rank, so ``now`` at that F is below an op's own ``now`` exactly when an
     # update ran between the F and the op (after it): the stashed version, or a broken flush.
     forward = schedule.forward
-    has_forward = forward >= 0
-    forward_version = now.take(forward, mode="clip")
+    forward_version = now.take(forward)
     if policy is WeightPolicy.STASH:
-        stashed: IntArray = np.where(has_forward, np.minimum(now, forward_version), now)
-        return stashed
-    bad = np.flatnonzero((forward_version < now) & has_forward)
+        return np.minimum(now, forward_version, out=forward_version)
+    bad = np.flatnonzero(forward_version < now)
     if bad.size:
         g = int(bad[0])
         raise schedule_error(schedule, g,
@@ -85,8 +84,8 @@ def updates_before_column(columns: ScheduleTable) -> IntArray:
 
 
 def forward_column(schedule: Schedule) -> IntArray:
-    """Per op but U, the flat index of the F of its stage and microbatch (the first, if
-    several), or -1."""
+    """Per op, the flat index of the F of its stage and microbatch (the first, if several);
+    the op's own index for a U or an op without one."""
     columns = schedule.table
     p, total = schedule.num_stages, schedule.total_microbatches
     stage, micro, kind = columns.stage, columns.microbatch, columns.kind
@@ -102,7 +101,8 @@ def forward_column(schedule: Schedule) -> IntArray:
     forwards = np.flatnonzero(kind == F_CODE)
     forwards = forwards[has_forward[forwards]]
     table[key[forwards][::-1]] = forwards[::-1]  # the first F wins on a duplicate
-    return np.where(has_forward, table.take(key, mode="clip"), -1)
+    found = table.take(key, mode="clip")
+    return np.where(has_forward & (found >= 0), found, np.arange(columns.num_ops, dtype=np.int64))
 
 
 @dataclass(frozen=True)
