@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
+from pipesim.schedule.grid import grid as grid  # the grid drawing of a schedule, used with the IR everywhere
 
 if TYPE_CHECKING:
     from pipesim.schedule.columns import SendLinks
@@ -378,32 +379,3 @@ class Schedule:
 def one_stage_per_rank(num_stages: int) -> tuple[int, ...]:
     """The identity placement: stage s on rank s."""
     return tuple(range(num_stages))
-
-
-def grid(
-    ranks: tuple[tuple[Op, ...], ...] | list[list[str]],
-    marked: set[tuple[int, int]] | None = None,
-    *,
-    max_cells: int = 48,
-) -> str:
-    """Draw a schedule one row per rank; cells in ``marked`` (rank, position) show as ``>0B3<``.
-
-    Long rows are cut to a window of ``max_cells`` around the first marked cell.
-    """
-    marked = marked or set()
-    rows: list[list[str]] = [[str(op) for op in ops] for ops in ranks]
-    width = max((len(cell) for row in rows for cell in row), default=3) + 2
-    first = min((position for _, position in marked), default=0)
-    start = max(0, first - max_cells // 2)
-    lines = []
-    for rank_index, row in enumerate(rows):
-        cells = []
-        for position in range(start, min(len(row), start + max_cells)):
-            text = row[position]
-            if (rank_index, position) in marked:
-                text = f">{text}<"
-            cells.append(text.center(width))
-        prefix = "..." if start > 0 else ""
-        suffix = "..." if len(row) > start + max_cells else ""
-        lines.append(f"rank {rank_index:>2} | {prefix}{''.join(cells).rstrip()}{suffix}")
-    return "\n".join(lines)

@@ -31,7 +31,9 @@ def one_f_one_b_schedule(
 
     So F(i) sits at t = i (i < w) or 2i - w, and B(i) at w + 2i + 1 (i < n - w) or i + n;
     each op then moves right by the U's before it: one per e backwards already run, and
-    max(0, i - w) backwards run before F(i), i before B(i).
+    max(0, i - w) backwards run before F(i), i before B(i). The same indices give the order
+    facts the table carries (minibatch, updates before, own forward, input, previous send),
+    which a schedule converted from Op lists derives instead.
     """
     p, m = num_stages, num_microbatches
     if update_every is None:
