@@ -5,7 +5,6 @@ objects are a view built on first use."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 from typing import Any
 
