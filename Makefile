@@ -76,11 +76,12 @@ bench-variance: $(STAMP)
 bench-validate: $(STAMP)
 	$(PY) benchmarks/bench_validate.py
 
-# prepare() per point: the columnar schedules against the Op path, compiled and plain kernels,
-# into its section of benchmarks/RESULTS.md (a minute or two).
+# prepare() per point, fresh and with the schedule kept, compiled and plain kernels, into its
+# section of benchmarks/RESULTS.md (a minute or two); BASELINE=tree adds another tree's prepare()
+# in alternating rounds (e.g. a worktree of main).
 .PHONY: bench-prepare
 bench-prepare: $(STAMP)
-	$(PY) benchmarks/bench_prepare.py
+	$(PY) benchmarks/bench_prepare.py $(if $(BASELINE),--baseline $(BASELINE))
 
 .PHONY: bench-sweep-full
 # The 10,080-point sweep of issue 7 run for real through run_sweep on an embedded cluster of 2

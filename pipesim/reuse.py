@@ -1,4 +1,4 @@
-"""What simulations of one profile may share (a sweep's points): schedule orders, stage costs, staleness."""
+"""What simulations of one profile may share (a sweep's points): schedules, stage costs, staleness."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar
 
-from pipesim.schedule.columnar import ColumnarOrder
 from pipesim.schedule.ir import Schedule
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
@@ -54,24 +53,24 @@ class Reuse:
     """Results that ``prepare`` and ``simulate_plan`` can reuse between calls, keyed by every
     input they depend on, so that a reused value is the value a fresh call would compute:
 
-    - a columnar schedule order (``schedule.columnar``), by schedule name, counts and options;
-      its columns are read only;
+    - a registry schedule, by schedule name, counts and options, with the order facts it derives
+      when lowered (versions, inputs, sends); its columns are read only;
     - the stage costs, by the profile and topology (by identity: both must stay unchanged
       while this object lives), the stage-to-device map and every plan field but the counts;
     - the per-stage staleness of a schedule (forward delay and discrepancy: functions of
       each rank's order and the weight versions alone), by the order it was measured on.
 
-    Points of a sweep that differ only in bandwidth, latency or recomputation share the order
+    Points of a sweep that differ only in bandwidth, latency or recomputation share the schedule
     and its staleness; points that differ only in their counts share the stage costs. At most
-    ``orders`` orders are kept (the largest sweep point's is tens of MB).
+    ``orders`` schedules are kept (the largest sweep point's is tens of MB).
     """
 
     def __init__(self, *, orders: int = 2, costs: int = 256) -> None:
-        self._orders: _Lru[tuple[ColumnarOrder, list[Any]]] = _Lru(orders)
+        self._orders: _Lru[tuple[Schedule, list[Any]]] = _Lru(orders)
         self._costs: _Lru[tuple[Profile, Topology, StageCosts]] = _Lru(costs)
 
-    def order(self, key: tuple[Any, ...], make: Callable[[], ColumnarOrder]) -> ColumnarOrder:
-        """The order of ``key`` (schedule name, stages, microbatches, minibatches, options)."""
+    def order(self, key: tuple[Any, ...], make: Callable[[], Schedule]) -> Schedule:
+        """The schedule of ``key`` (schedule name, stages, microbatches, minibatches, ranks, options)."""
         return self._orders.get(key, lambda: (make(), []))[0]
 
     def stage_costs(self, profile: Profile, plan: Plan, topology: Topology, stage_devices: tuple[int, ...],
@@ -83,16 +82,16 @@ class Reuse:
         return self._costs.get(key, lambda: (profile, topology, make()))[2]
 
     def staleness(self, schedule: Schedule, make: Callable[[], Any]) -> Any:
-        """The staleness measured on ``schedule``, when it is the schedule of an order held
-        here (computed by ``make`` the first time); else ``make()``, not kept."""
-        for order, known in self._orders.values():
-            if order.schedule is schedule:
+        """The staleness measured on ``schedule``, when it is a schedule held here (computed by
+        ``make`` the first time); else ``make()``, not kept."""
+        for held, known in self._orders.values():
+            if held is schedule:
                 if not known:
                     known.append(make())
                 return known[0]
         return make()
 
     def stats(self) -> dict[str, int]:
-        """Hits and misses of the orders and the stage costs."""
+        """Hits and misses of the schedules and the stage costs."""
         return {"order_hits": self._orders.hits, "order_misses": self._orders.misses,
                 "costs_hits": self._costs.hits, "costs_misses": self._costs.misses}

@@ -10,13 +10,12 @@ import numpy as np
 
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
-from pipesim.engine.lowering import Program, lower, lower_columnar
+from pipesim.engine.lowering import Program, lower
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics, stage_staleness
 from pipesim.reuse import Reuse
-from pipesim.schedule.columnar import ColumnarOrder, columnar_order, is_columnar
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
 from pipesim.spec.plan import Plan
@@ -147,7 +146,6 @@ def prepare(
     *,
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
-    columnar: bool = True,
     reuse: Reuse | None = None,
 ) -> Program:
     """Build the plan's schedule (or take ``schedule``) and lower it onto the profile's costs
@@ -155,12 +153,9 @@ def prepare(
 
     A schedule built here comes from the registry, whose generators are held valid by the
     property tests, so it is lowered without re-validating it (validation is O(ops) in Python
-    and dominated simulate() at large p); a schedule passed in is validated. gpipe, 1f1b,
-    pipedream, 2bw and pipemare on one stage per rank are generated as columns
-    (``schedule.columnar``) and lowered without Op objects: the Program's schedule builds its
-    ops only when something reads them (a test holds both ways equal, column by column);
-    ``columnar=False`` takes the Op way for them too (the reference, for tests and benchmarks).
-    ``reuse`` keeps columnar orders and stage costs for later calls (``pipesim.reuse``).
+    and dominated simulate() at large p); a schedule passed in is validated. ``reuse`` keeps
+    registry schedules (with the order facts they derive) and stage costs for later calls
+    (``pipesim.reuse``).
 
     Raises:
         ConfigError: a given schedule disagrees with the plan's counts, too few devices, a run
@@ -168,21 +163,16 @@ def prepare(
     """
     check_size(plan, profile, max_ops)
     is_given = schedule is not None
-    options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
-    order: ColumnarOrder | None = None
-    p, m = plan.num_stages, plan.num_microbatches
-    if columnar and schedule is None and is_columnar(plan.schedule, p, m, plan.num_ranks):
-        def make_order() -> ColumnarOrder:
-            return columnar_order(plan.schedule, p, m, plan.num_minibatches, **options)
-
-        key = (plan.schedule, p, m, plan.num_minibatches, tuple(options.items()))
-        order = make_order() if reuse is None else reuse.order(key, make_order)
-        schedule = order.schedule
     if schedule is None:
-        schedule = build_schedule(
-            plan.schedule, plan.num_stages, plan.num_microbatches,
-            num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options,
-        )
+        options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
+
+        def make_schedule() -> Schedule:
+            return build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches,
+                                  num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options)
+
+        key = (plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches, plan.num_ranks,
+               tuple(options.items()))
+        schedule = make_schedule() if reuse is None else reuse.order(key, make_schedule)
     elif (schedule.num_stages, schedule.num_microbatches) != (plan.num_stages, plan.num_microbatches):
         raise ConfigError("schedule", schedule.name, f"has {schedule.num_stages} stages and "
                           f"{schedule.num_microbatches} microbatches but the plan {plan.num_stages} and "
@@ -199,11 +189,8 @@ def prepare(
     else:
         costs = reuse.stage_costs(profile, plan, topology, stage_devices,
                                   lambda: stage_costs(profile, plan, topology, stage_devices=stage_devices))
-    common: dict[str, Any] = {"rank_devices": devices, "microbatch_size": profile.microbatch_size,
-                              "optimizer_state_multiplier": plan.optimizer_state_multiplier}
-    if order is not None:
-        return lower_columnar(order, costs, topology, **common)
-    return lower(schedule, costs, topology, check=is_given, **common)
+    return lower(schedule, costs, topology, check=is_given, rank_devices=devices,
+                 microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier)
 
 
 def simulate_plan(
@@ -220,7 +207,7 @@ def simulate_plan(
 ) -> Result:
     """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
 
-    ``max_ops`` bounds the run's size (see ``check_size``). ``reuse`` carries schedule orders,
+    ``max_ops`` bounds the run's size (see ``check_size``). ``reuse`` carries schedules,
     stage costs and staleness over to later calls (``pipesim.reuse``; a sweep's points share them).
 
     Raises:

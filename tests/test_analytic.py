@@ -110,8 +110,8 @@ def deadlocked_program():  # type: ignore[no-untyped-def]
     """Two stages that wait for each other: rank 0 runs 0B0 (needs 1B0) before 0F0 (which 1F0 needs)."""
     good = build_schedule("gpipe", 2, 1)
     rank0 = (good.ranks[0][1], good.ranks[0][0], *good.ranks[0][2:])
-    bad = Schedule(name="custom", num_stages=2, num_microbatches=1, num_minibatches=1,
-                   ranks=(rank0, good.ranks[1]), stage_to_rank=good.stage_to_rank)
+    bad = Schedule.from_ranks(name="custom", num_stages=2, num_microbatches=1, num_minibatches=1,
+                              ranks=(rank0, good.ranks[1]), stage_to_rank=good.stage_to_rank)
     profile = uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3)
     topology = Topology.uniform(num_devices=2)
     plan = make_plan(profile, schedule="gpipe", num_stages=2, num_microbatches=1)
@@ -137,8 +137,8 @@ def test_auto_picks_analytic_without_jitter_and_des_with_it() -> None:
 
 def test_version_errors_are_those_of_assign_versions() -> None:
     schedule = build_schedule("2bw", 3, 3, num_minibatches=2)
-    broken = Schedule(name="custom", num_stages=3, num_microbatches=2, num_minibatches=3, ranks=schedule.ranks,
-                      stage_to_rank=schedule.stage_to_rank, weights=schedule.weights)
+    broken = Schedule.from_ranks(name="custom", num_stages=3, num_microbatches=2, num_minibatches=3,
+                                 ranks=schedule.ranks, stage_to_rank=schedule.stage_to_rank, weights=schedule.weights)
     profile = uniform_profile(num_layers=3, forward_s=1e-3, backward_s=2e-3)
     topology = Topology.uniform(num_devices=3)
     plan = make_plan(profile, schedule="2bw", num_stages=3, num_microbatches=3)

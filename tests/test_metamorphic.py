@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from hypothesis import given
@@ -12,7 +11,7 @@ from strategies import Case, cases, schedule_params
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import lower
 from pipesim.engine.trace import Trace
-from pipesim.schedule.ir import Op
+from pipesim.schedule.ir import Op, Schedule
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.simulation import make_plan, prepare
 from pipesim.spec.profile import Profile, uniform_profile
@@ -76,9 +75,9 @@ def test_relabelling_microbatches_keeps_the_makespan(params: Any, data: st.DataO
     total = m * params.num_minibatches
     relabel = data.draw(st.permutations(range(total)))
     schedule = params.build()
-    relabelled = dataclasses.replace(schedule, num_minibatches=1, num_microbatches=total, ranks=tuple(
+    relabelled = Schedule.from_ranks(schedule.name, p, total, 1, tuple(
         tuple(op if op.kind.value == "U" else Op(op.stage, op.kind, relabel[op.microbatch]) for op in ops)
-        for ops in schedule.ranks))
+        for ops in schedule.ranks), schedule.stage_to_rank, schedule.weights)
     profile = uniform_profile(num_layers=p, forward_s=2.0 ** -10, backward_s=3 * 2.0 ** -10, activation_bytes=1024.0)
     topology = Topology.uniform(num_devices=p, bandwidth=2.0 ** 20, latency=2.0 ** -12)
     plan = make_plan(profile, schedule=params.name, num_stages=p, num_microbatches=m)

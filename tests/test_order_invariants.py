@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -25,7 +24,8 @@ from pipesim.schedule.versions import assign_versions
 def with_rank(schedule: Schedule, rank: int, ops: list[Op]) -> Schedule:
     ranks = list(schedule.ranks)
     ranks[rank] = tuple(ops)
-    return dataclasses.replace(schedule, ranks=tuple(ranks))
+    return Schedule.from_ranks(schedule.name, schedule.num_stages, schedule.num_microbatches, schedule.num_minibatches,
+                               ranks, schedule.stage_to_rank, schedule.weights)
 
 
 def messages(violations: list) -> list[str]:  # type: ignore[type-arg]
@@ -141,7 +141,7 @@ def test_a_cross_rank_cycle_is_a_deadlock_naming_the_stuck_cells() -> None:
 
 def test_a_stage_waiting_on_a_later_op_of_its_own_rank_is_named() -> None:
     # Two stages on one rank (a V placement): 1F0 placed before the 0F0 it needs.
-    schedule = Schedule("custom", 2, 1, 1, ((F(1, 0), F(0, 0), B(1, 0), B(0, 0)),), (0, 0))
+    schedule = Schedule.from_ranks("custom", 2, 1, 1, ((F(1, 0), F(0, 0), B(1, 0), B(0, 0)),), (0, 0))
     found = find_same_rank_dependency_violations(schedule)
     assert [(v.rank, v.position, v.op) for v in found] == [(0, 0, "1F0")]
     assert "runs before 0F0" in found[0].message

@@ -11,7 +11,7 @@ import pytest
 
 from pipesim.metrics import compute_metrics, stage_staleness
 from pipesim.reuse import Reuse
-from pipesim.schedule.columnar import columnar_order
+from pipesim.schedule.registry import build_schedule
 from pipesim.simulation import make_plan, prepare, simulate_plan
 from pipesim.spec.profile import uniform_profile
 from pipesim.spec.topology import Topology
@@ -104,7 +104,7 @@ def test_orders_are_kept_least_recently_used_first_out() -> None:
 
     def make(m: int) -> Any:
         made.append(m)
-        return columnar_order("1f1b", 2, m, 1)
+        return build_schedule("1f1b", 2, m)
 
     first = reuse.order(("1f1b", 2, 4), lambda: make(4))
     assert reuse.order(("1f1b", 2, 4), lambda: make(4)) is first
@@ -135,10 +135,10 @@ def test_staleness_is_kept_only_for_a_held_order() -> None:
 
 
 @pytest.mark.parametrize("name", ["gpipe", "2bw"])
-def test_a_columnar_order_is_read_only(name: str) -> None:
-    order = columnar_order(name, 3, 4, 2)
-    for column in (order.stage, order.kind, order.version, order.wait, order.forward_at, order.backward_at,
-                   order.update_at, order.previous_send):
+def test_a_kept_schedule_is_read_only(name: str) -> None:
+    schedule = build_schedule(name, 3, 4, num_minibatches=2)
+    for column in (schedule.table.stage, schedule.table.kind, schedule.version, schedule.wait, schedule.forward,
+                   schedule.updates_before, schedule.previous_send):
         with pytest.raises(ValueError):
             column[0] = 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipesim.errors import ConfigError, ScheduleError
-from pipesim.schedule import SCHEDULES, Op, OpKind, build_schedule, from_csv, to_csv, validate
+from pipesim.schedule import SCHEDULES, Op, OpKind, Schedule, build_schedule, from_csv, to_csv, validate
 
 
 def rows(name: str, p: int, m: int, k: int = 1) -> list[str]:
@@ -104,13 +104,11 @@ def test_unknown_schedule_lists_the_known_ones() -> None:
 
 
 def test_deadlock_is_reported_with_the_grid_marked() -> None:
-    import dataclasses
-
     schedule = build_schedule("1f1b", 3, 3)
     rank0 = schedule.ranks[0]
     # 0B0 moved before 0F1: it waits for 1B0, which 1F1 (waiting for 0F1) keeps from running.
     broken = (rank0[0], rank0[3], rank0[1], rank0[2], *rank0[4:])
     with pytest.raises(ScheduleError) as info:
-        validate(dataclasses.replace(schedule, ranks=(broken, *schedule.ranks[1:])))
+        validate(Schedule.from_ranks(schedule.name, 3, 3, 1, (broken, *schedule.ranks[1:]), schedule.stage_to_rank))
     assert "deadlock" in str(info.value)
     assert ">0B0<" in info.value.grid

@@ -10,23 +10,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.columns import (
-    minibatch_column,
-    schedule_columns,
-    send_target_column,
-    version_column,
-    wait_column,
-)
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
-from pipesim.schedule.columnar import ColumnarOrder
-from pipesim.schedule.ir import B_CODE, F_CODE, KIND_CODES, KIND_ORDER, U_CODE, Op, OpKind, Schedule, WeightPolicy
+from pipesim.schedule.ir import KIND_CODES, KIND_ORDER, Op, OpKind, Schedule, WeightPolicy
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts
 from pipesim.spec.topology import Topology
 
-__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "SharedPath", "lower", "lower_columnar", "split_evenly"]
+__all__ = ["KIND_CODES", "LoweredOp", "OpTable", "Program", "SharedPath", "lower", "split_evenly"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -73,6 +65,9 @@ class OpTable:
             op waits for at most one such input: see ``schedule.deps.dependencies``).
         send_rank: rank receiving the op's output, or -1; send_bytes: its size.
         transfer_s: link time of the send, seconds (0 on the same rank).
+        is_remote_send: True where the op's output crosses a link to another rank (a send span).
+        previous_send: per op with a remote send, the op whose send precedes it on the same
+            link, or -1 (``Schedule.previous_send``).
     """
 
     rank_offsets: IntArray
@@ -88,6 +83,8 @@ class OpTable:
     send_rank: IntArray
     send_bytes: FloatArray
     transfer_s: FloatArray
+    is_remote_send: BoolArray
+    previous_send: IntArray
 
     @property
     def num_ops(self) -> int:
@@ -100,12 +97,6 @@ class OpTable:
         return int(self.rank_offsets.shape[0]) - 1
 
     @cached_property
-    def is_remote_send(self) -> npt.NDArray[np.bool_]:
-        """True where the op's output crosses a link to another rank (a send span)."""
-        remote: npt.NDArray[np.bool_] = (self.send_rank >= 0) & (self.send_rank != self.rank)
-        return remote
-
-    @cached_property
     def link(self) -> IntArray:
         """Per op, the index of the directed link (rank -> send_rank) its send uses, or -1."""
         remote = self.is_remote_send
@@ -113,22 +104,6 @@ class OpTable:
         _, index = np.unique(key, return_inverse=True)
         has_none = not bool(remote.all())
         return np.where(remote, index.reshape(-1) - int(has_none), -1)
-
-    @cached_property
-    def previous_send(self) -> IntArray:
-        """Per op with a remote send, the op whose send precedes it on the same link, or -1.
-
-        A rank issues its sends in its op order, so this is the link's first-in first-out order.
-        """
-        previous = np.full(self.num_ops, -1, dtype=np.int64)
-        senders = np.flatnonzero(self.is_remote_send)
-        if senders.size:
-            links = self.link[senders]
-            order = np.argsort(links, kind="stable")
-            ordered = senders[order]
-            same = links[order][1:] == links[order][:-1]
-            previous[ordered[1:][same]] = ordered[:-1][same]
-        return previous
 
 
 @dataclass(frozen=True, eq=False)
@@ -146,9 +121,9 @@ class Program:
         shared_paths: per (src_rank, dst_rank) whose path crosses shared NICs, its SharedPath;
             empty when every path is dedicated.
         nic_bandwidth_bytes_per_s: capacity of every NIC named in ``shared_paths``.
-        derived: for a program lowered from a columnar order, the order's ``derived`` dict,
-            shared by every program lowered from it (None otherwise): values that depend on the
-            order alone, such as the Trace's span columns other than times and bytes.
+        derived: the schedule's ``derived`` dict, shared by every program lowered from it:
+            values that depend on the order alone, such as the Trace's span columns other
+            than times and bytes.
     """
 
     schedule: Schedule
@@ -216,12 +191,10 @@ def lower(
     devices = _devices(schedule, costs, topology, rank_devices)
     if check:
         validate(schedule)
-    columns = schedule_columns(schedule)
-    minibatch = minibatch_column(schedule, columns)
-    version = version_column(schedule, columns, minibatch)
-    wait = wait_column(schedule, columns)
-    p = schedule.num_stages
-    halves = split_evenly(costs) if costs.backward_input_s is None or costs.backward_weight_s is None else None
+    columns = schedule.table
+    minibatch, version, wait = schedule.minibatch, schedule.version, schedule.wait
+    measured = costs.backward_input_s is not None and costs.backward_weight_s is not None
+    halves = None if measured else split_evenly(costs)
     durations_by_kind = {
         OpKind.F: costs.forward_s,
         OpKind.B: costs.backward_s,
@@ -229,97 +202,27 @@ def lower(
         OpKind.W: costs.backward_weight_s if halves is None else halves[1],
         OpKind.U: costs.update_s,
     }
-    table = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).reshape(len(KIND_ORDER), p)
-    duration = table[columns.kind, columns.stage]
-    target = send_target_column(schedule, columns)
-    sends = target >= 0
+    by_stage_kind = np.array([durations_by_kind[kind] for kind in KIND_ORDER], dtype=np.float64).T
+    duration = by_stage_kind.ravel().take(schedule.stage_kind)
+    # Every send value is a function of the send's link: computed per link, then gathered.
+    links = schedule.send_links
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
-    send_rank = np.where(sends, stage_to_rank[np.maximum(target, 0)], -1)
-    is_forward = columns.kind == F_CODE
-    boundary = np.where(is_forward, columns.stage, target)
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
-    send_bytes = np.where(sends, output_bytes[np.maximum(boundary, 0)], 0.0)
-    remote = sends & (send_rank != columns.rank)
-    transfer = transfer_column(topology, devices, stage_to_rank, columns.stage, is_forward, remote, output_bytes)
-    _check_finite(duration, transfer)
+    link_bytes = np.where(links.boundary >= 0, output_bytes[links.boundary], 0.0)
+    link_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
+                             output_bytes)
+    send_link = schedule.send_link
+    send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
+    if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
+        _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
     ops = OpTable(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
-        duration_s=duration, wait=wait, send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        duration_s=duration, wait=wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
     )
-    ops.__dict__["is_remote_send"] = remote  # the cached property, already known
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)
-
-
-def lower_columnar(
-    order: ColumnarOrder,
-    costs: StageCosts,
-    topology: Topology,
-    *,
-    rank_devices: tuple[int, ...] | None = None,
-    microbatch_size: int = 1,
-    optimizer_state_multiplier: float = 1.0,
-) -> Program:
-    """``lower`` for a schedule generated as columns (``schedule.columnar``): the same Program,
-    column for column, without reading Op objects (``Program.schedule`` builds them when read).
-
-    Every stage runs F, B and U only; F(s, i) sends stage s's output to s + 1 and B(s, i) the
-    gradient of stage s-1's output to s - 1, so each column is written through the order's
-    per-(stage, microbatch) indices from per-stage values.
-
-    Raises:
-        ConfigError: as ``lower``.
-    """
-    schedule = order.schedule
-    devices = _devices(schedule, costs, topology, rank_devices)
-    p, length = schedule.num_stages, order.ops_per_rank
-    # Every column is a gather from a small table through the order's cached indices (the
-    # same values, wherever they land, as writing per-stage values through forward_at etc.).
-    durations = np.zeros((p, len(KIND_ORDER)), dtype=np.float64)
-    for code, values in ((F_CODE, costs.forward_s), (B_CODE, costs.backward_s), (U_CODE, costs.update_s)):
-        durations[:, code] = values
-    duration = durations.ravel().take(order.stage_kind)
-    # Links: F of stage s < p-1 sends to s + 1, B of s > 0 to s - 1, each with stage s's output (or
-    # its gradient) of ``output_bytes[boundary]``; the last entry is the ops that send nothing.
-    boundaries = np.arange(p - 1, dtype=np.int64)
-    output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)[:-1]
-    link_bytes = np.concatenate([output_bytes, output_bytes, [0.0]])
-    link_rank = np.concatenate([boundaries + 1, boundaries, [-1]])
-    link_s = np.array([
-        topology.transfer_s(devices[s], devices[s + step], float(costs.output_bytes[min(s, s + step)]))
-        for step, first in ((1, 0), (-1, 1)) for s in range(first, first + p - 1)
-    ] + [0.0], dtype=np.float64)
-    link = order.send_link
-    send_rank = link_rank.take(link)
-    send_bytes = link_bytes.take(link)
-    transfer = link_s.take(link)
-    remote = link < 2 * (p - 1)
-    # Every value above lands in its column (every stage runs F, B and U; every boundary
-    # carries sends both ways), so the columns are finite when these are.
-    if not (np.isfinite(durations).all() and np.isfinite(link_s).all()):
-        _check_finite(duration, transfer)  # raises, naming the first op's value
-    ops = OpTable(
-        rank_offsets=np.arange(p + 1, dtype=np.int64) * length,
-        rank=order.stage,  # rank r runs stage r: one (read-only) array
-        position=order.position,
-        stage=order.stage,
-        kind=order.kind,
-        microbatch=order.microbatch,
-        minibatch=order.minibatch,
-        version=order.version,
-        duration_s=duration,
-        wait=order.wait,
-        send_rank=send_rank,
-        send_bytes=send_bytes,
-        transfer_s=transfer,
-    )
-    # The cached properties the order already gives (each rank's sends over a link run in
-    # microbatch order).
-    ops.__dict__["is_remote_send"] = remote
-    ops.__dict__["previous_send"] = order.previous_send
-    return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
-                    optimizer_state_multiplier=optimizer_state_multiplier, derived=order.derived)
 
 
 def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
@@ -347,7 +250,7 @@ def _check_finite(duration: FloatArray, transfer: FloatArray) -> None:
 
 def _program(
     schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], ops: OpTable, *,
-    microbatch_size: int, optimizer_state_multiplier: float, derived: dict[str, Any] | None = None,
+    microbatch_size: int, optimizer_state_multiplier: float,
 ) -> Program:
     """The Program around an OpTable: sizes for memory, the run's meta, shared paths."""
     paths, nic_bandwidth = shared_paths(topology, devices, ops.rank, ops.send_rank, ops.is_remote_send)
@@ -379,5 +282,5 @@ def _program(
         has_link_contention=bool(paths),
         shared_paths=paths,
         nic_bandwidth_bytes_per_s=nic_bandwidth,
-        derived=derived,
+        derived=schedule.derived,
     )

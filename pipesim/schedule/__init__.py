@@ -1,7 +1,7 @@
-"""The schedule IR, the five seed schedules, validation and PyTorch's CSV format."""
+"""The schedule IR (an op table per schedule), the registry's schedules, validation and PyTorch's CSV format."""
 
 from pipesim.schedule.csv_format import from_csv, to_csv
-from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy, grid
+from pipesim.schedule.ir import Op, OpKind, Schedule, ScheduleTable, WeightPolicy, grid
 from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
 from pipesim.schedule.validate import Violation, find_violations, validate
 
@@ -10,6 +10,7 @@ __all__ = [
     "Op",
     "OpKind",
     "Schedule",
+    "ScheduleTable",
     "Violation",
     "WeightPolicy",
     "build_schedule",

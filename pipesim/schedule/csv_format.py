@@ -154,7 +154,7 @@ def read_csv_schedule(
     m = largest + 1 if num_microbatches is None else num_microbatches
     if num_minibatches is None:
         num_minibatches = max(1, -(-(largest + 1) // m))
-    schedule = Schedule(
+    schedule = Schedule.from_ranks(
         name=name,
         num_stages=num_stages,
         num_microbatches=m,

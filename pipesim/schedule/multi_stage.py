@@ -80,7 +80,7 @@ def assemble(
                     if finished[op.stage] == m:
                         ops.append(U(op.stage, step))
         ranks.append(tuple(ops))
-    return Schedule(
+    return Schedule.from_ranks(
         name=name,
         num_stages=num_stages,
         num_microbatches=m,

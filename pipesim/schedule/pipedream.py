@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pipesim.schedule.asynchronous import continuous_1f1b
 from pipesim.schedule.ir import Schedule, WeightPolicy
+from pipesim.schedule.one_f_one_b import one_f_one_b_schedule
 
 
 def pipedream(num_stages: int, num_microbatches: int, *, num_minibatches: int = 1) -> Schedule:
@@ -13,7 +13,5 @@ def pipedream(num_stages: int, num_microbatches: int, *, num_minibatches: int = 
     state its forwards run ``p - 1 - s`` updates behind and it keeps ``p - s`` versions.
     Minibatches only group the stream into m-microbatch windows for reporting.
     """
-    return continuous_1f1b(
-        "pipedream", num_stages, num_microbatches, num_minibatches,
-        update_every=1, weights=WeightPolicy.STASH,
-    )
+    return one_f_one_b_schedule("pipedream", num_stages, num_microbatches, num_minibatches,
+                                update_every=1, weights=WeightPolicy.STASH)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pipesim.schedule.asynchronous import continuous_1f1b
 from pipesim.schedule.ir import Schedule, WeightPolicy
+from pipesim.schedule.one_f_one_b import one_f_one_b_schedule
 
 
 def pipemare(
@@ -25,7 +25,5 @@ def pipemare(
     forward and one backward per step, gives ``ceil((2(p - s) - 1) / m)`` instead.)
     """
     update_every = num_microbatches if update == "minibatch" else 1
-    return continuous_1f1b(
-        "pipemare", num_stages, num_microbatches, num_minibatches,
-        update_every=update_every, weights=WeightPolicy.SINGLE,
-    )
+    return one_f_one_b_schedule("pipemare", num_stages, num_microbatches, num_minibatches,
+                                update_every=update_every, weights=WeightPolicy.SINGLE)

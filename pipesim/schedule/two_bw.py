@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.asynchronous import continuous_1f1b
 from pipesim.schedule.ir import Schedule, WeightPolicy
+from pipesim.schedule.one_f_one_b import one_f_one_b_schedule
 
 
 def two_bw(num_stages: int, num_microbatches: int, *, num_minibatches: int = 1) -> Schedule:
@@ -23,7 +23,5 @@ def two_bw(num_stages: int, num_microbatches: int, *, num_minibatches: int = 1) 
             "num_microbatches", num_microbatches,
             f"must be >= num_stages for 2bw, got {num_microbatches} < {num_stages}",
         )
-    return continuous_1f1b(
-        "2bw", num_stages, num_microbatches, num_minibatches,
-        update_every=num_microbatches, weights=WeightPolicy.DOUBLE_BUFFER,
-    )
+    return one_f_one_b_schedule("2bw", num_stages, num_microbatches, num_minibatches,
+                                update_every=num_microbatches, weights=WeightPolicy.DOUBLE_BUFFER)
