@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,8 @@ from pipesim.spec.topology import Topology
 FloatArray = npt.NDArray[np.float64]
 StageSpec = tuple[int, int, int]
 """One stage of a candidate plan: ``(start_layer, end_layer, replicas)``, layers half-open."""
+CostModelName = Literal["simulated", "pipedream"]
+COST_MODELS: tuple[CostModelName, ...] = ("simulated", "pipedream")
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,6 +151,20 @@ class CostModel:
     microbatches_per_allreduce: int = 1
     weight_versions: Literal["stash", "double"] = "stash"
     optimizer_state_multiplier: float = 1.0
+
+    @classmethod
+    def named(cls, name: CostModelName, **options: Any) -> CostModel:
+        """The simulator's model (``"simulated"``) or PipeDream's (``"pipedream"``), with ``options`` set.
+
+        ``"simulated"`` charges what the engine runs: a ring all-reduce, 2 (r-1)/r x weights, and
+        one activation per direction over a cut (activations and gradients travel on the two
+        directions of a full-duplex link). ``"pipedream"`` charges the released optimizer's
+        4 (r-1)/r x weights and 2 x activation on one link.
+        """
+        if name not in COST_MODELS:
+            raise ConfigError("cost_model", name, f"must be one of {', '.join(COST_MODELS)}")
+        factors = {"simulated": (2.0, 1.0), "pipedream": (4.0, 2.0)}[name]
+        return cls(allreduce_factor=factors[0], transfer_factor=factors[1], **options)
 
     def allreduce_s_per_byte(self, row: DeviceRow, first: int, replicas: int) -> float:
         """All-reduce seconds per weight byte of a stage on devices ``first .. first+replicas-1``."""
