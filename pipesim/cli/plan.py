@@ -61,7 +61,8 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
                    "hierarchy and quirks), whose own choice is returned.")
 @click.option("--straight", is_flag=True, help="No data parallelism: one device per stage (2bw: width 1).")
 @click.option("--overlap", is_flag=True,
-              help="Stage time max(compute, all-reduce)/r as in the paper, instead of the released optimizer's sum.")
+              help="Stage time max(compute, all-reduce)/r as in the paper (a runtime that overlaps them), instead of "
+                   "their sum (the engine runs updates on the compute stream).")
 @click.option("--batch-size", type=int, default=None,
               help="2bw: samples per optimizer step over all pipelines (default devices x profile microbatch).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
