@@ -128,9 +128,9 @@ def _is_input(profile: Profile) -> bool:
 
 @dataclass(frozen=True, eq=False)
 class _Table:
-    """``A[i][j][m]`` of one level: time (nan for None), the split ``(k, m - r')`` and the last stage's r'."""
+    """``A[i][j][m]`` of one level: time (inf for None), the split ``(k, m - r')`` and the last stage's r'."""
 
-    time_s: FloatArray  # (S+1, S, M)
+    time_s: FloatArray  # (S+1, S, M), inf where no plan
     split_state: IntArray  # -1: the base case (one stage)
     split_machines: IntArray
     replicas: IntArray
@@ -146,7 +146,7 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
     num_rows, num_states = compute.shape
     n, bandwidth = level.num_machines, level.bandwidth_bytes_per_s
     act, par, out = states.stash_bytes, states.param_bytes, states.output_bytes
-    time = np.full((num_rows, num_states, n), math.nan)
+    time = np.full((n, num_rows, num_states), math.inf)  # [m, i, j]; inf: no plan (the optimizer's None)
     replicas = np.zeros((num_rows, num_states, n), dtype=np.int64)
     split_state = np.full((num_rows, num_states, n), -1, dtype=np.int64)
     split_machines = np.full((num_rows, num_states, n), -1, dtype=np.int64)
@@ -154,38 +154,32 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
         r = m + 1
         base = (compute + 4 * m * par / (bandwidth * r) / inner) / r
         if memory_bytes is not None:
-            base = np.where(math.ceil((n - r) / r) * (act + par) > memory_bytes, math.nan, base)
-        time[:, :, m], replicas[:, :, m] = base, r
-    rows = np.arange(1 if final else num_rows)
+            base = np.where(math.ceil((n - r) / r) * (act + par) > memory_bytes, math.inf, base)
+        time[m], replicas[:, :, m] = np.where(np.isnan(base), math.inf, base), r
     for m in range(1, n):
-        primes = np.arange(1, 2 if straight else m + 1)
+        primes = np.arange(1, 2 if straight else m + 1)[:, None]  # r' as a column
         for j in range(1, num_states):
-            live = rows[rows < j]
-            if not len(live):
-                continue
+            live = np.arange(1 if final else min(j, num_rows))  # rows i with i < j
             k = np.arange(j)
-            last = (compute[k + 1, j][:, None] + 4 * (primes - 1) * par[k + 1, j][:, None] / (bandwidth * primes))
-            last = last / primes  # (k, r')
+            last = (compute[k + 1, j] + 4 * (primes - 1) * par[k + 1, j] / (bandwidth * primes)) / primes  # [r', k]
             if memory_bytes is not None:
-                stash = (act[k + 1, j] + par[k + 1, j])[:, None] * np.array(
-                    [math.ceil((n - (m + 1)) / p) for p in primes.tolist()])
-                last = np.where(stash > memory_bytes, math.nan, last)
-            last = np.maximum(last, 2.0 * out[k][:, None] / (bandwidth * primes))
+                inflight = np.array([[math.ceil((n - (m + 1)) / p)] for p in primes[:, 0].tolist()])
+                last = np.where((act[k + 1, j] + par[k + 1, j]) * inflight > memory_bytes, math.inf, last)
+            last = np.maximum(last, 2.0 * out[k] / (bandwidth * primes))
             if j < num_states - 1:
                 last = np.maximum(last, 2.0 * out[j] / (bandwidth * primes))
-            previous = time[live[:, None, None], k[None, :, None], (m - primes)[None, None, :]]
-            candidate = np.maximum(previous, last[None]).reshape(len(live), -1)
-            filled = np.where(np.isnan(candidate), math.inf, candidate)
-            choice = np.argmin(filled, axis=1)
-            best = filled[np.arange(len(live)), choice]
-            current = time[live, j, m]
-            better = np.isfinite(best) & (np.isnan(current) | (current > best))
-            winners, picked = live[better], choice[better]
-            time[winners, j, m] = best[better]
-            split_state[winners, j, m] = picked // len(primes)
-            split_machines[winners, j, m] = m - primes[picked % len(primes)]
-            replicas[winners, j, m] = primes[picked % len(primes)]
-    return _Table(time, split_state, split_machines, replicas)
+            candidate = np.maximum(time[m - primes[:, 0], : len(live), :j], last[:, None, :])  # [r', i, k]
+            # The optimizer's order: split states ascending, then r' ascending; the first minimum stays.
+            by_split, prime_index = candidate.min(axis=0), candidate.argmin(axis=0)
+            split = by_split.argmin(axis=1)
+            best = by_split[live, split]
+            better = best < time[m, live, j]
+            winners, split, prime_index = live[better], split[better], prime_index[live, split][better]
+            time[m, winners, j] = best[better]
+            split_state[winners, j, m] = split
+            split_machines[winners, j, m] = m - primes[prime_index, 0]
+            replicas[winners, j, m] = primes[prime_index, 0]
+    return _Table(np.moveaxis(time, 0, -1), split_state, split_machines, replicas)
 
 
 def _unroll(table: _Table, start: int, end: int, num_machines: int) -> list[tuple[int, int, int]]:
@@ -228,7 +222,7 @@ def pipedream_optimizer(profile: Profile, levels: Sequence[Level], *, straight: 
         inner = level.num_machines
     num_states = states.output_bytes.shape[0]
     objective = float(tables[-1].time_s[0, num_states - 1, -1])
-    if math.isnan(objective):
+    if math.isinf(objective):
         rule = ("a straight pipeline needs as many layers as GPUs" if straight
                 else "no plan meets the memory limit under PipeDream's rule")
         raise ConfigError("devices", math.prod(level.num_machines for level in levels), rule)
