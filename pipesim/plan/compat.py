@@ -223,9 +223,11 @@ def pipedream_optimizer(profile: Profile, levels: Sequence[Level], *, straight: 
     num_states = states.output_bytes.shape[0]
     objective = float(tables[-1].time_s[0, num_states - 1, -1])
     if math.isinf(objective):
-        rule = ("a straight pipeline needs as many layers as GPUs" if straight
-                else "no plan meets the memory limit under PipeDream's rule")
-        raise ConfigError("devices", math.prod(level.num_machines for level in levels), rule)
+        if memory_bytes is not None:
+            raise ConfigError("memory", memory_bytes, "no plan meets it under PipeDream's rule: (stash + weights) x "
+                              "ceil(GPUs after the stage / replicas) per GPU")
+        raise ConfigError("devices", math.prod(level.num_machines for level in levels),
+                          "a straight pipeline needs as many layers as GPUs")
     splits = [(0, num_states, 1)]
     for level, table in zip(reversed(levels), reversed(tables), strict=True):
         splits = [(first, end, replicas * outer) for start, stop, outer in splits
