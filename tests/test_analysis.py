@@ -96,3 +96,14 @@ def test_study5_points_sit_on_the_closed_form_and_rerun_byte_identical(tmp_path:
     first = {path.name: path.read_bytes() for path in tmp_path.rglob("*.*")}
     run_study("study5_bubble.py", tmp_path)
     assert {path.name: path.read_bytes() for path in tmp_path.rglob("*.*")} == first
+
+
+def test_published_study2_the_planners_choice_is_the_fastest_on_every_model_and_cluster() -> None:
+    """The committed tables (`make analysis` regenerates them): issue 22's acceptance, as published."""
+    frame = pd.read_csv(ROOT / "analysis" / "tables" / "study2_pipedream.csv")
+    for (model, cluster), rows in frame.groupby(["model", "cluster"]):
+        chosen = rows[rows["is_planner_choice"]]
+        assert len(chosen) == 1, (model, cluster)
+        assert chosen["throughput_samples_per_s"].iloc[0] == rows["throughput_samples_per_s"].max(), (model, cluster)
+        assert chosen["speedup_over_dp"].iloc[0] >= 1.0
+    assert len(frame.groupby(["model", "cluster"])) == 6
