@@ -238,7 +238,8 @@ def plot(frame: pd.DataFrame, bandwidth: pd.DataFrame) -> object:
     ax.set_xticks(x, [f"{model}\n{cluster}" for model, cluster in settings], fontsize=8)
     ax.set_ylabel("speed-up over data parallelism (throughput ratio)")
     ax.set_title("Simulated hybrid configurations against data parallelism, 16 V100s", fontsize=10)
-    ax.legend(fontsize=7, ncols=2)
+    ax.set_ylim(0, frame["paper_speedup"].max() * 1.25)  # room for the legend above the paper's marks
+    ax.legend(fontsize=7, ncols=2, loc="upper right")
     ax.grid(True, axis="y", alpha=0.3)
     ax = axes[1]
     ax.plot(bandwidth["effective_inter_server_gbit_per_s"], bandwidth["speedup_over_dp"], marker="o",
