@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import statistics
 import sys
 import time
@@ -86,7 +87,8 @@ def main() -> None:
         "",
         f"Run {datetime.date.today().isoformat()} with `make bench-planner` "
         f"(`python benchmarks/bench_planner.py`, best and median of {args.repeats}).",
-        f"Machine: {machine()}.",
+        f"Machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the end (a shared machine: ratios to the "
+        "baseline, and medians, are the figures to compare).",
         "Cluster: 16 devices, 4 per server, 10 GB/s inside a server, 10 Gbit/s between servers (the released "
         "optimizer's rows say their own).",
         f"Baseline in the same run: `balance_partition(nasnetalarge, 16)` (compute-only min-max cut, no "
