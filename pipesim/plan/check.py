@@ -1,4 +1,4 @@
-"""Every plan checked by simulation: the planners' answers as Plans, simulated, predicted beside simulated."""
+"""The cost model proposes, the simulation decides: every candidate plan simulated, predicted beside simulated."""
 
 from __future__ import annotations
 
@@ -278,34 +278,10 @@ def plan_and_check(
     Raises:
         ConfigError: an unknown planner or cost model, or no plan exists or fits.
     """
-    model = CostModel.named(cost_model, overlap=overlap, optimizer_state_multiplier=optimizer_state_multiplier)
     if planner == "pipedream":
-        chain, row = Chain.from_profile(profile), DeviceRow.from_topology(topology)
-        first: tuple[str, tuple[StageSpec, ...]] | None = None
-        others: tuple[tuple[str, tuple[StageSpec, ...]], ...] = ()
-        if cost_model == "pipedream":
-            found = pipedream_optimizer(profile, levels_of(topology), straight=straight,
-                                        memory_bytes=None if math.isinf(memory_bytes) else memory_bytes)
-            first = ("PipeDream's optimizer", found.stages)
-        elif profile.num_layers <= COMPAT_PROPOSAL_MAX_LAYERS and not topology.links:
-            others = _released_choice(profile, topology, straight)
-        proposals = propose(chain, row, model, memory_bytes=memory_bytes, straight=straight, first=first,
-                            others=others)
-        if not proposals:
-            solver = Partitioner(chain, row, model, replicas="straight" if straight else "free")
-            least = solver.smallest()
-            raise no_plan_error(memory_bytes, solver.memory_of(least) if least else None,
-                                "straight" if straight else "PipeDream")
-        if cost_model == "pipedream":
-            head = proposals[0]
-            objective = dataclasses.replace(head.estimate, time_s=found.time_per_minibatch_s,
-                                            bottleneck="PipeDream's objective A[0][S-1][M-1]")
-            proposals[0] = Proposal(head.label, head.stages, objective)
-        simulated = tuple(_simulate(profile, topology, proposal, "pipedream", engine, num_minibatches,
-                                    optimizer_state_multiplier) for proposal in proposals)
-        chosen = simulated[0] if cost_model == "pipedream" else min(simulated, key=lambda c: c.time_per_sample_s)
-        return CheckedPlan(planner=planner, topology=topology, chosen=chosen, candidates=simulated, model=model,
-                           cost_model=cost_model, num_microbatches=chosen.plan.num_microbatches)
+        return _plan_pipedream(profile, topology, cost_model=cost_model, memory_bytes=memory_bytes, straight=straight,
+                               overlap=overlap, multiplier=optimizer_state_multiplier,
+                               num_minibatches=num_minibatches, engine=engine)
     if planner == "2bw":
         configured = plan_2bw(profile, topology, batch_size=batch_size, straight=straight, overlap=overlap,
                               memory_bytes=memory_bytes, optimizer_state_multiplier=optimizer_state_multiplier)
@@ -326,6 +302,38 @@ def plan_and_check(
     raise ConfigError("planner", planner, f"must be one of {', '.join(PLANNERS)}")
 
 
+def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostModelName, memory_bytes: float,
+                    straight: bool, overlap: bool, multiplier: float, num_minibatches: int,
+                    engine: EngineName) -> CheckedPlan:
+    """PipeDream's planner: propose (``propose``), simulate every proposal, choose (see ``plan_and_check``)."""
+    model = CostModel.named(cost_model, overlap=overlap, optimizer_state_multiplier=multiplier)
+    chain, row = Chain.from_profile(profile), DeviceRow.from_topology(topology)
+    first: tuple[str, tuple[StageSpec, ...]] | None = None
+    others: tuple[tuple[str, tuple[StageSpec, ...]], ...] = ()
+    if cost_model == "pipedream":
+        found = pipedream_optimizer(profile, levels_of(topology), straight=straight,
+                                    memory_bytes=None if math.isinf(memory_bytes) else memory_bytes)
+        first = ("PipeDream's optimizer", found.stages)
+    elif profile.num_layers <= COMPAT_PROPOSAL_MAX_LAYERS and not topology.links:
+        others = _released_choice(profile, topology, straight)
+    proposals = propose(chain, row, model, memory_bytes=memory_bytes, straight=straight, first=first, others=others)
+    if not proposals:
+        solver = Partitioner(chain, row, model, replicas="straight" if straight else "free")
+        least = solver.smallest()
+        raise no_plan_error(memory_bytes, solver.memory_of(least) if least else None,
+                            "straight" if straight else "PipeDream")
+    if cost_model == "pipedream":
+        head = proposals[0]
+        objective = dataclasses.replace(head.estimate, time_s=found.time_per_minibatch_s,
+                                        bottleneck="PipeDream's objective A[0][S-1][M-1]")
+        proposals[0] = Proposal(head.label, head.stages, objective)
+    simulated = tuple(_simulate(profile, topology, proposal, "pipedream", engine, num_minibatches, multiplier)
+                      for proposal in proposals)
+    chosen = simulated[0] if cost_model == "pipedream" else min(simulated, key=lambda c: c.time_per_sample_s)
+    return CheckedPlan(planner="pipedream", topology=topology, chosen=chosen, candidates=simulated, model=model,
+                       cost_model=cost_model, num_microbatches=chosen.plan.num_microbatches)
+
+
 def _released_choice(profile: Profile, topology: Topology, straight: bool) -> tuple[tuple[str, tuple[StageSpec, ...]], ...]:
     """The released optimizer's plan as one more candidate, or none where it finds none."""
     try:
@@ -338,7 +346,10 @@ def _released_choice(profile: Profile, topology: Topology, straight: bool) -> tu
 def check_stages(profile: Profile, topology: Topology, stages: tuple[StageSpec, ...], *, label: str,
                  cost_model: CostModelName = "simulated", num_minibatches: int = 4,
                  engine: EngineName = "auto") -> Simulated:
-    """Any PipeDream plan (stages on consecutive devices ending at the last), predicted and simulated as the planner's candidates are."""
+    """Any PipeDream plan, predicted and simulated as the planner's candidates are.
+
+    ``stages`` are ``(start, end, replicas)`` on consecutive devices ending at the last one.
+    """
     model = CostModel.named(cost_model)
     proposal = Proposal(label, stages, estimate(Chain.from_profile(profile), DeviceRow.from_topology(topology),
                                                 model, stages))
