@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from pipesim.errors import ConfigError
@@ -324,7 +323,7 @@ def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostMod
                             "straight" if straight else "PipeDream")
     if cost_model == "pipedream":
         head = proposals[0]
-        objective = dataclasses.replace(head.estimate, time_s=found.time_per_minibatch_s,
+        objective = replace(head.estimate, time_s=found.time_per_minibatch_s,
                                         bottleneck="PipeDream's objective A[0][S-1][M-1]")
         proposals[0] = Proposal(head.label, head.stages, objective)
     simulated = tuple(_simulate(profile, topology, proposal, "pipedream", engine, num_minibatches, multiplier)

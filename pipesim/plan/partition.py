@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -80,7 +80,9 @@ class Partitioner:
 
     def __init__(self, chain: Chain, row: DeviceRow, model: CostModel, *, replicas: str | int = "free",
                  use_all_devices: bool = True) -> None:
-        self.chain, self.row, self.model = chain, row, model
+        # The search's objective is the slowest stage or cut: a round trip spans stages, which
+        # the prefix structure below cannot see (the candidates' estimates add it).
+        self.chain, self.row, self.model = chain, row, replace(model, round_trip=False)
         self.use_all_devices = use_all_devices
         self.groups: dict[int, _Group] = {}
         for devices in range(1, row.num_devices + 1):
