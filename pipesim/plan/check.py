@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pipesim.errors import ConfigError
 from pipesim.plan.candidates import Proposal, propose
-from pipesim.plan.compat import levels_of, pipedream_optimizer
+from pipesim.plan.compat import levels_of, pipedream_optimizer, solve_work
 from pipesim.plan.costs import Chain, CostModel, CostModelName, DeviceRow, Estimate, StageSpec, estimate
 from pipesim.plan.partition import Partitioner, no_plan_error
 from pipesim.plan.planner import Candidate, plan_2bw, scale_profile
@@ -19,9 +19,9 @@ from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 
 PlannerName = Literal["pipedream", "2bw"]
-COMPAT_PROPOSAL_MAX_LAYERS = 200
-"""Up to this many layers the released optimizer's plan is also a candidate (its hierarchy solve
-is cubic in the layers: 0.4 s for ResNet-50's 177 on 2 servers of 8)."""
+COMPAT_PROPOSAL_MAX_WORK = 1e8
+"""The released optimizer's plan is also a candidate where its solve costs at most this much
+(``compat.solve_work``: about 0.3 s; ResNet-50 on 2 servers of 8 is 9e7, nasnetalarge on 16 flat 2e8)."""
 PLANNERS: tuple[PlannerName, ...] = ("pipedream", "2bw")
 
 SIMULATION_MODEL = (
@@ -313,7 +313,7 @@ def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostMod
         found = pipedream_optimizer(profile, levels_of(topology), straight=straight,
                                     memory_bytes=None if math.isinf(memory_bytes) else memory_bytes)
         first = ("PipeDream's optimizer", found.stages)
-    elif profile.num_layers <= COMPAT_PROPOSAL_MAX_LAYERS and not topology.links:
+    else:
         others = _released_choice(profile, topology, straight)
     proposals = propose(chain, row, model, memory_bytes=memory_bytes, straight=straight, first=first, others=others)
     if not proposals:
@@ -334,9 +334,13 @@ def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostMod
 
 
 def _released_choice(profile: Profile, topology: Topology, straight: bool) -> tuple[tuple[str, tuple[StageSpec, ...]], ...]:
-    """The released optimizer's plan as one more candidate, or none where it finds none."""
+    """The released optimizer's plan as one more candidate; none where it finds none, the topology
+    has no PipeDream levels, or the solve would cost more than ``COMPAT_PROPOSAL_MAX_WORK``."""
     try:
-        found = pipedream_optimizer(profile, levels_of(topology), straight=straight)
+        levels = levels_of(topology)
+        if solve_work(profile.num_layers, levels) > COMPAT_PROPOSAL_MAX_WORK:
+            return ()
+        found = pipedream_optimizer(profile, levels, straight=straight)
     except ConfigError:
         return ()
     return (("PipeDream's optimizer", found.stages),)

@@ -97,6 +97,19 @@ def levels_of(topology: Topology) -> tuple[Level, ...]:
     return tuple(levels)
 
 
+def solve_work(num_layers: int, levels: Sequence[Level]) -> float:
+    """Roughly how many table entries ``pipedream_optimizer`` evaluates: S^2 M^2 / 2 for the outermost
+    level (solved from state 0), S^3 M^2 / 4 for each inner one (solved from every start state).
+
+    About 3e8 a second here (ResNet-50's 177 layers on 2 servers of 8: 9e7, 0.3 s).
+    """
+    work = 0.0
+    for index, level in enumerate(levels):
+        rows = 1 if index == len(levels) - 1 else num_layers / 2
+        work += rows * num_layers**2 * level.num_machines**2 / 2
+    return work
+
+
 def _states(profile: Profile) -> _States:
     layers = profile.layers
     first = 1 if len(layers) > 1 and _is_input(profile) else 0
