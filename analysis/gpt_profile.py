@@ -30,6 +30,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import pipesim
+# The studies pass even cuts explicitly: simulate's default balancing can leave identical layers
+# unevenly split through floating-point ties (32 layers on 16 stages came out as ..., 3, 1).
+from pipesim.spec.partition import even_partition as even_partition
 
 OPTIMIZER_MULTIPLIER = 6.0
 V100_MEMORY_BYTES = 16e9
@@ -78,18 +81,6 @@ def gpt_profile(sizes: TransformerSizes | None = None) -> pipesim.Profile:
     )
     return profile.model_copy(update={"dtype": "float16", "device": f"synthetic, {sizes.device_flops / 1e12:g} TFLOP/s",
                                       "source": f"analysis/gpt_profile.py {asdict(sizes)}"})
-
-
-def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
-    """Equal contiguous layer ranges (the depth must divide the layers).
-
-    Passed explicitly because ``simulate``'s default balancing can leave identical layers
-    unevenly split through floating-point ties (32 layers on 16 stages came out as ..., 3, 1).
-    """
-    if num_layers % num_stages:
-        raise ValueError(f"{num_stages} stages do not divide {num_layers} layers")
-    size = num_layers // num_stages
-    return tuple((stage * size, (stage + 1) * size) for stage in range(num_stages))
 
 
 def v100_cluster(num_devices: int) -> pipesim.Topology:

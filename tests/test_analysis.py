@@ -42,10 +42,11 @@ def test_study1_has_a_row_per_schedule_and_stage(tmp_path: Path) -> None:
     assert_png(tmp_path, "study1_schedules")
 
 
-def test_study2_data_parallel_simulation_matches_its_formula(tmp_path: Path) -> None:
+def test_study2_data_parallel_matches_its_formula_and_the_planners_choice_is_fastest(tmp_path: Path) -> None:
     run_study("study2_pipedream.py", tmp_path)
     frame = read_table(tmp_path, "study2_pipedream")
-    for column in ("config", "replicas", "speedup_over_dp", "paper_config", "paper_speedup", "simulated_over_paper"):
+    for column in ("config", "replicas", "speedup_over_dp", "paper_config", "paper_speedup", "simulated_over_paper",
+                   "is_planner_choice", "predicted_samples_per_s"):
         assert column in frame.columns
     configs = set(frame["config"])
     assert {"16 (data parallel)", "15-1, paper's cut"} <= configs
@@ -54,6 +55,11 @@ def test_study2_data_parallel_simulation_matches_its_formula(tmp_path: Path) -> 
     assert dp["throughput_samples_per_s"] == pytest.approx(dp["dp_formula_samples_per_s"], rel=1e-5)
     paper = frame[frame["is_paper_config"]].iloc[0]
     assert paper["simulated_over_paper"] == pytest.approx(paper["speedup_over_dp"] / 5.28, rel=1e-5)
+    chosen = frame[frame["is_planner_choice"]]
+    assert len(chosen) == 1 and chosen["throughput_samples_per_s"].iloc[0] == frame["throughput_samples_per_s"].max()
+    choices = read_table(tmp_path, "study2_choices")
+    assert list(choices.columns[:4]) == ["model", "cluster", "planner_choice", "planner_speedup_over_dp"]
+    assert choices["planner_speedup_over_dp"].iloc[0] >= 1.0
     assert len(read_table(tmp_path, "study2_bandwidth")) == 2
     assert_png(tmp_path, "study2_pipedream")
 
@@ -90,3 +96,14 @@ def test_study5_points_sit_on_the_closed_form_and_rerun_byte_identical(tmp_path:
     first = {path.name: path.read_bytes() for path in tmp_path.rglob("*.*")}
     run_study("study5_bubble.py", tmp_path)
     assert {path.name: path.read_bytes() for path in tmp_path.rglob("*.*")} == first
+
+
+def test_published_study2_the_planners_choice_is_the_fastest_on_every_model_and_cluster() -> None:
+    """The committed tables (`make analysis` regenerates them): issue 22's acceptance, as published."""
+    frame = pd.read_csv(ROOT / "analysis" / "tables" / "study2_pipedream.csv")
+    for (model, cluster), rows in frame.groupby(["model", "cluster"]):
+        chosen = rows[rows["is_planner_choice"]]
+        assert len(chosen) == 1, (model, cluster)
+        assert chosen["throughput_samples_per_s"].iloc[0] == rows["throughput_samples_per_s"].max(), (model, cluster)
+        assert chosen["speedup_over_dp"].iloc[0] >= 1.0
+    assert len(frame.groupby(["model", "cluster"])) == 6

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from pipesim.errors import ConfigError
 from pipesim.plan.check import PLANNERS, CheckedPlan, plan_and_check
+from pipesim.plan.costs import COST_MODELS
 from pipesim.plan.partition import format_bytes
 from pipesim.simulation import EngineName
 from pipesim.spec.files import dumps, load_profile, model_to_json, write_text_atomic
@@ -54,9 +55,14 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
 @click.option("--memory", default=None, help="Memory per device, e.g. 16GB (default: unlimited).")
 @click.option("--planner", type=click.Choice(PLANNERS), default="pipedream", show_default=True,
               help="pipedream: PipeDream's partitioner (SOSP'19); 2bw: PipeDream-2BW's planner (ICML'21).")
+@click.option("--cost-model", type=click.Choice(COST_MODELS), default="simulated", show_default=True,
+              help="simulated: the engine's ring all-reduce and full-duplex cuts; the simulation picks the fastest "
+                   "candidate. pipedream: the released optimizer's recurrence (4(r-1)/r all-reduce, its "
+                   "hierarchy and quirks), whose own choice is returned.")
 @click.option("--straight", is_flag=True, help="No data parallelism: one device per stage (2bw: width 1).")
 @click.option("--overlap", is_flag=True,
-              help="Stage time max(compute, all-reduce)/r as in the paper, instead of the released optimizer's sum.")
+              help="Stage time max(compute, all-reduce)/r as in the paper (a runtime that overlaps them), instead of "
+                   "their sum (the engine runs updates on the compute stream).")
 @click.option("--batch-size", type=int, default=None,
               help="2bw: samples per optimizer step over all pipelines (default devices x profile microbatch).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
@@ -69,14 +75,15 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
 @click.option("--out", "out_dir", default=None,
               help="Write plan.json (for simulate --plan), topology.json and, if rescaled, profile.json.")
 def plan_command(profile_path: str, num_devices: int, devices_per_server: int | None, bandwidth: str,
-                 inter_server_bandwidth: str | None, memory: str | None, planner: str, straight: bool, overlap: bool,
+                 inter_server_bandwidth: str | None, memory: str | None, planner: str, cost_model: str, straight: bool, overlap: bool,
                  batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, engine: str,
                  as_json: bool, out_dir: str | None) -> None:
-    """Find the fastest plan for a profile on N devices, simulate it, and show predicted against simulated."""
+    """Find the fastest plan for a profile on N devices: the cost model proposes, the simulation decides."""
     topology = build_cluster(num_devices, devices_per_server, bandwidth, inter_server_bandwidth, memory)
     profile = load_profile(profile_path)
     checked = plan_and_check(
         profile, topology, planner="2bw" if planner == "2bw" else "pipedream",
+        cost_model="pipedream" if cost_model == "pipedream" else "simulated",
         memory_bytes=topology.devices[0].memory_bytes, straight=straight, overlap=overlap,
         optimizer_state_multiplier=optimizer_state_multiplier, batch_size=batch_size, num_minibatches=num_minibatches,
         engine=cast(EngineName, engine),  # click.Choice checked it
@@ -139,6 +146,15 @@ def print_plan(checked: CheckedPlan) -> None:
         f"peak memory per device: predicted {format_bytes(predicted['peak_memory_bytes'])}, "
         f"simulated {format_bytes(simulated['peak_memory_bytes'])}"
     )
+    candidates = Table(show_edge=False, title="candidates (predicted by the cost model, simulated by the engine)")
+    for header in ("", "candidate", "replication", "predicted ms/sample", "simulated ms/sample", "sim/pred"):
+        candidates.add_column(header, justify="right")
+    for row in data["candidates"]:
+        pred, sim = row["predicted"]["time_per_sample_s"], row["simulated"]["time_per_sample_s"]
+        candidates.add_row("*" if row["chosen"] else "", row["label"], "-".join(map(str, row["replication"])),
+                           f"{pred * 1e3:.4f}", f"{sim * 1e3:.4f}", f"{sim / pred:.3f}" if pred else "-")
+    console.print(candidates)
+    console.print(f"chosen by {data['cost_model']['chosen_by']}")
     if "data_parallel" in data:
         dp = data["data_parallel"]
         console.print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -17,6 +17,8 @@ from pipesim.spec.topology import Topology
 FloatArray = npt.NDArray[np.float64]
 StageSpec = tuple[int, int, int]
 """One stage of a candidate plan: ``(start_layer, end_layer, replicas)``, layers half-open."""
+CostModelName = Literal["simulated", "pipedream"]
+COST_MODELS: tuple[CostModelName, ...] = ("simulated", "pipedream")
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +143,9 @@ class CostModel:
         weight_versions: ``"stash"``: one version per microbatch in flight (PipeDream's weight
             stashing); ``"double"``: two (PipeDream-2BW).
         optimizer_state_multiplier: optimizer state bytes per weight byte.
+        round_trip: also bound the pipeline by each stage's round trip: stage s of p admits p - s
+            microbatches, so one microbatch every (its and the later stages' times, plus each
+            later cut both ways) / (p - s). The engine's 1F1B orders hold exactly that many.
     """
 
     overlap: bool = False
@@ -149,6 +154,22 @@ class CostModel:
     microbatches_per_allreduce: int = 1
     weight_versions: Literal["stash", "double"] = "stash"
     optimizer_state_multiplier: float = 1.0
+    round_trip: bool = False
+
+    @classmethod
+    def named(cls, name: CostModelName, **options: Any) -> CostModel:
+        """The simulator's model (``"simulated"``) or PipeDream's (``"pipedream"``), with ``options`` set.
+
+        ``"simulated"`` charges what the engine runs: a ring all-reduce, 2 (r-1)/r x weights, and
+        one activation per direction over a cut (activations and gradients travel on the two
+        directions of a full-duplex link), and bounds each stage by its round trip.
+        ``"pipedream"`` charges the released optimizer's 4 (r-1)/r x weights and 2 x activation
+        on one link.
+        """
+        if name not in COST_MODELS:
+            raise ConfigError("cost_model", name, f"must be one of {', '.join(COST_MODELS)}")
+        factors = {"simulated": (2.0, 1.0), "pipedream": (4.0, 2.0)}[name]
+        return cls(allreduce_factor=factors[0], transfer_factor=factors[1], round_trip=name == "simulated", **options)
 
     def allreduce_s_per_byte(self, row: DeviceRow, first: int, replicas: int) -> float:
         """All-reduce seconds per weight byte of a stage on devices ``first .. first+replicas-1``."""
@@ -252,6 +273,15 @@ class Estimate:
         }
 
 
+def round_trips_s(stages: Sequence[StageEstimate]) -> list[float]:
+    """Per stage s of p: (times of stages s.. plus both directions of every later cut) / (p - s)."""
+    trips, total = [], 0.0
+    for index in range(len(stages) - 1, -1, -1):
+        total += stages[index].time_s + (2 * stages[index].transfer_s if index < len(stages) - 1 else 0.0)
+        trips.append(total / (len(stages) - index))
+    return trips[::-1]
+
+
 def estimate(chain: Chain, row: DeviceRow, model: CostModel, stages: Sequence[StageSpec]) -> Estimate:
     """Cost a plan whose stages take consecutive devices ending at the row's last device.
 
@@ -288,6 +318,9 @@ def estimate(chain: Chain, row: DeviceRow, model: CostModel, stages: Sequence[St
         first += replicas
     candidates = [(stage.time_s, f"stage {index}") for index, stage in enumerate(results)]
     candidates += [(stage.transfer_s, f"transfer {index}->{index + 1}") for index, stage in enumerate(results[:-1])]
+    if model.round_trip:
+        candidates += [(round_trip_s, f"round trip from stage {index}")
+                       for index, round_trip_s in enumerate(round_trips_s(results))]
     time_s, bottleneck = max(candidates, key=lambda item: item[0])
     return Estimate(
         stages=tuple(results), time_s=time_s, bottleneck=bottleneck,

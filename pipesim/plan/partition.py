@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
-from pipesim.plan.costs import Chain, CostModel, DeviceRow, Estimate, StageSpec, estimate, inflight_microbatches
+from pipesim.plan.costs import Chain, CostModel, CostModelName, DeviceRow, Estimate, StageSpec, estimate, inflight_microbatches
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
 
@@ -80,7 +80,9 @@ class Partitioner:
 
     def __init__(self, chain: Chain, row: DeviceRow, model: CostModel, *, replicas: str | int = "free",
                  use_all_devices: bool = True) -> None:
-        self.chain, self.row, self.model = chain, row, model
+        # The search's objective is the slowest stage or cut: a round trip spans stages, which
+        # the prefix structure below cannot see (the candidates' estimates add it).
+        self.chain, self.row, self.model = chain, row, replace(model, round_trip=False)
         self.use_all_devices = use_all_devices
         self.groups: dict[int, _Group] = {}
         for devices in range(1, row.num_devices + 1):
@@ -265,6 +267,7 @@ def partition(
     overlap: bool = False,
     optimizer_state_multiplier: float = 1.0,
     use_all_devices: bool = True,
+    cost_model: CostModelName = "simulated",
 ) -> PipeDreamPlan:
     """PipeDream's partition of ``profile`` over the first ``num_devices`` devices of ``topology``.
 
@@ -277,6 +280,8 @@ def partition(
         straight: no replication: one device per stage.
         overlap: compute and all-reduce overlap (the paper) instead of adding (the released optimizer).
         use_all_devices: as PipeDream's optimizer by default; False lets the first devices idle.
+        cost_model: ``"simulated"`` (the engine's ring all-reduce and full-duplex cuts) or
+            ``"pipedream"`` (the released optimizer's factors; see ``CostModel.named``).
 
     Raises:
         ConfigError: no plan exists (e.g. a straight pipeline with more devices than layers), or
@@ -287,7 +292,7 @@ def partition(
     if straight and use_all_devices and row.num_devices > chain.num_layers:
         raise ConfigError("devices", row.num_devices,
                           f"a straight pipeline needs a layer per device, the profile has {chain.num_layers}")
-    model = CostModel(overlap=overlap, optimizer_state_multiplier=optimizer_state_multiplier)
+    model = CostModel.named(cost_model, overlap=overlap, optimizer_state_multiplier=optimizer_state_multiplier)
     solver = Partitioner(chain, row, model, replicas="straight" if straight else "free",
                          use_all_devices=use_all_devices)
     stages = solver.fastest(memory_bytes)

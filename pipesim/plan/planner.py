@@ -65,6 +65,11 @@ class TwoBWPlan:
     batch_size: int
     model: CostModel
 
+    def configurations_that_fit(self) -> list[Candidate]:
+        """The candidates that fit the memory limit, best predicted first (the chosen one first on ties)."""
+        fitting = [candidate for candidate in self.candidates if candidate.estimate is not None]
+        return sorted(fitting, key=lambda candidate: (candidate is not self.best, -candidate.throughput_samples_per_s))
+
 
 def scale_profile(profile: Profile, microbatch_size: int) -> Profile:
     """``profile`` at another microbatch size: times and activation bytes scale linearly, weights do not.
@@ -95,8 +100,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def _model(overlap: bool, num_microbatches: int, optimizer_state_multiplier: float) -> CostModel:
-    return CostModel(overlap=overlap, microbatches_per_allreduce=num_microbatches, weight_versions="double",
-                     optimizer_state_multiplier=optimizer_state_multiplier)
+    return CostModel.named("simulated", overlap=overlap, microbatches_per_allreduce=num_microbatches,
+                           weight_versions="double", optimizer_state_multiplier=optimizer_state_multiplier)
 
 
 def plan_2bw(

@@ -7,11 +7,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from pipesim.errors import ConfigError, PipesimError
+from pipesim.errors import PipesimError
 from pipesim.metrics import Metrics
 from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
-from pipesim.spec.stages import balance_partition
+from pipesim.spec.partition import balance_partition, even_partition
 from pipesim.spec.topology import Topology
 from pipesim.sweep.spec import AXES, Resolved
 
@@ -39,21 +39,6 @@ def shared_work_order(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """``points`` reordered (stably) so that those equal in ``SHARED_WORK`` are adjacent."""
     # (type name, value): an axis may mix None with numbers or text, which do not compare.
     return sorted(points, key=lambda point: tuple((type(point[axis]).__name__, point[axis]) for axis in SHARED_WORK))
-
-
-def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...]:
-    """Equal layer counts per stage (the first stages take one more when they do not divide).
-
-    Raises:
-        ConfigError: more stages than layers.
-    """
-    if num_stages > num_layers:
-        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({num_layers})")
-    base, extra = divmod(num_layers, num_stages)
-    bounds = [0]
-    for stage in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if stage < extra else 0))
-    return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
 
 
 class PointRunner:
