@@ -14,7 +14,7 @@ from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions  # noqa
 from pipesim.harness.launch import launch  # noqa: E402
 from pipesim.harness.models import build_model  # noqa: E402
 from pipesim.harness.profile_rank import stash_attribution  # noqa: E402
-from pipesim.harness.validate import compare_versions  # noqa: E402
+from pipesim.harness.comparison import compare_versions  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.simulation import simulate  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402

@@ -13,6 +13,7 @@ from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD, build_schedule,
 from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
+COMPUTE_MODES = ("real", "emulated")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
 SOURCE_PREFIX = "pipesim.harness model="
 
@@ -96,6 +97,32 @@ class TrainingOptions:
 
 
 @dataclass(frozen=True)
+class Emulation:
+    """A device of steady speed: every op lasts a given time on the wall clock instead of computing.
+
+    The rank still receives and sends tensors of the model's sizes, dispatches every op, keeps
+    weight versions and stashes, and applies updates; only the layers' arithmetic is replaced by
+    a wait on a monotonic clock until the op's deadline (its start plus its duration).
+
+    Attributes:
+        durations_s: per rank, per op position in its order, the op's wall-clock seconds.
+        stash_bytes: per stage, the bytes a forward keeps for its backward (allocated for real).
+    """
+
+    durations_s: tuple[tuple[float, ...], ...]
+    stash_bytes: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for rank, durations in enumerate(self.durations_s):
+            bad = [d for d in durations if not d >= 0]
+            if bad:
+                raise ConfigError("durations_s", bad[0], f"must be >= 0 (rank {rank})")
+        bad_bytes = [b for b in self.stash_bytes if not b >= 0]
+        if bad_bytes:
+            raise ConfigError("stash_bytes", bad_bytes[0], "must be >= 0")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One pipelined run.
 
@@ -116,6 +143,7 @@ class RunConfig:
         comm_timeout_s: torch.distributed's timeout for a blocked collective or receive.
         trace_out: where rank 0 writes the trace (JSON), or "" for nowhere.
         weights_out: a folder where each rank saves its stages' final weights, or "".
+        emulation: op durations for ``--compute emulated`` (None: the layers compute for real).
     """
 
     model: ModelSpec
@@ -134,6 +162,12 @@ class RunConfig:
     trace_out: str = ""
     weights_out: str = ""
     num_ranks: int = 0
+    emulation: Emulation | None = None
+
+    @property
+    def compute(self) -> str:
+        """``"emulated"`` when ops wait out given durations, else ``"real"``."""
+        return "real" if self.emulation is None else "emulated"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -181,6 +215,11 @@ class RunConfig:
         data["model"] = ModelSpec.from_dict(data["model"])
         data["training"] = TrainingOptions(**data["training"])
         data["partition"] = tuple((int(a), int(b)) for a, b in data["partition"])
+        emulation = data.get("emulation")
+        if emulation is not None:
+            data["emulation"] = Emulation(durations_s=tuple(tuple(float(d) for d in rank)
+                                                            for rank in emulation["durations_s"]),
+                                          stash_bytes=tuple(float(b) for b in emulation["stash_bytes"]))
         return cls(**data)
 
     def with_outputs(self, trace_out: str | Path = "", weights_out: str | Path = "") -> RunConfig:
@@ -215,3 +254,20 @@ def spec_of(profile: Profile) -> ModelSpec | None:
     if not profile.source.startswith(SOURCE_PREFIX):
         return None
     return ModelSpec.from_dict(json.loads(profile.source[len(SOURCE_PREFIX):]))
+
+
+# Samples per microbatch of a built-in model when none is given: ops of a few milliseconds on a CPU core.
+DEFAULT_MICROBATCH_SIZE = {"mlp": 64, "transformer": 4, "null": 1}
+
+
+def default_microbatch_size(model: str) -> int:
+    """The microbatch size of a built-in model when none is given.
+
+    Raises:
+        ConfigError: ``model`` is a user's model, whose right size only its user knows.
+    """
+    if model not in DEFAULT_MICROBATCH_SIZE:
+        raise ConfigError("microbatch_size", None, f"give --microbatch-size for the user model {model!r} "
+                                                   f"(built-in models have defaults: "
+                                                   f"{', '.join(f'{k} {v}' for k, v in DEFAULT_MICROBATCH_SIZE.items())})")
+    return DEFAULT_MICROBATCH_SIZE[model]

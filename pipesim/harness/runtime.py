@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from pipesim.errors import ConfigError
 from pipesim.harness.config import RunConfig
+from pipesim.harness.emulated import EmulatedStage, SendCost, wait_until
 from pipesim.harness.models import build_model
 from pipesim.harness.p2p import Incoming, Links
 from pipesim.harness.process import configure_process, without_gc
@@ -133,19 +134,47 @@ class RankRuntime:
         self.clock = Clock(self.device)
         self.bundle = build_model(config.model, config.microbatch_size)
         self.grad_kind = gradient_kind(self.schedule)
-        delays = forward_delays(self.schedule)
-        self.executors: dict[int, StageExecutor] = {}
-        for stage in sorted({op.stage for op in self.ops}):
-            start, end = config.partition[stage]
-            for layer in self.bundle.layers[start:end]:
-                layer.to(self.device)
-            self.executors[stage] = StageExecutor(
-                self.bundle, start, end, self.schedule.weights, config.training, stage_delay=delays[stage],
-                num_microbatches=self.schedule.num_microbatches, num_minibatches=self.schedule.num_minibatches)
+        self.durations_s = self._emulated_durations()
+        self.send_cost = SendCost()
+        self.executors = self._executors()
         self.recorder = Recorder(run_dir / f"rank{rank}.npy", len(self.ops), rank, os.getpid(), self.clock.now())
         self.state = RankState()
         self.data = self._data()
         self._deferred: list[tuple[int, int, int, Any, Any]] = []
+
+    def _emulated_durations(self) -> tuple[float, ...]:
+        """This rank's op durations under ``--compute emulated`` (empty when the layers compute)."""
+        emulation = self.config.emulation
+        if emulation is None:
+            return ()
+        if len(emulation.durations_s) != self.schedule.num_ranks or len(
+                emulation.durations_s[self.rank]) != len(self.ops):
+            raise ConfigError("durations_s", [len(d) for d in emulation.durations_s],
+                              f"must give every op of every rank ({[len(ops) for ops in self.schedule.ranks]})")
+        if len(emulation.stash_bytes) != self.schedule.num_stages:
+            raise ConfigError("stash_bytes", list(emulation.stash_bytes),
+                              f"must give one size per stage ({self.schedule.num_stages})")
+        return emulation.durations_s[self.rank]
+
+    def _executors(self) -> dict[int, StageExecutor]:
+        """The rank's stages: computing ones, or emulated ones that wait out their durations."""
+        config, schedule = self.config, self.schedule
+        delays = forward_delays(schedule)
+        executors: dict[int, StageExecutor] = {}
+        for stage in sorted({op.stage for op in self.ops}):
+            start, end = config.partition[stage]
+            for layer in self.bundle.layers[start:end]:
+                layer.to(self.device)
+            common = {"stage_delay": delays[stage], "num_microbatches": schedule.num_microbatches,
+                      "num_minibatches": schedule.num_minibatches}
+            if config.emulation is None:
+                executors[stage] = StageExecutor(self.bundle, start, end, schedule.weights, config.training, **common)
+            else:
+                executors[stage] = EmulatedStage(
+                    self.bundle, start, end, schedule.weights, config.training,
+                    stash_bytes=config.emulation.stash_bytes[stage], microbatch_size=config.microbatch_size,
+                    device=self.device, **common)
+        return executors
 
     def resolve_marks(self) -> None:
         """Write the compute spans whose marks are pending (every op on CPU; at the end on CUDA)."""
@@ -240,12 +269,17 @@ class RankRuntime:
         minibatch = last.minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
         start = self.clock.mark()
         result = self._execute(op, self.executors[op.stage], minibatch, received)
-        finish = self.clock.mark()
         target_stage = sends_to(op, self.schedule.num_stages, self.grad_kind)
+        if self.durations_s:
+            sending_s = self.send_cost.typical_s if target_stage is not None and result.send is not None else 0.0
+            wait_until(op_start + self.durations_s[position] - sending_s)
+        finish = self.clock.mark()
         if target_stage is not None and result.send is not None:
             target = self.schedule.stage_to_rank[target_stage]
             tag = message_tag(op.kind, op.stage, op.microbatch, self.schedule.num_stages)
+            handed = self.clock.now()
             links.send(result.send, target, tag)
+            self.send_cost.add(self.clock.now() - handed)
             num_bytes = float(result.send.numel() * result.send.element_size())
             self.recorder.send(position, self.clock.now(), num_bytes, target, tag)
         end = self.clock.now()
