@@ -165,7 +165,7 @@ def test_the_worker_runs_under_torchrun(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(config.to_json())
     torchrun = Path(sys.executable).with_name("torchrun")
     done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                           "pipesim.harness.worker", str(tmp_path / "config.json")], capture_output=True, text=True,
+                           "pipesim.harness.rank.worker", str(tmp_path / "config.json")], capture_output=True, text=True,
                           cwd=ROOT, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     trace = Trace.from_json(trace_path.read_text())

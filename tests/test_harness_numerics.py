@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 from pipesim.engine.trace import Trace  # noqa: E402
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
-from pipesim.harness.models import build_model  # noqa: E402
-from pipesim.harness.profile_rank import stash_attribution  # noqa: E402
+from pipesim.harness.rank.models import build_model  # noqa: E402
+from pipesim.harness.rank.profile_rank import stash_attribution  # noqa: E402
 from pipesim.harness.comparison import compare_versions  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.simulation import simulate  # noqa: E402

@@ -45,7 +45,7 @@ def model_options(function: FuncT) -> FuncT:
 def build_spec(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                seed: int) -> Any:
     """A ModelSpec from the model options."""
-    from pipesim.harness.models import ModelSpec
+    from pipesim.harness.config import ModelSpec
 
     shape: tuple[int, ...] = ()
     if input_shape:

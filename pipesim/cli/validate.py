@@ -98,7 +98,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     from pipesim.harness.calibration import CalibrationRun, calibrate
     from pipesim.harness.config import default_microbatch_size, spec_of
     from pipesim.harness.linkbench import measure_links
-    from pipesim.harness.process import raise_priority
+    from pipesim.harness.priority import raise_priority
     from pipesim.harness.profiler import Timing, measure_profile
     from pipesim.harness.validate import FreshProfiles, ScheduleValidation, validate_interleaved
 

@@ -127,7 +127,7 @@ class Comparison:
         op_times: where the predicted op times came from: ``"layer profile"`` or
             ``"calibration run"`` (see pipesim.harness.calibration).
         compute: ``"real"`` (the layers computed) or ``"emulated"`` (ops waited out their
-            predicted durations; see pipesim.harness.emulated).
+            predicted durations; see pipesim.harness.rank.emulated).
     """
 
     runs: tuple[RunComparison, ...]

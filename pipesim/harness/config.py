@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
 COMPUTE_MODES = ("real", "emulated")
+# How repeated timings of one op are summarized.
+STATISTICS = ("mean", "median")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
 SOURCE_PREFIX = "pipesim.harness model="
 
@@ -271,3 +274,8 @@ def default_microbatch_size(model: str) -> int:
                                                    f"(built-in models have defaults: "
                                                    f"{', '.join(f'{k} {v}' for k, v in DEFAULT_MICROBATCH_SIZE.items())})")
     return DEFAULT_MICROBATCH_SIZE[model]
+
+
+def summarize(samples: list[float], statistic: str) -> float:
+    """The mean or the median of ``samples``."""
+    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)

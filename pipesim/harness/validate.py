@@ -108,7 +108,7 @@ class ScheduleValidation:
             many seeded draws of op times with the calibration run's spread (see
             pipesim.harness.variability); 0 predicts from the mean op times alone.
         compute: ``"real"``, or ``"emulated"``: every op waits out its predicted duration
-            instead of computing (pipesim.harness.emulated).
+            instead of computing (pipesim.harness.rank.emulated).
 
     Raises:
         ConfigError: an unknown compute mode, or a calibration with emulated compute.

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from pipesim.harness.config import TrainingOptions
-from pipesim.harness.models import ModelBundle, MSELossLayer
-from pipesim.harness.weights import MemoryDelta, WeightStore
+from pipesim.harness.rank.models import ModelBundle, MSELossLayer
+from pipesim.harness.rank.weights import MemoryDelta, WeightStore
 from pipesim.schedule.ir import WeightPolicy
 
 

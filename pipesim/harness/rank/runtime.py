@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from pipesim.errors import ConfigError
 from pipesim.harness.config import RunConfig
-from pipesim.harness.emulated import EmulatedStage, SendCost, wait_until
-from pipesim.harness.models import build_model
-from pipesim.harness.p2p import Incoming, Links
-from pipesim.harness.process import configure_process, without_gc
+from pipesim.harness.rank.emulated import EmulatedStage, SendCost, wait_until
+from pipesim.harness.rank.models import build_model
+from pipesim.harness.rank.p2p import Incoming, Links
+from pipesim.harness.rank.process import configure_process, without_gc
 from pipesim.harness.recorder import (
     COMPUTING,
     FAILED,
@@ -39,7 +39,7 @@ from pipesim.harness.recorder import (
     message_tag,
     trace_meta,
 )
-from pipesim.harness.stage import OpResult, StageExecutor
+from pipesim.harness.rank.stage import OpResult, StageExecutor
 from pipesim.schedule.deps import gradient_kind, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule
 from pipesim.schedule.versions import assign_versions

@@ -23,8 +23,8 @@ from collections import deque
 import torch
 
 from pipesim.harness.config import TrainingOptions
-from pipesim.harness.models import ModelBundle
-from pipesim.harness.stage import OpResult, StageExecutor
+from pipesim.harness.rank.models import ModelBundle
+from pipesim.harness.rank.stage import OpResult, StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
 # The last stretch before a deadline is spun, not slept: a sleep may overshoot by a scheduler tick.
