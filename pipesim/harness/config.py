@@ -10,7 +10,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Schedule
-from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD, build_schedule, default_num_minibatches
+from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
 from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
@@ -110,17 +110,24 @@ class Emulation:
     Attributes:
         durations_s: per rank, per op position in its order, the op's wall-clock seconds.
         stash_bytes: per stage, the bytes a forward keeps for its backward (allocated for real).
+        weight_stash_bytes: per stage, of those, the bytes a split backward's W still needs after
+            its I (I frees the rest); empty: all of them.
     """
 
     durations_s: tuple[tuple[float, ...], ...]
     stash_bytes: tuple[float, ...]
+    weight_stash_bytes: tuple[float, ...] = ()
+
+    def kept_by_weight_gradient(self, stage: int) -> float:
+        """The bytes stage ``stage``'s W frees (the rest of its stash is freed by its I)."""
+        return self.weight_stash_bytes[stage] if self.weight_stash_bytes else self.stash_bytes[stage]
 
     def __post_init__(self) -> None:
         for rank, durations in enumerate(self.durations_s):
             bad = [d for d in durations if not d >= 0]
             if bad:
                 raise ConfigError("durations_s", bad[0], f"must be >= 0 (rank {rank})")
-        bad_bytes = [b for b in self.stash_bytes if not b >= 0]
+        bad_bytes = [b for b in (*self.stash_bytes, *self.weight_stash_bytes) if not b >= 0]
         if bad_bytes:
             raise ConfigError("stash_bytes", bad_bytes[0], "must be >= 0")
 
@@ -131,8 +138,8 @@ class RunConfig:
 
     Attributes:
         model: the model to build on every rank.
-        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare; or a multi-stage schedule
-            without split backward, such as interleaved-1f1b).
+        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare, or a schedule with several
+            stages per rank or a split backward: interleaved-1f1b, zb-h1, zbv, dualpipev, ...).
         num_stages, num_microbatches, num_minibatches: p, m and K.
         num_ranks: processes; 0 means one per stage (multi-stage schedules put several stages on
             a rank).
@@ -190,9 +197,6 @@ class RunConfig:
                               f"must have one range per stage ({self.num_stages})")
         if self.pipemare_update not in ("minibatch", "microbatch"):
             raise ConfigError("pipemare_update", self.pipemare_update, "must be minibatch or microbatch")
-        if self.schedule in SPLIT_BACKWARD:
-            raise ConfigError("schedule", self.schedule,
-                              "splits the backward into I and W ops, which the harness does not run (full B only)")
         if self.num_ranks < 0:
             raise ConfigError("num_ranks", self.num_ranks, "must be >= 1 (or 0: one per stage)")
 
@@ -222,7 +226,9 @@ class RunConfig:
         if emulation is not None:
             data["emulation"] = Emulation(durations_s=tuple(tuple(float(d) for d in rank)
                                                             for rank in emulation["durations_s"]),
-                                          stash_bytes=tuple(float(b) for b in emulation["stash_bytes"]))
+                                          stash_bytes=tuple(float(b) for b in emulation["stash_bytes"]),
+                                          weight_stash_bytes=tuple(float(b) for b in
+                                                                   emulation.get("weight_stash_bytes", ())))
         return cls(**data)
 
     def with_outputs(self, trace_out: str | Path = "", weights_out: str | Path = "") -> RunConfig:

@@ -23,7 +23,8 @@ def predict(profile: Profile, topology: Topology | None, config: RunConfig) -> R
 
 def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Emulation:
     """The emulated device for a run: each op lasts as long as in ``prediction`` (its compute span,
-    keyed by rank and position), and a forward keeps its stage's profiled stash."""
+    keyed by rank and position), and a forward keeps its stage's profiled stash (of which a split
+    backward's W keeps the layers' ``weight_stashed_bytes``)."""
     durations: dict[int, dict[int, float]] = {}
     for span in prediction.iter_spans():
         if span.stream == "compute":
@@ -31,4 +32,6 @@ def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int
     per_rank = tuple(tuple(ops[position] for position in range(len(ops)))
                      for _, ops in sorted(durations.items()))
     stash = tuple(float(sum(layer.stashed_bytes for layer in profile.layers[start:end])) for start, end in partition)
-    return Emulation(durations_s=per_rank, stash_bytes=stash)
+    kept = tuple(float(sum(layer.weight_stashed_bytes for layer in profile.layers[start:end]))
+                 for start, end in partition)
+    return Emulation(durations_s=per_rank, stash_bytes=stash, weight_stash_bytes=kept)

@@ -130,6 +130,8 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
             "backward_std_s": measured[index][4],
             "activation_bytes": first["activation_bytes"][index],
             "stash_bytes": first["stash_bytes"][index],
+            # The harness's I keeps the whole autograd graph for its W: W frees all of the stash.
+            "weight_stash_bytes": first["stash_bytes"][index],
             "param_bytes": first["param_bytes"][index],
         })
     share = min(row[5] for part in parts for row in part["layers"])

@@ -65,17 +65,20 @@ class EmulatedStage(StageExecutor):
     Args:
         bundle, start, end, policy, options: as for StageExecutor (the weights are real).
         stash_bytes: bytes a forward keeps until its backward (from the profile).
+        weight_stash_bytes: of those, the bytes a split backward's W still needs after its I.
         microbatch_size: samples per microbatch (sizes the tensors sent).
         device: where the tensors live.
         num_microbatches, num_minibatches, stage_delay: as for StageExecutor.
     """
 
     def __init__(self, bundle: ModelBundle, start: int, end: int, policy: WeightPolicy, options: TrainingOptions,
-                 *, stash_bytes: float, microbatch_size: int, device: torch.device, stage_delay: int = 1,
+                 *, stash_bytes: float, weight_stash_bytes: float, microbatch_size: int, device: torch.device,
+                 stage_delay: int = 1,
                  num_microbatches: int = 1, num_minibatches: int = 1) -> None:
         super().__init__(bundle, start, end, policy, options, stage_delay=stage_delay,
                          num_microbatches=num_microbatches, num_minibatches=num_minibatches)
         self.stash_bytes = float(stash_bytes)
+        self.weight_stash_bytes = float(weight_stash_bytes)
         self.device = device
         in_shape = bundle.input_shape if start == 0 else bundle.output_shapes[start - 1]
         self.output = None if self.has_loss else torch.zeros(
@@ -102,6 +105,22 @@ class EmulatedStage(StageExecutor):
         self.store.pending += 1
         memory = [("activations", -self.stash_bytes, -1), *self.store.finished(forward_version, is_backward=True)]
         return OpResult(version=version, send=self.input_grad, memory=memory)
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None) -> OpResult:
+        """I: hand back an input gradient; free the part of the stash W does not need."""
+        forward_version, _ = self.held[microbatch]
+        version = self.store.current if self.policy is WeightPolicy.SINGLE else forward_version
+        freed = self.stash_bytes - self.weight_stash_bytes
+        return OpResult(version=version, send=self.input_grad, memory=[("activations", -freed, 0)] if freed else [])
+
+    def backward_weight(self, microbatch: int) -> OpResult:
+        """W: count a gradient towards the next update; free what the stash still held."""
+        forward_version, _ = self.held.pop(microbatch)
+        version = self.store.current if self.policy is WeightPolicy.SINGLE else forward_version
+        self.store.pending += 1
+        memory = [("activations", -self.weight_stash_bytes, -1),
+                  *self.store.finished(forward_version, is_backward=True)]
+        return OpResult(version=version, memory=memory)
 
     def update(self, update_index: int) -> OpResult:
         """U: a new weight version in a new buffer, as a real update makes it, without the arithmetic."""

@@ -2,7 +2,8 @@
 
 The rank's op list is the only description of the schedule. F: receive the activation (stage > 0),
 forward, send it on (stage < p-1). B: receive the gradient (stage < p-1), backward, send the input
-gradient back (stage > 0). U: the optimizer step under the schedule's weight policy.
+gradient back (stage > 0). A split backward's I does B's receive and send with the input gradient
+alone, and its W the weight gradients. U: the optimizer step under the schedule's weight policy.
 """
 
 from __future__ import annotations
@@ -124,8 +125,6 @@ class RankRuntime:
         self.config = config
         self.rank = rank
         self.schedule = config.build_schedule()
-        if self.schedule.has_split_backward:
-            raise ConfigError("schedule", config.schedule, "the harness runs full backwards only (no I/W ops)")
         if self.schedule.num_ranks != world_size:
             raise ConfigError("ranks", world_size, f"the schedule needs {self.schedule.num_ranks} ranks")
         self.ops = self.schedule.ranks[rank]
@@ -172,7 +171,9 @@ class RankRuntime:
             else:
                 executors[stage] = EmulatedStage(
                     self.bundle, start, end, schedule.weights, config.training,
-                    stash_bytes=config.emulation.stash_bytes[stage], microbatch_size=config.microbatch_size,
+                    stash_bytes=config.emulation.stash_bytes[stage],
+                    weight_stash_bytes=config.emulation.kept_by_weight_gradient(stage),
+                    microbatch_size=config.microbatch_size,
                     device=self.device, **common)
         return executors
 
@@ -299,7 +300,7 @@ class RankRuntime:
         p = self.schedule.num_stages
         if op.kind is OpKind.F and op.stage > 0:
             return self.schedule.stage_to_rank[op.stage - 1], message_tag(OpKind.F, op.stage - 1, op.microbatch, p)
-        if op.kind is self.grad_kind and op.stage < p - 1:
+        if op.kind in (OpKind.B, OpKind.I) and op.stage < p - 1:
             source = self.schedule.stage_to_rank[op.stage + 1]
             return source, message_tag(self.grad_kind, op.stage + 1, op.microbatch, p)
         return None
@@ -312,9 +313,11 @@ class RankRuntime:
             return executor.forward(op.microbatch, minibatch, x, target)
         if op.kind is OpKind.B:
             return executor.backward(op.microbatch, received)
-        if op.kind is OpKind.U:
-            return executor.update(op.microbatch)
-        raise ConfigError("op", str(op), "the harness runs F, B and U ops only")
+        if op.kind is OpKind.I:
+            return executor.backward_input(op.microbatch, received)
+        if op.kind is OpKind.W:
+            return executor.backward_weight(op.microbatch)
+        return executor.update(op.microbatch)
 
     def fail(self, run_dir: Path, error: BaseException) -> None:
         """Record the failure: progress marked failed and a one-line error file for the launcher."""

@@ -61,6 +61,7 @@ class Stashed:
     weights: list[torch.Tensor]
     saved: SavedTensors
     microbatch: int
+    grad_output: torch.Tensor | None = None
 
 
 @dataclass
@@ -135,11 +136,7 @@ class StageExecutor:
         """
         stashed = self.stash.pop(microbatch)
         forward_version = stashed.version
-        if self.policy is WeightPolicy.SINGLE:
-            version = self.store.current
-            stashed.saved.backward_weights = self.store.backward_tensors(forward_version)
-        else:
-            version = forward_version
+        version = self._backward_version(stashed)
         # The gradients are those of the forward's weight tensors (under SINGLE their values may be
         # gone: the saved ones resolve to the backward's weights, see SavedTensors).
         wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(stashed.weights)
@@ -151,6 +148,40 @@ class StageExecutor:
         memory = [("activations", -stashed.saved.bytes, -1),
                   *self.store.finished(forward_version, is_backward=True)]
         return OpResult(version=version, send=send, memory=memory)
+
+    def _backward_version(self, stashed: Stashed) -> int:
+        """The version a backward of ``stashed`` runs on (under SINGLE, the current one, whose
+        weights the saved references then resolve to)."""
+        if self.policy is not WeightPolicy.SINGLE:
+            return stashed.version
+        stashed.saved.backward_weights = self.store.backward_tensors(stashed.version)
+        return self.store.current
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None) -> OpResult:
+        """I: the input gradient alone, to send upstream; the graph is kept for the W that follows.
+
+        Autograd keeps every saved tensor until W, so I frees no tracked memory.
+        """
+        stashed = self.stash[microbatch]
+        version = self._backward_version(stashed)
+        stashed.grad_output = grad_output
+        send = None
+        if self.takes_gradient_input:
+            (send,) = torch.autograd.grad(stashed.output, [stashed.inputs], grad_output, retain_graph=True)
+        return OpResult(version=version, send=send)
+
+    def backward_weight(self, microbatch: int) -> OpResult:
+        """W: the weight gradients from the graph I kept, accumulated; frees the microbatch's stash."""
+        stashed = self.stash.pop(microbatch)
+        version = self._backward_version(stashed)
+        if stashed.weights:
+            grads = torch.autograd.grad(stashed.output, list(stashed.weights), stashed.grad_output, allow_unused=True)
+            self.store.accumulate(list(grads))
+        else:
+            self.store.pending += 1
+        memory = [("activations", -stashed.saved.bytes, -1),
+                  *self.store.finished(stashed.version, is_backward=True)]
+        return OpResult(version=version, send=None, memory=memory)
 
     def update(self, update_index: int) -> OpResult:
         """U: the optimizer step; returns the version it updated and any version added or dropped."""
