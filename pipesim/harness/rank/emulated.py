@@ -4,7 +4,9 @@
 communication and its overlap, the runtime's own costs) from how long a layer's arithmetic takes,
 which on a shared CPU drifts from second to second. As a GPU looks from the host, an op is
 dispatched and takes a stable time; here the rank waits on a monotonic clock until the op's
-deadline. Everything else stays real: tensors of the model's sizes go over the process group,
+deadline. The device runs its ops back to back: an op's deadline is its duration after the
+later of the device's previous deadline and the arrival of its input, so a host that wakes late
+for one op does not push back the ops after it (the runtime keeps that clock). Everything else stays real: tensors of the model's sizes go over the process group,
 weight versions, their buffers and the stashes are kept by the real WeightStore (an update makes
 its new version in a new buffer, without the arithmetic), and every forward holds a real buffer
 of its stage's stash size until its backward.
@@ -28,7 +30,7 @@ from pipesim.harness.rank.stage import OpResult, StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
 # The last stretch before a deadline is spun, not slept: a sleep may overshoot by a scheduler tick.
-SPIN_S = 0.001
+SPIN_S = 0.0002
 
 
 class SendCost:

@@ -130,11 +130,13 @@ class RankRuntime:
         self.ops = self.schedule.ranks[rank]
         self.device = (torch.device("cuda", rank % max(1, torch.cuda.device_count())) if config.device == "cuda"
                        else torch.device("cpu"))
-        self.clock = Clock(self.device)
+        # An emulated op is a wait on the host's clock, so its span is timed there even on a GPU.
+        self.clock = Clock(self.device if config.emulation is None else torch.device("cpu"))
         self.bundle = build_model(config.model, config.microbatch_size)
         self.grad_kind = gradient_kind(self.schedule)
         self.durations_s = self._emulated_durations()
         self.send_cost = SendCost()
+        self.device_free = 0.0  # emulated: when the device finishes its last op (host seconds)
         self.executors = self._executors()
         self.recorder = Recorder(run_dir / f"rank{rank}.npy", len(self.ops), rank, os.getpid(), self.clock.now())
         self.state = RankState()
@@ -238,6 +240,7 @@ class RankRuntime:
                                    ("optimizer", 0.0)):
                 self.recorder.memory(origin, stage, category, size, 1)
         last = _Last(end=self.clock.now(), cpu=time.thread_time())
+        self.device_free = last.end
         with without_gc():
             for position, op in enumerate(self.ops):
                 self._run_op(position, op, links, last)
@@ -256,6 +259,7 @@ class RankRuntime:
         """
         self.state.position, self.state.op = position, str(op)
         op_start = last.end
+        device_start = self.device_free
         self.recorder.progress(position, WAITING, self.clock.now())
         received = None
         incoming = self._incoming_message(op)
@@ -266,6 +270,7 @@ class RankRuntime:
             self.recorder.arrival(source, tag, arrived)
             if not was_ready:
                 op_start = arrived
+                device_start = max(device_start, arrived)
         self.recorder.progress(position, COMPUTING, op_start)
         minibatch = last.minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
         start = self.clock.mark()
@@ -273,7 +278,10 @@ class RankRuntime:
         target_stage = sends_to(op, self.schedule.num_stages, self.grad_kind)
         if self.durations_s:
             sending_s = self.send_cost.typical_s if target_stage is not None and result.send is not None else 0.0
-            wait_until(op_start + self.durations_s[position] - sending_s)
+            # The emulated device runs its ops back to back from when it is free, as a GPU runs its
+            # queue: a host that woke late for one op does not delay the ops after it.
+            self.device_free = device_start + self.durations_s[position]
+            wait_until(self.device_free - sending_s)
         finish = self.clock.mark()
         if target_stage is not None and result.send is not None:
             target = self.schedule.stage_to_rank[target_stage]
