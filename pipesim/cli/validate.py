@@ -29,7 +29,7 @@ def parse_schedules(text: str) -> list[str]:
 @click.command("validate")
 @model_options
 @click.option("--microbatch-size", type=int, default=None,
-              help="Samples per microbatch (default: the --profile's, else 64 for mlp and 4 for transformer).")
+              help="Samples per microbatch (default: the --profile's, else 64 for mlp and 1 for transformer).")
 @click.option("--schedule", "schedules", required=True, help="A schedule, a comma-separated list, or all.")
 @click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P.")
 @click.option("--ranks", "num_ranks", type=int, default=0,

@@ -265,8 +265,8 @@ def spec_of(profile: Profile) -> ModelSpec | None:
     return ModelSpec.from_dict(json.loads(profile.source[len(SOURCE_PREFIX):]))
 
 
-# Samples per microbatch of a built-in model when none is given: ops of a few milliseconds on a CPU core.
-DEFAULT_MICROBATCH_SIZE = {"mlp": 64, "transformer": 4, "null": 1}
+# Samples per microbatch of a built-in model when none is given: ops of milliseconds on one CPU core.
+DEFAULT_MICROBATCH_SIZE = {"mlp": 64, "transformer": 1, "null": 1}
 
 
 def default_microbatch_size(model: str) -> int:
