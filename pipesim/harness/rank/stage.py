@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
 
 from pipesim.harness.config import TrainingOptions
 from pipesim.harness.rank.models import ModelBundle, MSELossLayer
-from pipesim.harness.rank.weights import MemoryDelta, WeightStore
+from pipesim.harness.rank.weights import MemoryDelta, WeightStore, slots_of
 from pipesim.schedule.ir import WeightPolicy
 
 
@@ -61,7 +60,8 @@ class Stashed:
     weights: list[torch.Tensor]
     saved: SavedTensors
     microbatch: int
-    grad_output: torch.Tensor | None = None
+    layer_outputs: list[torch.Tensor] = field(default_factory=list)
+    layer_grads: list[torch.Tensor | None] = field(default_factory=list)
 
 
 @dataclass
@@ -89,12 +89,12 @@ class StageExecutor:
                  options: TrainingOptions, *, stage_delay: int = 1, num_microbatches: int = 1,
                  num_minibatches: int = 1) -> None:
         self.layers = bundle.layers[start:end]
-        self.module = nn.Sequential(*self.layers)
         self.policy = policy
         self.takes_gradient_input = start > 0
         self.loss = self.layers[-1] if isinstance(self.layers[-1], MSELossLayer) else None
         self.store = WeightStore(self.layers, policy, options, stage_delay=stage_delay,
                                  num_microbatches=num_microbatches, num_minibatches=num_minibatches)
+        self.slots_per_layer = {id(layer): len(slots_of([layer])) for layer in self.layers}
         self.stash: dict[int, Stashed] = {}
         self.stash_bytes_seen = 0.0
 
@@ -119,8 +119,12 @@ class StageExecutor:
             self.loss.target = target
         saved = SavedTensors(self.store, by_reference=self.policy is WeightPolicy.SINGLE)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            output = self.module(inputs)
-        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch)
+            outputs = [inputs]
+            for layer in self.layers:
+                outputs.append(layer(outputs[-1]))
+        output = outputs[-1]
+        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch,
+                                         layer_outputs=outputs[1:])
         self.store.acquire(version)
         self.stash_bytes_seen = max(self.stash_bytes_seen, saved.bytes)
         memory = [("activations", saved.bytes, 1), *self.store.finished(version, is_backward=False)]
@@ -158,27 +162,37 @@ class StageExecutor:
         return self.store.current
 
     def backward_input(self, microbatch: int, grad_output: torch.Tensor | None) -> OpResult:
-        """I: the input gradient alone, to send upstream; the graph is kept for the W that follows.
+        """I: the gradient of the stage's input, to send upstream, and of every layer's output, kept
+        for W; the graph is kept too. Like a full backward without the weight gradients.
 
         Autograd keeps every saved tensor until W, so I frees no tracked memory.
         """
         stashed = self.stash[microbatch]
         version = self._backward_version(stashed)
-        stashed.grad_output = grad_output
-        send = None
-        if self.takes_gradient_input:
-            (send,) = torch.autograd.grad(stashed.output, [stashed.inputs], grad_output, retain_graph=True)
+        inner = stashed.layer_outputs[:-1]
+        wanted = ([stashed.inputs] if self.takes_gradient_input else []) + [o for o in inner if o.requires_grad]
+        grads = list(torch.autograd.grad(stashed.output, wanted, grad_output, retain_graph=True,
+                                         allow_unused=True)) if wanted else []
+        send = grads.pop(0) if self.takes_gradient_input else None
+        by_output = iter(grads)
+        stashed.layer_grads = [next(by_output) if o.requires_grad else None for o in inner] + [grad_output]
         return OpResult(version=version, send=send)
 
     def backward_weight(self, microbatch: int) -> OpResult:
-        """W: the weight gradients from the graph I kept, accumulated; frees the microbatch's stash."""
+        """W: each layer's weight gradients from its own output's gradient (kept by I), accumulated;
+        frees the microbatch's stash."""
         stashed = self.stash.pop(microbatch)
         version = self._backward_version(stashed)
-        if stashed.weights:
-            grads = torch.autograd.grad(stashed.output, list(stashed.weights), stashed.grad_output, allow_unused=True)
-            self.store.accumulate(list(grads))
-        else:
-            self.store.pending += 1
+        grads: list[torch.Tensor | None] = []
+        first = 0
+        for layer, out, grad in zip(self.layers, stashed.layer_outputs, stashed.layer_grads, strict=True):
+            weights = stashed.weights[first:first + self.slots_per_layer[id(layer)]]
+            first += len(weights)
+            if weights and out.requires_grad and (grad is not None or out.dim() == 0):
+                grads += torch.autograd.grad(out, weights, grad, allow_unused=True)
+            else:
+                grads += [None] * len(weights)
+        self.store.accumulate(grads)
         memory = [("activations", -stashed.saved.bytes, -1),
                   *self.store.finished(stashed.version, is_backward=True)]
         return OpResult(version=version, send=None, memory=memory)
