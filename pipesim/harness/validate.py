@@ -50,7 +50,7 @@ class Measured(Protocol):
 
 
 class FreshProfiles:
-    """A profile source for ``validate_schedule``: a new measurement before every run.
+    """A profile source for ``ScheduleValidation``: a new measurement before every run.
 
     Args:
         measure: measures a profile (``pipesim.harness.profiler.measure_profile`` bound to a model).
