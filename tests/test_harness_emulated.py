@@ -107,3 +107,10 @@ def test_validate_refuses_a_user_model_without_a_microbatch_size() -> None:
     done = pipesim("validate", "--model", "mymodels.py:build", "--schedule", "1f1b", "--stages", "2",
                    "--microbatches", "2")
     assert done.returncode == 2 and "microbatch_size" in done.stderr and done.stderr.count("\n") == 1
+
+
+@torch_needed
+def test_validate_refuses_calibrated_op_times_on_the_emulated_device() -> None:
+    done = pipesim("validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--compute", "emulated",
+                   "--op-times", "calibrated")
+    assert done.returncode == 2 and "op_times='calibrated'" in done.stderr and done.stderr.count("\n") == 1

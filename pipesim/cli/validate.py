@@ -117,6 +117,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
         microbatch_size = microbatch_size or default_microbatch_size(model)
     op_times = op_times or ("layers" if compute == "emulated" else "calibrated")
+    if compute == "emulated" and op_times == "calibrated":
+        raise ConfigError("op_times", op_times, "emulated ops last their predicted durations: use --op-times layers")
     calibration_run = CalibrationRun(num_microbatches=calibration_microbatches,
                                      num_minibatches=calibration_minibatches, statistic=statistic, device=device,
                                      schedule=calibration_schedule)
