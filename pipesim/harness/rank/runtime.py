@@ -169,7 +169,8 @@ class RankRuntime:
             common = {"stage_delay": delays[stage], "num_microbatches": schedule.num_microbatches,
                       "num_minibatches": schedule.num_minibatches}
             if config.emulation is None:
-                executors[stage] = StageExecutor(self.bundle, start, end, schedule.weights, config.training, **common)
+                executors[stage] = StageExecutor(self.bundle, start, end, schedule.weights, config.training,
+                                                 split_backward=schedule.has_split_backward, **common)
             else:
                 executors[stage] = EmulatedStage(
                     self.bundle, start, end, schedule.weights, config.training,
