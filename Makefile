@@ -71,8 +71,9 @@ bench-variance: $(STAMP)
 	$(PY) benchmarks/variance_ab.py
 
 .PHONY: bench-validate
-# Prediction against real runs (the torch harness): pipesim validate for the five schedules, repeated,
-# into its section of benchmarks/RESULTS.md (takes several minutes; run it on a quiet machine).
+# Prediction against runs (the torch harness), one table: schedule x (emulated error, replay error, real
+# median error, noise floor, versions matched, peak memory error), MLP and transformer on 2 and 4 ranks,
+# runs interleaved across schedules, machine and load noted; into its section of benchmarks/RESULTS.md.
 bench-validate: $(STAMP)
 	$(PY) benchmarks/bench_validate.py
 

@@ -26,9 +26,9 @@ from pipesim.harness.calibration import measured_op_times, scaled  # noqa: E402
 from pipesim.harness.config import ModelSpec, RunConfig  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
-from pipesim.harness.process import raise_priority  # noqa: E402
+from pipesim.harness.priority import raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
-from pipesim.harness.validate import op_means, relative_error  # noqa: E402
+from pipesim.harness.comparison import op_means, relative_error  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.simulation import simulate  # noqa: E402
 from pipesim.spec.stages import balance_partition  # noqa: E402

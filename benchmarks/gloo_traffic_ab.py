@@ -24,7 +24,8 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pipesim.harness.launch import free_port  # noqa: E402
-from pipesim.harness.process import configure_process, raise_priority  # noqa: E402
+from pipesim.harness.priority import raise_priority  # noqa: E402
+from pipesim.harness.rank.process import configure_process  # noqa: E402
 
 ROUNDS, ITERATIONS, WARMUP = 8, 40, 3
 

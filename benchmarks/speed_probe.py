@@ -36,7 +36,7 @@ def mlp_stage_unit() -> Callable[[], None]:
 
 def _serve(commands: Any, results: Any) -> None:
     """A probe process: on each ``seconds`` command, time units for that long and put their mean CPU time."""
-    from pipesim.harness.process import configure_process
+    from pipesim.harness.rank.process import configure_process
 
     configure_process(1)  # 1 torch thread, freed memory kept: as every rank
     unit = mlp_stage_unit()

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.results_file import machine, write_section  # noqa: E402
 from benchmarks.speed_probe import mlp_stage_unit  # noqa: E402
-from pipesim.harness.process import configure_process, raise_priority  # noqa: E402
+from pipesim.harness.priority import raise_priority  # noqa: E402
+from pipesim.harness.rank.process import configure_process  # noqa: E402
 
 WORKLOADS = ("python", "torch")
 WINDOW_S = 1.0

@@ -416,3 +416,19 @@ def simulate_samples(
     """
     program = prepare(profile, topology, plan, schedule=schedule)
     return sample_program(program, num_samples=num_samples, seed=seed, distribution=distribution, cv=cv)
+
+
+# A lowered run, as ``prepare`` returns it: the op table (rank, stage, kind, microbatch, position,
+# duration_s, ...) and the links, ready for an engine. Its public name for callers outside the engine.
+PreparedRun = Program
+
+
+def run_program(program: PreparedRun, *, durations_s: np.typing.NDArray[np.float64] | None = None) -> Trace:
+    """Run a prepared program on the DES engine, each op lasting ``durations_s[i]`` (one per op, in the
+    op table's order) instead of its lowered duration when given: a replay of measured op times, or
+    op times drawn from a spread.
+
+    Raises:
+        ScheduleError: the schedule cannot run.
+    """
+    return run_des(program, durations=durations_s)

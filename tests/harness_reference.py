@@ -7,8 +7,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as functional
 
-from pipesim.harness.models import ModelBundle
-from pipesim.harness.weights import slots_of
+from pipesim.harness.rank.models import ModelBundle
+from pipesim.harness.rank.weights import slots_of
 
 Weights = list[torch.Tensor]  # per layer (W, b) flattened: [W0, b0, W1, b1, ...]
 

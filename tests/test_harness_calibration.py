@@ -77,7 +77,7 @@ def test_priority_outside_the_nice_range_is_refused_and_zero_changes_nothing() -
     pytest.importorskip("torch")
     import os
 
-    from pipesim.harness.process import raise_priority
+    from pipesim.harness.priority import raise_priority
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     raise_priority(0)

@@ -17,7 +17,7 @@ from pipesim.engine.trace import Trace  # noqa: E402
 from pipesim.harness import RunFailedError  # noqa: E402
 from pipesim.harness.config import RunConfig  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
-from pipesim.harness.models import ModelSpec  # noqa: E402
+from pipesim.harness.rank.models import ModelSpec  # noqa: E402
 from pipesim.harness.profiler import Timing, profile_model  # noqa: E402
 from pipesim.harness.recorder import PHASE, PID, POSITION, header_of  # noqa: E402
 from pipesim.spec.files import save_model  # noqa: E402

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 from pipesim.engine.trace import Trace  # noqa: E402
 from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions  # noqa: E402
 from pipesim.harness.launch import launch  # noqa: E402
-from pipesim.harness.models import build_model  # noqa: E402
-from pipesim.harness.profile_rank import stash_attribution  # noqa: E402
-from pipesim.harness.validate import compare_versions  # noqa: E402
+from pipesim.harness.rank.models import build_model  # noqa: E402
+from pipesim.harness.rank.profile_rank import stash_attribution  # noqa: E402
+from pipesim.harness.comparison import compare_versions  # noqa: E402
 from pipesim.metrics import compute_metrics  # noqa: E402
 from pipesim.simulation import simulate  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402
@@ -46,7 +46,9 @@ def check_against_simulation(config: RunConfig, measured: Trace) -> None:
     (weights, gradients, versions, stashed activations) is the predicted one to the byte."""
     bundle = build_model(SPEC, BATCH)
     stash = stash_attribution(bundle, BATCH, torch.device("cpu"))
+    # the harness's split backward keeps the whole graph from I to W, so W frees the whole stash
     layers = [{"name": name, "forward_s": 1e-3, "backward_s": 2e-3, "update_s": 1e-4, "stash_bytes": stash[i],
+               "weight_stash_bytes": stash[i],
                "activation_bytes": 4.0 * BATCH * SPEC.width,
                "param_bytes": float(sum(p.numel() * 4 for p in bundle.layers[i].parameters()))}
               for i, name in enumerate(bundle.names)]
@@ -85,6 +87,16 @@ def test_interleaved_1f1b_with_two_stages_per_rank_equals_non_pipelined_training
     four_stages = ((0, 1), (1, 2), (2, 3), (3, 5))
     got = run(tmp_path, "interleaved-1f1b", four_stages, m=2, k=2, num_ranks=2)
     want = flush_reference(build_model(SPEC, BATCH), m=2, k=2, batch=BATCH, lr=LR)
+    assert_same(got, want)
+
+
+@pytest.mark.parametrize(("schedule", "num_ranks"), [("zb-h1", 0), ("zb-h2", 0), ("zbv", 2), ("interleaved-zb", 2),
+                                                    ("dualpipev", 2)])
+def test_split_backward_schedules_equal_non_pipelined_training(tmp_path: Path, schedule: str, num_ranks: int) -> None:
+    # I and W are separate autograd steps (the input gradient first, the weight gradients from the kept graph)
+    partition = ((0, 1), (1, 2), (2, 3), (3, 5)) if num_ranks else TWO_STAGES
+    got = run(tmp_path, schedule, partition, m=4, k=2, num_ranks=num_ranks)
+    want = flush_reference(build_model(SPEC, BATCH), m=4, k=2, batch=BATCH, lr=LR)
     assert_same(got, want)
 
 
@@ -152,3 +164,19 @@ def test_pipemare_per_minibatch_matches_reference(tmp_path: Path) -> None:
         build_model(SPEC, BATCH), stage_layers(TWO_STAGES), total=m * k, update_every=m, batch=BATCH, lr=LR,
         forward_version=lambda s, j: one_f_one_b_forward_updates(s, p, j, m), backward_version=lambda s, j: j // m)
     assert_same(got, want)
+
+
+def test_split_backward_of_transformer_blocks_trains_as_gpipe(tmp_path: Path) -> None:
+    # W takes each Linear's and LayerNorm's weight gradients from that module's own output gradient
+    spec = ModelSpec("transformer", depth=2, width=8, seq_len=4, heads=2, seed=3)
+    weights = {}
+    for schedule in ("gpipe", "zb-h1"):
+        folder = tmp_path / schedule
+        config = RunConfig(model=spec, schedule=schedule, num_stages=2, num_microbatches=4, num_minibatches=2,
+                           microbatch_size=2, partition=((0, 2), (2, 3)), training=TrainingOptions(learning_rate=LR),
+                           weights_out=str(folder))
+        launch(config, op_timeout_s=60)
+        weights[schedule] = [w for s in range(2) for w in torch.load(folder / f"stage{s}.pt")]
+    initial = [p.detach() for layer in build_model(spec, 2).layers for p in layer.parameters()]
+    assert_same(weights["zb-h1"], weights["gpipe"])
+    assert max(float((a - b).abs().max()) for a, b in zip(weights["gpipe"], initial, strict=True)) > 1e-4

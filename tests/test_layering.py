@@ -78,3 +78,45 @@ def test_importing_pipesim_loads_neither_matplotlib_nor_torch() -> None:
     code = "import sys, pipesim; print('matplotlib' in sys.modules, 'torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == ["False", "False"]
+
+
+HARNESS = PACKAGE / "harness"
+# Shared by the launcher side and the rank side of the harness.
+HARNESS_COMMON = {"pipesim.harness", "pipesim.harness.config", "pipesim.harness.recorder", "pipesim.harness.lifetime"}
+
+
+def test_the_harness_uses_the_public_simulation_api_not_engine_internals() -> None:
+    offences = [f"{path.relative_to(PACKAGE)} imports {name}" for path in sorted(HARNESS.rglob("*.py"))
+                for name in imported_modules(path)
+                if name.startswith("pipesim.engine") and name != "pipesim.engine.trace"]
+    assert not offences, "\n".join(offences)
+
+
+def test_the_harness_rank_side_and_launcher_side_import_only_the_common_part_of_each_other() -> None:
+    offences = []
+    for path in sorted(HARNESS.rglob("*.py")):
+        is_rank_side = path.parent.name == "rank"
+        for name in imported_modules(path):
+            if not name.startswith("pipesim.harness") or name in HARNESS_COMMON:
+                continue
+            if is_rank_side != name.startswith("pipesim.harness.rank"):
+                offences.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not offences, "\n".join(offences)
+
+
+def test_the_harness_common_part_imports_neither_side() -> None:
+    for name in sorted(HARNESS_COMMON - {"pipesim.harness"}):
+        path = HARNESS / f"{name.rsplit('.', 1)[1]}.py"
+        imported = [other for other in imported_modules(path) if other.startswith("pipesim.harness")]
+        assert set(imported) <= HARNESS_COMMON, (path.name, imported)
+
+
+def test_the_launcher_side_imports_no_torch_at_module_level() -> None:
+    offences = []
+    for path in sorted(HARNESS.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offences += [f"{path.name} imports {n}" for n in names if n.split(".")[0] == "torch"]
+    assert not offences, "\n".join(offences)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,11 @@ from pipesim.spec.files import load_profile, save_model
 from pipesim.units import parse_size
 
 FuncT = Callable[..., Any]
+
+COMPUTE_HELP = ("real: the layers compute. emulated: a device of steady speed; every op waits on a monotonic clock "
+                "until its deadline (its start plus its duration from the profile, as the simulator lowers it) "
+                "instead of computing, while tensors of the model's sizes really go over the process group and the "
+                "runtime's dispatch, stashes, weight versions, updates and memory stay real.")
 
 
 def model_options(function: FuncT) -> FuncT:
@@ -39,7 +45,7 @@ def model_options(function: FuncT) -> FuncT:
 def build_spec(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                seed: int) -> Any:
     """A ModelSpec from the model options."""
-    from pipesim.harness.models import ModelSpec
+    from pipesim.harness.config import ModelSpec
 
     shape: tuple[int, ...] = ()
     if input_shape:
@@ -178,6 +184,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
+@click.option("--compute", type=click.Choice(["real", "emulated"]), default="real", show_default=True,
+              help=COMPUTE_HELP)
 @training_options
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True,
               help="Seconds a rank may stay on one op before the run is declared hung.")
@@ -188,7 +196,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
 @click.option("--out", "out_path", required=True, help="Trace JSON to write (partial if the run fails).")
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
-                partition: str | None, num_ranks: int, backend: str, device: str, threads: int, learning_rate: float,
+                partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
+                learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
                 pipemare_correction_decay: float, op_timeout_s: float, master_port: int | None, weights_out: str,
                 run_dir: str | None, as_json: bool, out_path: str) -> None:
@@ -199,6 +208,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     from pipesim.engine.trace import Trace
     from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
     from pipesim.harness.launch import check_port, launch
+    from pipesim.harness.prediction import emulation_of, predict
     from pipesim.metrics import compute_metrics
     from pipesim.spec.stages import balance_partition
 
@@ -217,6 +227,8 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
         training=build_training(learning_rate, pipemare_warmup_updates, pipemare_correction,
                                 pipemare_correction_decay),
         trace_out=out_path, weights_out=weights_out, num_ranks=num_ranks)
+    if compute == "emulated":
+        config = replace(config, emulation=emulation_of(predict(profile, None, config).trace, profile, cuts))
     if master_port is not None:
         check_port(master_port)
     try:
@@ -230,7 +242,8 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
         click.echo(json.dumps(metrics.to_dict(), sort_keys=True))
         return
     click.echo(f"{schedule}: p={num_stages} m={num_microbatches} K={config.num_minibatches}, partition "
-               f"{','.join(f'{a}:{b}' for a, b in cuts)}, {backend} on {device}, {wall:.1f} s wall")
+               f"{','.join(f'{a}:{b}' for a, b in cuts)}, {backend} on {device} ({compute} compute), "
+               f"{wall:.1f} s wall")
     click.echo(f"iteration time {metrics.iteration_time_s * 1e3:.3f} ms (steady state), "
                f"bubble {metrics.bubble_fraction:.1%}, peak tracked memory {metrics.peak_memory_bytes / 1e6:.2f} MB")
     click.echo(f"wrote {out_path}")

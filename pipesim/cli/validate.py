@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pipesim.cli.harness import build_spec, build_training, model_options, run_failed, training_options
+from pipesim.cli.harness import COMPUTE_HELP, build_spec, build_training, model_options, run_failed, training_options
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.files import load_profile, load_topology
@@ -28,7 +28,8 @@ def parse_schedules(text: str) -> list[str]:
 
 @click.command("validate")
 @model_options
-@click.option("--microbatch-size", type=int, default=None, help="Samples per microbatch (or the --profile's).")
+@click.option("--microbatch-size", type=int, default=None,
+              help="Samples per microbatch (default: the --profile's, else 64 for mlp and 1 for transformer).")
 @click.option("--schedule", "schedules", required=True, help="A schedule, a comma-separated list, or all.")
 @click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P.")
 @click.option("--ranks", "num_ranks", type=int, default=0,
@@ -36,7 +37,11 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=4, show_default=True,
               help="Minibatches K; the first (warm-up) and the last (drain) are outside the steady state.")
-@click.option("--repeats", type=int, default=3, show_default=True, help="Real runs per schedule (median).")
+@click.option("--repeats", type=int, default=3, show_default=True,
+              help="Runs per schedule, interleaved across schedules (A B C A B C); the report gives the median "
+                   "error and the noise floor (the largest distance of a run from the runs' median).")
+@click.option("--compute", type=click.Choice(["real", "emulated"]), default="real", show_default=True,
+              help=COMPUTE_HELP)
 @click.option("--profile", "profile_path", type=str, default=None, help="Use this profile instead of measuring.")
 @click.option("--topology", "topology_path", type=str, default=None, help="Use this topology instead of linkbench.")
 @click.option("--profile-repeats", type=int, default=30, show_default=True, help="Timed repeats per layer.")
@@ -44,8 +49,9 @@ def parse_schedules(text: str) -> list[str]:
               help="Measure a fresh profile right before every run (on a machine whose load drifts).")
 @click.option("--statistic", type=click.Choice(["mean", "median"]), default="mean", show_default=True,
               help="Summary of the profile's repeats (see pipesim profile).")
-@click.option("--op-times", type=click.Choice(["calibrated", "layers"]), default="calibrated", show_default=True,
-              help="Where the prediction's op times come from. calibrated: before every validated run, a SEPARATE "
+@click.option("--op-times", type=click.Choice(["calibrated", "layers"]), default=None,
+              help="Where the prediction's op times come from (default: calibrated with real compute, layers with "
+                   "emulated). calibrated: before every validated run, a SEPARATE "
                    "calibration run of the real runtime (--calibration-schedule, --calibration-microbatches x "
                    "--calibration-minibatches, same partition) gives each stage's F, B and U time (the --statistic "
                    "of its spans in the steady-state minibatches); the validated runs' own times are never used, and "
@@ -72,9 +78,9 @@ def parse_schedules(text: str) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per schedule (a list).")
 def validate_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                      seed: int, microbatch_size: int | None, schedules: str, num_stages: int, num_ranks: int,
-                     num_microbatches: int,
-                     num_minibatches: int, repeats: int, profile_path: str | None, topology_path: str | None,
-                     profile_repeats: int, reprofile: bool, statistic: str, op_times: str, calibration_schedule: str,
+                     num_microbatches: int, num_minibatches: int, repeats: int, compute: str,
+                     profile_path: str | None, topology_path: str | None, profile_repeats: int, reprofile: bool,
+                     statistic: str, op_times: str | None, calibration_schedule: str,
                      calibration_microbatches: int,
                      calibration_minibatches: int, spread_draws: int, nice: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
@@ -83,16 +89,18 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
 
     By default the prediction's op times come from a separate calibration run before each
     validated run (see --op-times); the layer profile's own prediction is printed beside it.
+    With --compute emulated every op lasts its predicted duration, which leaves the schedule
+    model itself (order, waits, communication, the runtime's costs) to be judged.
     """
     from pipesim.harness import RunFailedError, require_torch
 
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
-    from pipesim.harness.config import spec_of
+    from pipesim.harness.config import default_microbatch_size, spec_of
     from pipesim.harness.linkbench import measure_links
-    from pipesim.harness.process import raise_priority
+    from pipesim.harness.priority import raise_priority
     from pipesim.harness.profiler import Timing, measure_profile
-    from pipesim.harness.validate import FreshProfiles, validate_schedule
+    from pipesim.harness.validate import FreshProfiles, ScheduleValidation, validate_interleaved
 
     names = parse_schedules(schedules)
     raise_priority(nice)
@@ -105,10 +113,12 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = spec_of(profile)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
-    elif microbatch_size is None:
-        raise ConfigError("microbatch_size", None, "give --microbatch-size (or a --profile)")
     else:
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
+        microbatch_size = microbatch_size or default_microbatch_size(model)
+    op_times = op_times or ("layers" if compute == "emulated" else "calibrated")
+    if compute == "emulated" and op_times == "calibrated":
+        raise ConfigError("op_times", op_times, "emulated ops last their predicted durations: use --op-times layers")
     calibration_run = CalibrationRun(num_microbatches=calibration_microbatches,
                                      num_minibatches=calibration_minibatches, statistic=statistic, device=device,
                                      schedule=calibration_schedule)
@@ -129,27 +139,28 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             largest = int(max(layer.activation_bytes for layer in profile.layers))
             topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
-        reports = []
+        validations = []
         for name in names:
             source: Profile | FreshProfiles = profile
             if reprofile and not profile_path:
                 source = FreshProfiles(lambda: measure_profile(spec, microbatch_size or 1, timing=timing),
                                        first=first if name == names[0] else None)
-            comparison = validate_schedule(
+            validations.append(ScheduleValidation(
                 source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
-                num_minibatches=num_minibatches, repeats=repeats, training=training, pipemare_update=pipemare_update,
+                num_minibatches=num_minibatches, training=training, pipemare_update=pipemare_update,
                 op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo",
-                num_ranks=num_ranks, spread_draws=spread_draws,
+                num_ranks=num_ranks, spread_draws=spread_draws, compute=compute,
                 calibration=None if op_times == "layers" else
-                lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s))
-            reports.append(comparison.to_dict())
-            if not as_json:
-                print_report(reports[-1])
+                lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s)))
+        reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]
     except RunFailedError as error:
         run_failed(error)
         return
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], sort_keys=True))
+        return
+    for report in reports:
+        print_report(report)
 
 
 def print_report(report: dict[str, object]) -> None:
@@ -175,6 +186,9 @@ def print_report(report: dict[str, object]) -> None:
     assert isinstance(replays, list)
     click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)
                + " (the engine's order and communication model alone)")
+    click.echo(f"  {report['compute']} compute; median error {report['median_error']:+.1%}, noise floor "
+               f"{report['noise_floor']:.1%} (largest distance of a run from the runs' median), prediction "
+               f"{'inside' if report['inside_spread'] else 'outside'} the runs' spread")
     for stage, (pu, mu) in enumerate(zip(predicted["utilization"], measured["utilization"], strict=True)):
         pm, mm = predicted["peak_memory_bytes"][stage], measured["peak_memory_bytes"][stage]
         click.echo(f"  stage {stage}: utilization predicted {pu:.1%} measured {mu:.1%}; "

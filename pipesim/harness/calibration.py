@@ -21,7 +21,8 @@ from pathlib import Path
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.harness.config import ModelSpec, RunConfig
-from pipesim.harness.overheads import KINDS, OpCosts, summarize
+from pipesim.harness.config import summarize
+from pipesim.harness.overheads import KINDS, OpCosts
 from pipesim.schedule.ir import Op
 from pipesim.spec.profile import Layer, Profile
 

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Schedule
-from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD, build_schedule, default_num_minibatches
+from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
 from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
+COMPUTE_MODES = ("real", "emulated")
+# How repeated timings of one op are summarized.
+STATISTICS = ("mean", "median")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
 SOURCE_PREFIX = "pipesim.harness model="
 
@@ -96,13 +100,46 @@ class TrainingOptions:
 
 
 @dataclass(frozen=True)
+class Emulation:
+    """A device of steady speed: every op lasts a given time on the wall clock instead of computing.
+
+    The rank still receives and sends tensors of the model's sizes, dispatches every op, keeps
+    weight versions and stashes, and applies updates; only the layers' arithmetic is replaced by
+    a wait on a monotonic clock until the op's deadline (its start plus its duration).
+
+    Attributes:
+        durations_s: per rank, per op position in its order, the op's wall-clock seconds.
+        stash_bytes: per stage, the bytes a forward keeps for its backward (allocated for real).
+        weight_stash_bytes: per stage, of those, the bytes a split backward's W still needs after
+            its I (I frees the rest); empty: all of them.
+    """
+
+    durations_s: tuple[tuple[float, ...], ...]
+    stash_bytes: tuple[float, ...]
+    weight_stash_bytes: tuple[float, ...] = ()
+
+    def kept_by_weight_gradient(self, stage: int) -> float:
+        """The bytes stage ``stage``'s W frees (the rest of its stash is freed by its I)."""
+        return self.weight_stash_bytes[stage] if self.weight_stash_bytes else self.stash_bytes[stage]
+
+    def __post_init__(self) -> None:
+        for rank, durations in enumerate(self.durations_s):
+            bad = [d for d in durations if not d >= 0]
+            if bad:
+                raise ConfigError("durations_s", bad[0], f"must be >= 0 (rank {rank})")
+        bad_bytes = [b for b in (*self.stash_bytes, *self.weight_stash_bytes) if not b >= 0]
+        if bad_bytes:
+            raise ConfigError("stash_bytes", bad_bytes[0], "must be >= 0")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One pipelined run.
 
     Attributes:
         model: the model to build on every rank.
-        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare; or a multi-stage schedule
-            without split backward, such as interleaved-1f1b).
+        schedule: registry key (gpipe, 1f1b, pipedream, 2bw, pipemare, or a schedule with several
+            stages per rank or a split backward: interleaved-1f1b, zb-h1, zbv, dualpipev, ...).
         num_stages, num_microbatches, num_minibatches: p, m and K.
         num_ranks: processes; 0 means one per stage (multi-stage schedules put several stages on
             a rank).
@@ -116,6 +153,7 @@ class RunConfig:
         comm_timeout_s: torch.distributed's timeout for a blocked collective or receive.
         trace_out: where rank 0 writes the trace (JSON), or "" for nowhere.
         weights_out: a folder where each rank saves its stages' final weights, or "".
+        emulation: op durations for ``--compute emulated`` (None: the layers compute for real).
     """
 
     model: ModelSpec
@@ -134,6 +172,12 @@ class RunConfig:
     trace_out: str = ""
     weights_out: str = ""
     num_ranks: int = 0
+    emulation: Emulation | None = None
+
+    @property
+    def compute(self) -> str:
+        """``"emulated"`` when ops wait out given durations, else ``"real"``."""
+        return "real" if self.emulation is None else "emulated"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -153,9 +197,6 @@ class RunConfig:
                               f"must have one range per stage ({self.num_stages})")
         if self.pipemare_update not in ("minibatch", "microbatch"):
             raise ConfigError("pipemare_update", self.pipemare_update, "must be minibatch or microbatch")
-        if self.schedule in SPLIT_BACKWARD:
-            raise ConfigError("schedule", self.schedule,
-                              "splits the backward into I and W ops, which the harness does not run (full B only)")
         if self.num_ranks < 0:
             raise ConfigError("num_ranks", self.num_ranks, "must be >= 1 (or 0: one per stage)")
 
@@ -181,6 +222,13 @@ class RunConfig:
         data["model"] = ModelSpec.from_dict(data["model"])
         data["training"] = TrainingOptions(**data["training"])
         data["partition"] = tuple((int(a), int(b)) for a, b in data["partition"])
+        emulation = data.get("emulation")
+        if emulation is not None:
+            data["emulation"] = Emulation(durations_s=tuple(tuple(float(d) for d in rank)
+                                                            for rank in emulation["durations_s"]),
+                                          stash_bytes=tuple(float(b) for b in emulation["stash_bytes"]),
+                                          weight_stash_bytes=tuple(float(b) for b in
+                                                                   emulation.get("weight_stash_bytes", ())))
         return cls(**data)
 
     def with_outputs(self, trace_out: str | Path = "", weights_out: str | Path = "") -> RunConfig:
@@ -215,3 +263,25 @@ def spec_of(profile: Profile) -> ModelSpec | None:
     if not profile.source.startswith(SOURCE_PREFIX):
         return None
     return ModelSpec.from_dict(json.loads(profile.source[len(SOURCE_PREFIX):]))
+
+
+# Samples per microbatch of a built-in model when none is given: ops of milliseconds on one CPU core.
+DEFAULT_MICROBATCH_SIZE = {"mlp": 64, "transformer": 1, "null": 1}
+
+
+def default_microbatch_size(model: str) -> int:
+    """The microbatch size of a built-in model when none is given.
+
+    Raises:
+        ConfigError: ``model`` is a user's model, whose right size only its user knows.
+    """
+    if model not in DEFAULT_MICROBATCH_SIZE:
+        raise ConfigError("microbatch_size", None, f"give --microbatch-size for the user model {model!r} "
+                                                   f"(built-in models have defaults: "
+                                                   f"{', '.join(f'{k} {v}' for k, v in DEFAULT_MICROBATCH_SIZE.items())})")
+    return DEFAULT_MICROBATCH_SIZE[model]
+
+
+def summarize(samples: list[float], statistic: str) -> float:
+    """The mean or the median of ``samples``."""
+    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)

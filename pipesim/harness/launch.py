@@ -39,7 +39,8 @@ from pipesim.harness.recorder import (
     read_rank,
     trace_meta,
 )
-from pipesim.harness.zygote import die_with_parent, shared_zygote
+from pipesim.harness.lifetime import die_with_parent
+from pipesim.harness.zygote import shared_zygote
 from pipesim.schedule.ir import Schedule
 from pipesim.spec.files import write_text_atomic
 
@@ -192,7 +193,7 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
     failure: Failure | None = None
     try:
         port = free_port() if master_port is None else master_port
-        processes += spawn("pipesim.harness.worker", [str(config_path)], world_size, folder, config.threads, port)
+        processes += spawn("pipesim.harness.rank.worker", [str(config_path)], world_size, folder, config.threads, port)
         failure = _watch(processes, folder, schedule, op_timeout_s, startup_timeout_s)
         if failure is not None and "EADDRINUSE" in failure.reason:  # torch's store could not listen
             failure = Failure(failure.rank, failure.op, f"the rendezvous port {port} on 127.0.0.1 is already in use "

@@ -1,6 +1,6 @@
 """Link benchmark: point-to-point ping-pong over the real process group, fitted as latency + bytes/bandwidth.
 
-``measure_links`` spawns one process per rank running pipesim.harness.linkbench_rank: each pair of
+``measure_links`` spawns one process per rank running pipesim.harness.rank.linkbench_rank: each pair of
 neighbouring ranks ping-pongs with the same primitives the runtime uses (a receive posted
 ahead, ``isend``, ``wait``), rank 0 writes the one-way medians, and this side fits them.
 """
@@ -19,7 +19,7 @@ from pipesim.errors import ConfigError
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 
-RESULT = "linkbench.json"  # written by linkbench_rank
+RESULT = "linkbench.json"  # the file rank 0 writes, named on the ranks' command line
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
     sizes = message_sizes(max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
     try:
-        processes = spawn("pipesim.harness.linkbench_rank", [json.dumps(sizes), str(repeats), str(warmup), backend],
+        processes = spawn("pipesim.harness.rank.linkbench_rank", [json.dumps(sizes), str(repeats), str(warmup), backend, RESULT],
                           num_ranks, folder, threads=1)
         wait_all(processes, folder, "linkbench", timeout_s)
         pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipesim.engine.trace import Trace
-from pipesim.harness.config import ModelSpec, RunConfig
+from pipesim.harness.config import ModelSpec, RunConfig, summarize
 from pipesim.schedule.ir import Op
 
 KINDS = ("F", "B", "U")
@@ -46,11 +46,6 @@ def net_of(times: Sequence[float], executor: OpCosts) -> OpCosts:
     fixed cost (at least 0)."""
     return OpCosts(max(0.0, times[0] - executor.forward_s), max(0.0, times[1] - executor.backward_s),
                    max(0.0, times[2] - executor.update_s))
-
-
-def summarize(samples: list[float], statistic: str) -> float:
-    """The mean or the median of ``samples``."""
-    return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
 
 
 def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], statistic: str = "mean", *,

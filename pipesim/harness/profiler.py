@@ -1,7 +1,7 @@
 """Profiling a model layer by layer, through the same stage code the runtime runs, into a Profile.
 
 This side only orchestrates (no torch here): the timing happens in processes forked like the
-run's ranks (pipesim.harness.profile_rank), as many at once as the run will have.
+run's ranks (pipesim.harness.rank.profile_rank), as many at once as the run will have.
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.harness.config import SOURCE_PREFIX, ModelSpec
+from pipesim.harness.config import SOURCE_PREFIX, STATISTICS, ModelSpec
 from pipesim.harness.overheads import OpCosts, net_of, runtime_costs
 from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
-
-STATISTICS = ("mean", "median")
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,7 @@ def _measure(spec: ModelSpec, microbatch_size: int, timing: Timing, calibrate: b
                           "threads": timing.threads, "calibrate": calibrate, "clock": timing.clock})
     with tempfile.TemporaryDirectory(prefix="pipesim-profile-") as name:
         folder = Path(name)
-        processes = spawn("pipesim.harness.profile_rank", [request], timing.processes, folder, timing.threads)
+        processes = spawn("pipesim.harness.rank.profile_rank", [request], timing.processes, folder, timing.threads)
         wait_all(processes, folder, "profiling", timeout_s=3600)
         return [json.loads((folder / f"times{rank}.json").read_text(encoding="utf-8"))
                 for rank in range(timing.processes)]
@@ -132,6 +130,8 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
             "backward_std_s": measured[index][4],
             "activation_bytes": first["activation_bytes"][index],
             "stash_bytes": first["stash_bytes"][index],
+            # The harness's I keeps the whole autograd graph for its W: W frees all of the stash.
+            "weight_stash_bytes": first["stash_bytes"][index],
             "param_bytes": first["param_bytes"][index],
         })
     share = min(row[5] for part in parts for row in part["layers"])

@@ -13,23 +13,21 @@ clipped at 0. Nothing is taken from the run being predicted.
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Sequence
 
 import numpy as np
 
-from pipesim.schedule.ir import B_CODE, F_CODE, U_CODE
-from pipesim.engine.des import run_des
-from pipesim.engine.lowering import Program
 from pipesim.errors import ConfigError
 from pipesim.harness.overheads import OpCosts
 from pipesim.metrics import compute_metrics
+from pipesim.schedule.ir import B_CODE, F_CODE, U_CODE
+from pipesim.simulation import PreparedRun, run_program
 
 _KIND_OF_CODE = {F_CODE: "F", B_CODE: "B", U_CODE: "U"}
 
 
-def op_spread_s(program: Program, spread: Sequence[OpCosts]) -> np.ndarray:
+def op_spread_s(program: PreparedRun, spread: Sequence[OpCosts]) -> np.ndarray:
     """Per op of ``program`` (its OpTable order), the standard deviation of its duration: its
     stage's spread for its kind (F, B, U; 0 for any other kind).
 
@@ -49,7 +47,7 @@ def op_spread_s(program: Program, spread: Sequence[OpCosts]) -> np.ndarray:
     return result
 
 
-def expected_iteration_time(program: Program, spread: Sequence[OpCosts], *, draws: int,
+def expected_iteration_time(program: PreparedRun, spread: Sequence[OpCosts], *, draws: int,
                             seed: int = 0) -> tuple[float, float]:
     """The mean over ``draws`` engine runs of the steady-state iteration time, each with every op's
     duration drawn from ``normal(lowered duration, its stage and kind's spread)`` clipped at 0,
@@ -69,7 +67,7 @@ def expected_iteration_time(program: Program, spread: Sequence[OpCosts], *, draw
     times = []
     for _ in range(draws):
         durations = np.maximum(0.0, mean + std * rng.standard_normal(len(mean)))
-        trace = run_des(dataclasses.replace(program, ops=dataclasses.replace(program.ops, duration_s=durations)))
+        trace = run_program(program, durations_s=durations)
         times.append(compute_metrics(trace).iteration_time_s)
     error = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else 0.0
     return statistics.fmean(times), error

@@ -1,16 +1,14 @@
-"""A fork server for rank processes: torch is imported once, and every rank is forked from that state.
+"""The launcher's side of the rank fork server (pipesim.harness.rank.forkserver): start it, ask it for ranks, watch them.
 
 Importing torch takes seconds per process; a run of P ranks repeated R times would pay it P * R
-times. The zygote (``python -m pipesim.harness.zygote``) imports torch and the harness, runs no
-torch op (so no thread pool exists when it forks), and on each request forks one child per rank
-with torchrun's environment. It reports the children's pids, then each exit status, one JSON
-line each. It dies with its parent, and its children die with it (PR_SET_PDEATHSIG).
+times. The fork server imports torch once and forks every rank from that state; it reports the
+children's pids, then each exit status, one JSON line each. It dies with its parent, and its
+children die with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import select
@@ -20,15 +18,9 @@ import sys
 import time
 from typing import Any
 
+from pipesim.harness.lifetime import die_with_parent
+
 POLL_S = 0.05
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent exits (no-op elsewhere)."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class ForkedRank:
@@ -74,7 +66,7 @@ class Zygote:
     """The parent's side of the fork server."""
 
     def __init__(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "pipesim.harness.zygote"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, "-m", "pipesim.harness.rank.forkserver"], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, preexec_fn=die_with_parent)
         self.ranks: dict[int, ForkedRank] = {}
         self._buffer = b""
@@ -149,63 +141,3 @@ def shared_zygote() -> Zygote:
         _SERVER[:] = [Zygote()]
         atexit.register(_SERVER[0].close)
     return _SERVER[0]
-
-
-def _child(request: dict[str, Any], rank: int) -> None:
-    """In a forked rank: become the worker and never return."""
-    code = 1
-    try:
-        die_with_parent()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        log = os.open(request["logs"][rank], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.chdir(request["cwd"])
-        sys.path.insert(0, request["cwd"])
-        os.environ.update(request["env"][rank])
-        code = int(importlib.import_module(request["module"]).main(request["args"]))
-    except BaseException:  # noqa: BLE001 - a child must never return into the server's loop
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def serve() -> None:
-    """The server loop: one request at a time; report pids, then each child's exit status."""
-    die_with_parent()
-    import torch  # noqa: F401 - the point of the zygote: import once, fork many
-    import torch.distributed  # noqa: F401
-
-    import pipesim.harness.linkbench_rank  # noqa: F401
-    import pipesim.harness.profile_rank  # noqa: F401
-    import pipesim.harness.worker  # noqa: F401
-
-    out = sys.stdout.buffer
-    out.write(b'{"ready": true}\n')
-    out.flush()
-    for line in sys.stdin.buffer:
-        request = json.loads(line)
-        pids = []
-        for rank in range(len(request["env"])):
-            pid = os.fork()
-            if pid == 0:
-                _child(request, rank)
-            pids.append(pid)
-        out.write((json.dumps({"pids": pids}) + "\n").encode())
-        out.flush()
-        for _ in pids:
-            pid, status = os.waitpid(-1, 0)
-            out.write((json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}) + "\n").encode())
-            out.flush()
-
-
-if __name__ == "__main__":
-    serve()

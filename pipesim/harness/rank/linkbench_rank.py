@@ -1,4 +1,4 @@
-"""One rank of the link benchmark: ping-pong with each neighbour, rank 0 writes the one-way medians."""
+"""One rank of the link benchmark: ping-pong with each neighbour; rank 0 writes the one-way medians to the file named last on its command line (in PIPESIM_RUN_DIR)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pipesim.harness.linkbench import RESULT
-from pipesim.harness.process import configure_process
+from pipesim.harness.rank.process import configure_process
 from pipesim.spec.files import write_text_atomic
 
 
@@ -49,7 +48,7 @@ def _ping_pong(peer: int, size: int, repeats: int, warmup: int, leader: bool, de
     return times[warmup:]
 
 
-def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path, device: torch.device) -> None:
+def _worker(sizes: list[int], repeats: int, warmup: int, result: Path, device: torch.device) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     results = []
     for src in range(world - 1):
@@ -66,12 +65,12 @@ def _worker(sizes: list[int], repeats: int, warmup: int, folder: Path, device: t
     dist.all_gather_object(gathered, results)
     if rank == 0:
         every = [pair for part in gathered for pair in part]
-        write_text_atomic(folder / RESULT, json.dumps(every) + "\n")
+        write_text_atomic(result, json.dumps(every) + "\n")
 
 
 def main(argv: list[str]) -> int:
     """One rank of the benchmark (environment as torchrun sets it)."""
-    sizes, repeats, warmup, backend = json.loads(argv[0]), int(argv[1]), int(argv[2]), argv[3]
+    sizes, repeats, warmup, backend, result = json.loads(argv[0]), int(argv[1]), int(argv[2]), argv[3], argv[4]
     configure_process(1)
     rank = int(os.environ["RANK"])
     device = torch.device("cpu")
@@ -80,7 +79,7 @@ def main(argv: list[str]) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
                             timeout=timedelta(seconds=120))
-    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]), device)
+    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]) / result, device)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -10,11 +10,10 @@ from typing import Any
 
 import torch
 
-from pipesim.harness.config import TrainingOptions
-from pipesim.harness.models import ModelBundle
-from pipesim.harness.overheads import summarize
-from pipesim.harness.process import without_gc
-from pipesim.harness.stage import StageExecutor
+from pipesim.harness.config import TrainingOptions, summarize
+from pipesim.harness.rank.models import ModelBundle
+from pipesim.harness.rank.process import without_gc
+from pipesim.harness.rank.stage import StageExecutor
 from pipesim.schedule.ir import WeightPolicy
 
 

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
-
-from pipesim.errors import ConfigError
 
 # glibc mallopt parameters.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
@@ -39,35 +35,6 @@ def keep_freed_memory() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
             libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     return False
-
-
-AUTOGROUP = Path("/proc/self/autogroup")
-
-
-def raise_priority(nice: int) -> None:
-    """Set this process's nice value to ``nice`` (negative: ahead of other programs), before it starts
-    any process or thread, so that every process of a measurement (the fork server, the ranks and
-    their communication threads) inherits it; 0 leaves the priority as it is.
-
-    Where Linux groups the CPU by session (autogroup), a nice value only orders the processes of
-    one session, so the session's group gets the same nice value: this affects every process of
-    the caller's session (a terminal's, a job's) while it runs.
-
-    Raises:
-        ConfigError: ``nice`` is outside -20..19, or this process may not take it (root or
-            CAP_SYS_NICE is needed below the current value).
-    """
-    if nice == 0:
-        return
-    if not -20 <= nice <= 19:
-        raise ConfigError("nice", nice, "must be in -20..19")
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if AUTOGROUP.exists():
-            AUTOGROUP.write_text(str(nice), encoding="ascii")
-    except OSError as error:
-        raise ConfigError("nice", nice, f"could not be set ({error.strerror}); below 0 needs root or "
-                                        "CAP_SYS_NICE") from None
 
 
 def configure_process(threads: int) -> None:

@@ -17,9 +17,9 @@ import torch
 
 from pipesim.errors import PipesimError
 from pipesim.harness.config import ModelSpec
-from pipesim.harness.models import ModelBundle, build_model
-from pipesim.harness.process import configure_process
-from pipesim.harness.timing import LayerTimes, time_layers
+from pipesim.harness.rank.models import ModelBundle, build_model
+from pipesim.harness.rank.process import configure_process
+from pipesim.harness.rank.timing import LayerTimes, time_layers
 from pipesim.spec.files import write_text_atomic
 
 

@@ -2,7 +2,8 @@
 
 The rank's op list is the only description of the schedule. F: receive the activation (stage > 0),
 forward, send it on (stage < p-1). B: receive the gradient (stage < p-1), backward, send the input
-gradient back (stage > 0). U: the optimizer step under the schedule's weight policy.
+gradient back (stage > 0). A split backward's I does B's receive and send with the input gradient
+alone, and its W the weight gradients. U: the optimizer step under the schedule's weight policy.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ import torch.distributed as dist
 
 from pipesim.errors import ConfigError
 from pipesim.harness.config import RunConfig
-from pipesim.harness.models import build_model
-from pipesim.harness.p2p import Incoming, Links
-from pipesim.harness.process import configure_process, without_gc
+from pipesim.harness.rank.emulated import EmulatedStage, SendCost, wait_until
+from pipesim.harness.rank.models import build_model
+from pipesim.harness.rank.p2p import Incoming, Links
+from pipesim.harness.rank.process import configure_process, without_gc
 from pipesim.harness.recorder import (
     COMPUTING,
     FAILED,
@@ -38,7 +40,7 @@ from pipesim.harness.recorder import (
     message_tag,
     trace_meta,
 )
-from pipesim.harness.stage import OpResult, StageExecutor
+from pipesim.harness.rank.stage import OpResult, StageExecutor
 from pipesim.schedule.deps import gradient_kind, sends_to
 from pipesim.schedule.ir import Op, OpKind, Schedule
 from pipesim.schedule.versions import assign_versions
@@ -123,29 +125,60 @@ class RankRuntime:
         self.config = config
         self.rank = rank
         self.schedule = config.build_schedule()
-        if self.schedule.has_split_backward:
-            raise ConfigError("schedule", config.schedule, "the harness runs full backwards only (no I/W ops)")
         if self.schedule.num_ranks != world_size:
             raise ConfigError("ranks", world_size, f"the schedule needs {self.schedule.num_ranks} ranks")
         self.ops = self.schedule.ranks[rank]
         self.device = (torch.device("cuda", rank % max(1, torch.cuda.device_count())) if config.device == "cuda"
                        else torch.device("cpu"))
-        self.clock = Clock(self.device)
+        # An emulated op is a wait on the host's clock, so its span is timed there even on a GPU.
+        self.clock = Clock(self.device if config.emulation is None else torch.device("cpu"))
         self.bundle = build_model(config.model, config.microbatch_size)
         self.grad_kind = gradient_kind(self.schedule)
-        delays = forward_delays(self.schedule)
-        self.executors: dict[int, StageExecutor] = {}
-        for stage in sorted({op.stage for op in self.ops}):
-            start, end = config.partition[stage]
-            for layer in self.bundle.layers[start:end]:
-                layer.to(self.device)
-            self.executors[stage] = StageExecutor(
-                self.bundle, start, end, self.schedule.weights, config.training, stage_delay=delays[stage],
-                num_microbatches=self.schedule.num_microbatches, num_minibatches=self.schedule.num_minibatches)
+        self.durations_s = self._emulated_durations()
+        self.send_cost = SendCost()
+        self.device_free = 0.0  # emulated: when the device finishes its last op (host seconds)
+        self.executors = self._executors()
         self.recorder = Recorder(run_dir / f"rank{rank}.npy", len(self.ops), rank, os.getpid(), self.clock.now())
         self.state = RankState()
         self.data = self._data()
         self._deferred: list[tuple[int, int, int, Any, Any]] = []
+
+    def _emulated_durations(self) -> tuple[float, ...]:
+        """This rank's op durations under ``--compute emulated`` (empty when the layers compute)."""
+        emulation = self.config.emulation
+        if emulation is None:
+            return ()
+        if len(emulation.durations_s) != self.schedule.num_ranks or len(
+                emulation.durations_s[self.rank]) != len(self.ops):
+            raise ConfigError("durations_s", [len(d) for d in emulation.durations_s],
+                              f"must give every op of every rank ({[len(ops) for ops in self.schedule.ranks]})")
+        if len(emulation.stash_bytes) != self.schedule.num_stages:
+            raise ConfigError("stash_bytes", list(emulation.stash_bytes),
+                              f"must give one size per stage ({self.schedule.num_stages})")
+        return emulation.durations_s[self.rank]
+
+    def _executors(self) -> dict[int, StageExecutor]:
+        """The rank's stages: computing ones, or emulated ones that wait out their durations."""
+        config, schedule = self.config, self.schedule
+        delays = forward_delays(schedule)
+        executors: dict[int, StageExecutor] = {}
+        for stage in sorted({op.stage for op in self.ops}):
+            start, end = config.partition[stage]
+            for layer in self.bundle.layers[start:end]:
+                layer.to(self.device)
+            common = {"stage_delay": delays[stage], "num_microbatches": schedule.num_microbatches,
+                      "num_minibatches": schedule.num_minibatches}
+            if config.emulation is None:
+                executors[stage] = StageExecutor(self.bundle, start, end, schedule.weights, config.training,
+                                                 split_backward=schedule.has_split_backward, **common)
+            else:
+                executors[stage] = EmulatedStage(
+                    self.bundle, start, end, schedule.weights, config.training,
+                    stash_bytes=config.emulation.stash_bytes[stage],
+                    weight_stash_bytes=config.emulation.kept_by_weight_gradient(stage),
+                    microbatch_size=config.microbatch_size,
+                    device=self.device, **common)
+        return executors
 
     def resolve_marks(self) -> None:
         """Write the compute spans whose marks are pending (every op on CPU; at the end on CUDA)."""
@@ -208,6 +241,7 @@ class RankRuntime:
                                    ("optimizer", 0.0)):
                 self.recorder.memory(origin, stage, category, size, 1)
         last = _Last(end=self.clock.now(), cpu=time.thread_time())
+        self.device_free = last.end
         with without_gc():
             for position, op in enumerate(self.ops):
                 self._run_op(position, op, links, last)
@@ -226,6 +260,7 @@ class RankRuntime:
         """
         self.state.position, self.state.op = position, str(op)
         op_start = last.end
+        device_start = self.device_free
         self.recorder.progress(position, WAITING, self.clock.now())
         received = None
         incoming = self._incoming_message(op)
@@ -236,16 +271,25 @@ class RankRuntime:
             self.recorder.arrival(source, tag, arrived)
             if not was_ready:
                 op_start = arrived
+                device_start = max(device_start, arrived)
         self.recorder.progress(position, COMPUTING, op_start)
         minibatch = last.minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
         start = self.clock.mark()
         result = self._execute(op, self.executors[op.stage], minibatch, received)
-        finish = self.clock.mark()
         target_stage = sends_to(op, self.schedule.num_stages, self.grad_kind)
+        if self.durations_s:
+            sending_s = self.send_cost.typical_s if target_stage is not None and result.send is not None else 0.0
+            # The emulated device runs its ops back to back from when it is free, as a GPU runs its
+            # queue: a host that woke late for one op does not delay the ops after it.
+            self.device_free = device_start + self.durations_s[position]
+            wait_until(self.device_free - sending_s)
+        finish = self.clock.mark()
         if target_stage is not None and result.send is not None:
             target = self.schedule.stage_to_rank[target_stage]
             tag = message_tag(op.kind, op.stage, op.microbatch, self.schedule.num_stages)
+            handed = self.clock.now()
             links.send(result.send, target, tag)
+            self.send_cost.add(self.clock.now() - handed)
             num_bytes = float(result.send.numel() * result.send.element_size())
             self.recorder.send(position, self.clock.now(), num_bytes, target, tag)
         end = self.clock.now()
@@ -265,7 +309,7 @@ class RankRuntime:
         p = self.schedule.num_stages
         if op.kind is OpKind.F and op.stage > 0:
             return self.schedule.stage_to_rank[op.stage - 1], message_tag(OpKind.F, op.stage - 1, op.microbatch, p)
-        if op.kind is self.grad_kind and op.stage < p - 1:
+        if op.kind in (OpKind.B, OpKind.I) and op.stage < p - 1:
             source = self.schedule.stage_to_rank[op.stage + 1]
             return source, message_tag(self.grad_kind, op.stage + 1, op.microbatch, p)
         return None
@@ -278,9 +322,11 @@ class RankRuntime:
             return executor.forward(op.microbatch, minibatch, x, target)
         if op.kind is OpKind.B:
             return executor.backward(op.microbatch, received)
-        if op.kind is OpKind.U:
-            return executor.update(op.microbatch)
-        raise ConfigError("op", str(op), "the harness runs F, B and U ops only")
+        if op.kind is OpKind.I:
+            return executor.backward_input(op.microbatch, received)
+        if op.kind is OpKind.W:
+            return executor.backward_weight(op.microbatch)
+        return executor.update(op.microbatch)
 
     def fail(self, run_dir: Path, error: BaseException) -> None:
         """Record the failure: progress marked failed and a one-line error file for the launcher."""

@@ -1,4 +1,4 @@
-"""One rank's process: ``python -m pipesim.harness.worker CONFIG.json``, under pipesim's launcher or torchrun.
+"""One rank's process: ``python -m pipesim.harness.rank.worker CONFIG.json``, under pipesim's launcher or torchrun.
 
 It reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment (torchrun sets them;
 so does ``pipesim run``) and PIPESIM_RUN_DIR for its record file (a temporary folder if unset).
@@ -16,13 +16,13 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pipesim.harness.config import RunConfig
-from pipesim.harness.runtime import RankRuntime, init_process_group, write_error
+from pipesim.harness.rank.runtime import RankRuntime, init_process_group, write_error
 
 
 def main(argv: list[str]) -> int:
     """Run one rank; on any failure write the error file and leave at once with status 1."""
     if len(argv) != 1:
-        print("usage: python -m pipesim.harness.worker CONFIG.json", file=sys.stderr)
+        print("usage: python -m pipesim.harness.rank.worker CONFIG.json", file=sys.stderr)
         return 2
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])

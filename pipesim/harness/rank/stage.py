@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from pipesim.harness.config import TrainingOptions
-from pipesim.harness.models import ModelBundle, MSELossLayer
-from pipesim.harness.weights import MemoryDelta, WeightStore
+from pipesim.harness.rank.models import ModelBundle, MSELossLayer
+from pipesim.harness.rank.weights import MemoryDelta, WeightStore, slots_of
 from pipesim.schedule.ir import WeightPolicy
 
 
@@ -61,6 +61,8 @@ class Stashed:
     weights: list[torch.Tensor]
     saved: SavedTensors
     microbatch: int
+    leaf_outputs: dict[int, torch.Tensor] = field(default_factory=dict)
+    leaf_grads: dict[int, torch.Tensor | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,14 +88,21 @@ class StageExecutor:
 
     def __init__(self, bundle: ModelBundle, start: int, end: int, policy: WeightPolicy,
                  options: TrainingOptions, *, stage_delay: int = 1, num_microbatches: int = 1,
-                 num_minibatches: int = 1) -> None:
+                 num_minibatches: int = 1, split_backward: bool = False) -> None:
         self.layers = bundle.layers[start:end]
-        self.module = nn.Sequential(*self.layers)
         self.policy = policy
         self.takes_gradient_input = start > 0
         self.loss = self.layers[-1] if isinstance(self.layers[-1], MSELossLayer) else None
         self.store = WeightStore(self.layers, policy, options, stage_delay=stage_delay,
                                  num_microbatches=num_microbatches, num_minibatches=num_minibatches)
+        # The modules that own weights, in slot order, and how many slots each owns.
+        self.leaves: dict[int, int] = {}
+        for module, _ in slots_of(self.layers):
+            self.leaves[id(module)] = self.leaves.get(id(module), 0) + 1
+        self._captured: dict[int, torch.Tensor] = {}
+        if split_backward:  # a split backward needs each weighted module's output (see backward_input)
+            for module in {id(m): m for m, _ in slots_of(self.layers)}.values():
+                module.register_forward_hook(self._capture)
         self.stash: dict[int, Stashed] = {}
         self.stash_bytes_seen = 0.0
 
@@ -118,8 +127,12 @@ class StageExecutor:
             self.loss.target = target
         saved = SavedTensors(self.store, by_reference=self.policy is WeightPolicy.SINGLE)
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            output = self.module(inputs)
-        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch)
+            self._captured = {}
+            output = inputs
+            for layer in self.layers:
+                output = layer(output)
+        self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch,
+                                         leaf_outputs=self._captured)
         self.store.acquire(version)
         self.stash_bytes_seen = max(self.stash_bytes_seen, saved.bytes)
         memory = [("activations", saved.bytes, 1), *self.store.finished(version, is_backward=False)]
@@ -135,11 +148,7 @@ class StageExecutor:
         """
         stashed = self.stash.pop(microbatch)
         forward_version = stashed.version
-        if self.policy is WeightPolicy.SINGLE:
-            version = self.store.current
-            stashed.saved.backward_weights = self.store.backward_tensors(forward_version)
-        else:
-            version = forward_version
+        version = self._backward_version(stashed)
         # The gradients are those of the forward's weight tensors (under SINGLE their values may be
         # gone: the saved ones resolve to the backward's weights, see SavedTensors).
         wanted = ([stashed.inputs] if self.takes_gradient_input else []) + list(stashed.weights)
@@ -151,6 +160,55 @@ class StageExecutor:
         memory = [("activations", -stashed.saved.bytes, -1),
                   *self.store.finished(forward_version, is_backward=True)]
         return OpResult(version=version, send=send, memory=memory)
+
+    def _backward_version(self, stashed: Stashed) -> int:
+        """The version a backward of ``stashed`` runs on (under SINGLE, the current one, whose
+        weights the saved references then resolve to)."""
+        if self.policy is not WeightPolicy.SINGLE:
+            return stashed.version
+        stashed.saved.backward_weights = self.store.backward_tensors(stashed.version)
+        return self.store.current
+
+    def _capture(self, module: nn.Module, args: Any, output: Any) -> None:
+        """Forward hook: keep a weighted module's output for the split backward."""
+        if isinstance(output, torch.Tensor):
+            self._captured[id(module)] = output
+
+    def backward_input(self, microbatch: int, grad_output: torch.Tensor | None) -> OpResult:
+        """I: the gradient of the stage's input, to send upstream, and of every weighted module's
+        output, kept for W; the graph is kept too. Like a full backward without the weight gradients.
+
+        Autograd keeps every saved tensor until W, so I frees no tracked memory.
+        """
+        stashed = self.stash[microbatch]
+        version = self._backward_version(stashed)
+        leaves = [(key, out) for key, out in stashed.leaf_outputs.items() if out.requires_grad]
+        wanted = ([stashed.inputs] if self.takes_gradient_input else []) + [out for _, out in leaves]
+        grads = list(torch.autograd.grad(stashed.output, wanted, grad_output, retain_graph=True,
+                                         allow_unused=True)) if wanted else []
+        send = grads.pop(0) if self.takes_gradient_input else None
+        stashed.leaf_grads = {key: grad for (key, _), grad in zip(leaves, grads, strict=True)}
+        return OpResult(version=version, send=send)
+
+    def backward_weight(self, microbatch: int) -> OpResult:
+        """W: each weighted module's weight gradients from its own output's gradient (kept by I), so
+        that W does only the weight part of the backward; accumulated; frees the microbatch's stash."""
+        stashed = self.stash.pop(microbatch)
+        version = self._backward_version(stashed)
+        grads: list[torch.Tensor | None] = []
+        first = 0
+        for key, count in self.leaves.items():
+            weights = stashed.weights[first:first + count]
+            first += count
+            out, grad = stashed.leaf_outputs.get(key), stashed.leaf_grads.get(key)
+            if out is None or grad is None:
+                grads += [None] * count
+            else:
+                grads += torch.autograd.grad(out, weights, grad, retain_graph=True, allow_unused=True)
+        self.store.accumulate(grads)
+        memory = [("activations", -stashed.saved.bytes, -1),
+                  *self.store.finished(stashed.version, is_backward=True)]
+        return OpResult(version=version, send=None, memory=memory)
 
     def update(self, update_index: int) -> OpResult:
         """U: the optimizer step; returns the version it updated and any version added or dropped."""

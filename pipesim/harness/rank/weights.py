@@ -109,8 +109,11 @@ class WeightStore:
                     buffer.add_(grad)
         self.pending += 1
 
-    def update(self, update_index: int) -> list[MemoryDelta]:
+    def update(self, update_index: int, *, arithmetic: bool = True) -> list[MemoryDelta]:
         """Apply the SGD step to the mean of the pending gradients; return the memory changes.
+
+        Without ``arithmetic`` (an emulated device) the new version takes its buffer and its
+        number as always, but its values are not computed.
 
         Every policy writes the new weights into a second buffer (recycled from a dropped
         version), so that an update costs the same whatever the schedule and the profile's
@@ -125,14 +128,22 @@ class WeightStore:
         with torch.no_grad():
             new_tensors: list[torch.Tensor] = []
             for weight, grad, out in zip(old_tensors, self.grads, recycled, strict=True):
-                torch.add(weight, grad, alpha=-step, out=out)
+                if arithmetic:
+                    torch.add(weight, grad, alpha=-step, out=out)
                 new_tensors.append(nn.Parameter(out))
+            if not arithmetic:
+                self.pending = 0
+                return self._switch(old, new_tensors)
             decay = self.options.pipemare_correction_decay
             for delta, grad in zip(self.delta, self.grads, strict=bool(self.delta)):
                 delta.mul_(decay).add_(grad, alpha=-(1.0 - decay) * step)
             for grad in self.grads:
                 grad.zero_()
         self.pending = 0
+        return self._switch(old, new_tensors)
+
+    def _switch(self, old: int, new_tensors: list[torch.Tensor]) -> list[MemoryDelta]:
+        """Make ``new_tensors`` the version after ``old``; drop or keep ``old`` by the policy."""
         self.current = old + 1
         self.versions[self.current] = new_tensors
         self._index(new_tensors)

@@ -1,0 +1,37 @@
+"""What the simulator predicts for a harness run, and the emulated device's op durations taken from it."""
+
+from __future__ import annotations
+
+from pipesim.engine.trace import Trace
+from pipesim.harness.config import Emulation, RunConfig
+from pipesim.simulation import Result, simulate
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
+
+
+def predict(profile: Profile, topology: Topology | None, config: RunConfig) -> Result:
+    """Simulate the run ``config`` describes on ``profile``'s op times and ``topology``'s links.
+
+    The harness keeps no optimizer state (plain SGD), so none is predicted.
+    """
+    stages_per_rank = config.num_stages // config.num_ranks if config.num_ranks else 1
+    return simulate(profile, topology, schedule=config.schedule, num_stages=config.num_stages,
+                    num_microbatches=config.num_microbatches, num_minibatches=config.num_minibatches,
+                    partition=config.partition, optimizer_state_multiplier=0.0,
+                    pipemare_update=config.pipemare_update, stages_per_rank=stages_per_rank)
+
+
+def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Emulation:
+    """The emulated device for a run: each op lasts as long as in ``prediction`` (its compute span,
+    keyed by rank and position), and a forward keeps its stage's profiled stash (of which a split
+    backward's W keeps the layers' ``weight_stashed_bytes``)."""
+    durations: dict[int, dict[int, float]] = {}
+    for span in prediction.iter_spans():
+        if span.stream == "compute":
+            durations.setdefault(span.device, {})[span.position] = span.end_s - span.start_s
+    per_rank = tuple(tuple(ops[position] for position in range(len(ops)))
+                     for _, ops in sorted(durations.items()))
+    stash = tuple(float(sum(layer.stashed_bytes for layer in profile.layers[start:end])) for start, end in partition)
+    kept = tuple(float(sum(layer.weight_stashed_bytes for layer in profile.layers[start:end]))
+                 for start, end in partition)
+    return Emulation(durations_s=per_rank, stash_bytes=stash, weight_stash_bytes=kept)

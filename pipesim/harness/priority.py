@@ -1,0 +1,36 @@
+"""The nice value of a measurement's processes, set before any starts so that all of them inherit it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pipesim.errors import ConfigError
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def raise_priority(nice: int) -> None:
+    """Set this process's nice value to ``nice`` (negative: ahead of other programs), before it starts
+    any process or thread, so that every process of a measurement (the fork server, the ranks and
+    their communication threads) inherits it; 0 leaves the priority as it is.
+
+    Where Linux groups the CPU by session (autogroup), a nice value only orders the processes of
+    one session, so the session's group gets the same nice value: this affects every process of
+    the caller's session (a terminal's, a job's) while it runs.
+
+    Raises:
+        ConfigError: ``nice`` is outside -20..19, or this process may not take it (root or
+            CAP_SYS_NICE is needed below the current value).
+    """
+    if nice == 0:
+        return
+    if not -20 <= nice <= 19:
+        raise ConfigError("nice", nice, "must be in -20..19")
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if AUTOGROUP.exists():
+            AUTOGROUP.write_text(str(nice), encoding="ascii")
+    except OSError as error:
+        raise ConfigError("nice", nice, f"could not be set ({error.strerror}); below 0 needs root or "
+                                        "CAP_SYS_NICE") from None
