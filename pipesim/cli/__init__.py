@@ -53,6 +53,7 @@ def cli() -> None:
 def _register() -> None:
     from pipesim.cli.check import check_command
     from pipesim.cli.harness import linkbench_command, profile_command, run_command
+    from pipesim.cli.model import model_command
     from pipesim.cli.plan import plan_command
     from pipesim.cli.plot import plot_group
     from pipesim.cli.report import report_command
@@ -62,6 +63,7 @@ def _register() -> None:
     from pipesim.cli.validate import validate_command
 
     cli.add_command(check_command)
+    cli.add_command(model_command)
     cli.add_command(plan_command)
     cli.add_command(schedule_command)
     cli.add_command(simulate_command)
