@@ -36,3 +36,73 @@ def test_model_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], field: st
     done = pipesim("model", *args)
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr
+
+
+def simulate_json(*args: str) -> dict[str, object]:
+    done = pipesim("simulate", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    data.pop("engine_wall_s", None)
+    for run in data.get("runs", []):
+        run.pop("engine_wall_s")
+    return data  # type: ignore[no-any-return]
+
+
+UNIFORM = ("--uniform", "layers=4,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9")
+
+
+def test_dp_1_tp_1_reproduce_todays_output_exactly() -> None:
+    plain = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--bandwidth", "10GB/s")
+    flagged = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--bandwidth",
+                            "10GB/s", "--dp", "1", "--tp", "1")
+    assert flagged == plain
+
+
+def test_tp_and_dp_reproduce_a_hand_computed_iteration_time() -> None:
+    # Two layers, one a stage, 1F1B, p = 2, m = 2, free pipeline links, H100 preset links.
+    # TP = 2: F = 4/2 ms + 2 all-reduces of 9e8 bytes over NVLink, each 2 (2-1)/2 x 9e8 / 900e9 s = 1 ms -> 4 ms;
+    #         B = 8/2 ms + 2 ms = 6 ms; weights per rank 1e9 / 2 = 5e8 bytes.
+    # DP = 2: each update all-reduces 5e8 bytes over the 400 Gbit/s NIC: 2 (2-1)/2 x 5e8 / 50e9 s = 10 ms.
+    # 1F1B makespan (m + p - 1)(F + B) = 3 x 10 ms, then stage 0's update: 30 + 10 = 40 ms.
+    data = simulate_json("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9",
+                         "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+    assert data["iteration_time_s"] == pytest.approx(0.040, rel=1e-12)
+    assert (data["tp"], data["dp"]) == (2, 2)
+    assert data["global_throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.040, rel=1e-12)
+
+
+def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
+    data = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "5GB")
+    peaks = data["device_peak_memory_bytes"]
+    assert data["device_memory_headroom_bytes"] == [5e9 - peak for peak in peaks]  # type: ignore[union-attr]
+    assert data["fits"] is (max(peaks) <= 5e9)  # type: ignore[arg-type]
+    tight = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "1GB")
+    assert tight["fits"] is False and min(tight["device_memory_headroom_bytes"]) < 0  # type: ignore[arg-type]
+
+
+def test_global_batch_sets_microbatches_and_an_indivisible_one_is_refused() -> None:
+    data = simulate_json(*UNIFORM, "--stages", "2", "--global-batch", "16", "--dp", "2", "--schedule", "1f1b")
+    assert data["num_microbatches"] == 8
+    done = pipesim("simulate", *UNIFORM, "--stages", "2", "--global-batch", "15", "--dp", "2", "--schedule", "1f1b")
+    assert done.returncode == 2 and "global_batch=15" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_model_in_simulate_reports_the_device_budget_tokens_and_mfu() -> None:
+    data = simulate_json("--model", "llama3-8b", "--device", "h100", "--stages", "4", "--global-batch", "32",
+                         "--dp", "2", "--seq-len", "2048", "--recompute-stages", "selective", "--schedule", "1f1b")
+    assert data["memory_budget_bytes"] == 80e9 and isinstance(data["fits"], bool)
+    assert data["num_gpus"] == 8 and data["tokens_per_s"] == pytest.approx(
+        data["throughput_samples_per_s"] * 2 * 2048, rel=1e-12)  # type: ignore[operator]
+    assert 0 < data["mfu"] < 0.5  # type: ignore[operator]
+
+
+def test_schedules_side_by_side_equal_their_single_runs_and_accept_torch_names(tmp_path: Path) -> None:
+    case = (*UNIFORM, "--ranks", "2", "--microbatches", "4", "--memory", "8GB")
+    both = simulate_json(*case, "--schedule", "Schedule1F1B,ZBVZeroBubble", "--out", str(tmp_path))
+    assert [run["schedule"] for run in both["runs"]] == ["1f1b", "zbv"]  # type: ignore[index,union-attr]
+    single = simulate_json(*case, "--schedule", "1f1b")
+    assert both["runs"][0] == single  # type: ignore[index]
+    assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "comparison.json").read_text())["runs"][1]["num_stages"] == 4
+    every = simulate_json(*case, "--schedule", "all")
+    assert len(every["runs"]) + len(every["skipped"]) == 12  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -14,26 +15,31 @@ from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, Recompute, preset
 from pipesim.spec.transformer_profile import calibrated_efficiency, model_summary, transformer_profile
 
 
-def model_options(function: Any) -> Any:
-    """The options that turn a preset into a profile, shared by ``model``, ``simulate`` and ``search``."""
-    options = [
-        click.option("--device", "device", type=click.Choice(list(DEVICES), case_sensitive=False), default="h100",
-                     show_default=True, help="Device preset: peak FLOP/s, memory and links from vendor datasheets."),
-        click.option("--efficiency", type=float, default=None,
-                     help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5)."),
-        click.option("--calibrate", "calibrate_path", type=str, default=None,
-                     help="A measured profile of the same model (embedding, blocks, head): set the efficiency "
-                          "so the predicted compute time equals it."),
-        click.option("--microbatch-size", "microbatch_size", type=int, default=None,
-                     help="Sequences per microbatch b (default 1)."),
-        click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length s (default the model's)."),
-        click.option("--tp", "tp", type=int, default=1, show_default=True,
-                     help="Tensor-parallel degree T inside a node: divides each layer, adds its all-reduces."),
-        click.option("--sequence-parallel", is_flag=True, help="Megatron's sequence parallelism with --tp."),
-    ]
-    for option in reversed(options):
-        function = option(function)
-    return function
+def with_options(options: list[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """A decorator applying click ``options`` in order (the first listed shows first in --help)."""
+    def apply(function: Any) -> Any:
+        for option in reversed(options):
+            function = option(function)
+        return function
+    return apply
+
+
+# The options that turn a preset into a profile, shared by ``model``, ``simulate`` and ``search``.
+MODEL_OPTIONS: list[Callable[[Any], Any]] = [
+    click.option("--device", "device", type=click.Choice(list(DEVICES), case_sensitive=False), default="h100",
+                 show_default=True, help="Device preset: peak FLOP/s, memory and links from vendor datasheets."),
+    click.option("--efficiency", type=float, default=None,
+                 help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5)."),
+    click.option("--calibrate", "calibrate_path", type=str, default=None,
+                 help="A measured profile of the same model (embedding, blocks, head): set the efficiency "
+                      "so the predicted compute time equals it."),
+    click.option("--microbatch-size", "microbatch_size", type=int, default=None,
+                 help="Sequences per microbatch b (default 1)."),
+    click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length s (default the model's)."),
+    click.option("--tp", "tp", type=int, default=1, show_default=True,
+                 help="Tensor-parallel degree T inside a node: divides each layer, adds its all-reduces."),
+    click.option("--sequence-parallel", is_flag=True, help="Megatron's sequence parallelism with --tp."),
+]
 
 
 def build_model_profile(name: str, *, device: str, efficiency: float | None, calibrate_path: str | None,
@@ -51,7 +57,7 @@ def build_model_profile(name: str, *, device: str, efficiency: float | None, cal
 @click.command("model")
 @click.option("--preset", "name", required=True, type=click.Choice(list(PRESETS), case_sensitive=False),
               help="A published model (sizes from its paper, cited in pipesim/spec/transformer.py).")
-@model_options
+@with_options(MODEL_OPTIONS)
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True,
               help="Activation recomputation: selective (attention, Korthikanti et al.) or full.")
 @click.option("--out", "out_path", type=str, default=None, help="Write the per-layer profile (pipesim JSON).")

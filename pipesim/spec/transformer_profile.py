@@ -26,6 +26,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.parallel import ring_allreduce_s
 from pipesim.spec.profile import Profile
 from pipesim.spec.transformer import (
     RECOMPUTE_MODES,
@@ -45,11 +46,6 @@ BYTES_PER_VALUE = 2  # 16-bit weights and activations (the device's dtype)
 # Mixed-precision Adam: fp32 master weights, momentum and variance, 12 bytes per parameter, that
 # is 6 x the 16-bit weight bytes (with 16-bit gradients, 16 bytes a parameter in all: ZeRO, Rajbhandari et al. 2020).
 ADAM_STATE_MULTIPLIER = 6.0
-
-
-def ring_allreduce_s(num_bytes: float, degree: int, bandwidth_bytes_per_s: float) -> float:
-    """Seconds of a ring all-reduce of ``num_bytes`` over ``degree`` ranks: ``2 (d-1)/d x bytes / bandwidth``."""
-    return 0.0 if degree <= 1 else 2 * (degree - 1) / degree * num_bytes / bandwidth_bytes_per_s
 
 
 def transformer_profile(
