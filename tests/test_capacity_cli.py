@@ -106,3 +106,29 @@ def test_schedules_side_by_side_equal_their_single_runs_and_accept_torch_names(t
     assert json.loads((tmp_path / "comparison.json").read_text())["runs"][1]["num_stages"] == 4
     every = simulate_json(*case, "--schedule", "all")
     assert len(every["runs"]) + len(every["skipped"]) == 12  # type: ignore[arg-type]
+
+
+def test_search_best_fits_and_is_what_simulate_gives_for_it(tmp_path: Path) -> None:
+    done = pipesim("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
+                   "--seq-len", "2048", "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    best = data["best"]
+    assert set(best) == {"tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute",
+                         "tokens_per_s", "mfu", "peak_memory_bytes", "fits"}
+    assert best["fits"] and best["peak_memory_bytes"] <= 40e9
+    assert best["tp"] * best["pp"] * best["dp"] == 8
+    candidates = data["candidates"]
+    assert all(row["reason"] for row in candidates)
+    assert max(row["tokens_per_s"] for row in candidates if row["fits"]) == best["tokens_per_s"]
+    assert {row["status"] for row in candidates} == {"simulated", "dropped"}
+    # The best row is a simulation: simulate gives the same numbers for the same configuration.
+    again = simulate_json("--model", "llama3-8b", "--device", "a100-40gb", "--seq-len", "2048",
+                          "--tp", str(best["tp"]), "--ranks", str(best["pp"]),
+                          "--stages-per-rank", str(best["stages_per_rank"]), "--dp", str(best["dp"]),
+                          "--microbatch-size", str(best["microbatch_size"]), "--global-batch", "16",
+                          "--recompute-stages", best["recompute"], "--schedule", best["schedule"])
+    assert again["tokens_per_s"] == pytest.approx(best["tokens_per_s"], rel=1e-12)
+    assert max(again["device_peak_memory_bytes"]) == best["peak_memory_bytes"]  # type: ignore[arg-type]
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "candidates.csv").read_text().startswith("tp,pp,dp,")

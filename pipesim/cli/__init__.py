@@ -58,6 +58,7 @@ def _register() -> None:
     from pipesim.cli.plot import plot_group
     from pipesim.cli.report import report_command
     from pipesim.cli.schedule import schedule_command
+    from pipesim.cli.search import search_command
     from pipesim.cli.simulate import simulate_command
     from pipesim.cli.sweep import sweep_command
     from pipesim.cli.validate import validate_command
@@ -66,6 +67,7 @@ def _register() -> None:
     cli.add_command(model_command)
     cli.add_command(plan_command)
     cli.add_command(schedule_command)
+    cli.add_command(search_command)
     cli.add_command(simulate_command)
     cli.add_command(sweep_command)
     cli.add_command(plot_group)

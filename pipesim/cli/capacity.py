@@ -10,6 +10,7 @@ import click
 from pipesim.errors import ConfigError
 from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
 from pipesim.cli.options import parse_uniform
+from pipesim.search import model_throughput
 from pipesim.spec.devices import DeviceSpec, device_preset
 from pipesim.spec.files import load_profile
 from pipesim.spec.parallel import (
@@ -151,10 +152,11 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
         fields.update(memory_budget_bytes=capacity.memory_budget_bytes, device_memory_headroom_bytes=headroom,
                       fits=all(value >= 0 for value in headroom))
     if capacity.seq_len:
-        tokens = fields["global_throughput_samples_per_s"] * capacity.seq_len
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
-        fields.update(num_gpus=gpus, tokens_per_s=tokens,
-                      mfu=3 * capacity.forward_flops_per_token * tokens / (gpus * capacity.device.peak_flops))
+        tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,
+                                       forward_flops_per_token=capacity.forward_flops_per_token, num_gpus=gpus,
+                                       peak_flops=capacity.device.peak_flops)
+        fields.update(num_gpus=gpus, tokens_per_s=tokens, mfu=mfu)
     return fields
 
 
