@@ -119,3 +119,23 @@ def test_bad_options_name_the_field(options: dict[str, object], field: str) -> N
 def test_calibration_recovers_the_efficiency_of_a_measured_profile() -> None:
     measured = pipesim.transformer_profile("bert-large", device="v100", efficiency=0.37)
     assert pipesim.calibrated_efficiency(measured, "bert-large", device="v100") == pytest.approx(0.37, rel=0.02)
+
+
+def test_a_sweep_spec_takes_a_model_in_place_of_a_profile() -> None:
+    from pipesim.sweep import PointRunner, Resolved, parse_spec
+
+    spec = {"stages": [2], "microbatches": [4], "schedule": ["1f1b"], "memory_limit": ["80GB"]}
+    named = Resolved(parse_spec({**spec, "model": "bert-large"}))
+    detailed = Resolved(parse_spec({**spec, "profile": [{"model": {"preset": "llama3-8b", "tp": 2, "seq_len": 1024,
+                                                                    "recompute": "selective"}}]}))
+    assert named.profiles[0][1] == pipesim.transformer_profile("bert-large")
+    assert detailed.profiles[0][1] == pipesim.transformer_profile("llama3-8b", tp=2, seq_len=1024,
+                                                                  recompute="selective")
+    row = PointRunner(detailed).run_batch(detailed.points())[0]
+    direct = pipesim.simulate(detailed.profiles[0][1], schedule="1f1b", num_stages=2, num_microbatches=4, engine="auto")
+    assert (row["error"], row["iteration_time_s"]) == ("", direct.metrics.iteration_time_s)
+    with pytest.raises(ConfigError):
+        parse_spec({**spec, "model": "bert-large", "profile": ["traces/vgg16.json"]})
+    with pytest.raises(ConfigError):
+        parse_spec({**spec, "profile": [{"model": {"preset": "bert-large"}, "uniform": {"layers": 1, "forward_ms": 1,
+                                                                                         "backward_ms": 1}}]})
