@@ -7,7 +7,8 @@ microbatch b, vocabulary V, tensor-parallel degree t.
 - Forward FLOPs of one layer: 2bs (h (h + 2gd) + h^2 + n h f) + 4 b s^2 h, with n = 2 for a
   plain FFN and 3 for a gated one (SwiGLU). With g = a, f = 4h, n = 2 this is the 24bsh^2 +
   4bs^2h of Narayanan et al.; with the logit layer's 2bshV, a token's forward costs
-  24 L h^2 (1 + s / 6h + V / 12hL), the closed form of their equation (3) divided by 3 B s.
+  24 L h^2 (1 + s / 6h) + 2Vh, and an iteration with full recomputation (four passes over the
+  layers, three over the logits) their equation (3), 96 B s L h^2 (1 + s / 6h + V / 16Lh).
 - Activations a layer keeps for its backward, 16-bit, by Korthikanti et al. (Table 2 and
   section 4): sbh (34 + 5as/h) without tensor parallelism; sbh (10 + 24/t + 5as/ht) with it;
   sbh/t (34 + 5as/h) with sequence parallelism too; the 5as/h term goes with selective
