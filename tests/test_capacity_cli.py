@@ -132,3 +132,14 @@ def test_search_best_fits_and_is_what_simulate_gives_for_it(tmp_path: Path) -> N
     assert max(again["device_peak_memory_bytes"]) == best["peak_memory_bytes"]  # type: ignore[arg-type]
     assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "candidates.csv").read_text().startswith("tp,pp,dp,")
+
+
+def test_model_calibrate_takes_the_efficiency_of_a_measured_profile(tmp_path: Path) -> None:
+    measured = tmp_path / "measured.json"
+    first = pipesim("model", "--preset", "llama2-7b", "--device", "a100-80gb", "--efficiency", "0.42", "--out",
+                    str(measured), "--json")
+    assert first.returncode == 0, first.stderr
+    again = pipesim("model", "--preset", "llama2-7b", "--device", "a100-80gb", "--calibrate", str(measured), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["layer_forward_s"] == pytest.approx(json.loads(first.stdout)["layer_forward_s"],
+                                                                        rel=1e-9)

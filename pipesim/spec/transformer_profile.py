@@ -148,7 +148,8 @@ def calibrated_efficiency(measured: Profile, model: str | TransformerConfig, *, 
 
     ``measured`` must have the same layers as ``transformer_profile(model, ...)`` (embedding,
     blocks, head) at the same microbatch and sequence, run without tensor parallelism: the
-    efficiency is the predicted forward + backward time at full peak over the measured one.
+    efficiency is the predicted forward + backward time at full peak over the measured one, over
+    every layer but the (memory-bound) embedding.
 
     Raises:
         ConfigError: a layer count that differs, or a measured total of zero.
@@ -158,10 +159,11 @@ def calibrated_efficiency(measured: Profile, model: str | TransformerConfig, *, 
     if measured.num_layers != ideal.num_layers:
         raise ConfigError("calibrate", measured.name, f"has {measured.num_layers} layers; the model's profile has "
                           f"{ideal.num_layers} (embedding, blocks, head)")
-    measured_s = sum(layer.forward_s + layer.backward_s for layer in measured.layers)
+    # The embedding lookup is bound by memory bandwidth, not FLOP/s: it stays out of the ratio.
+    measured_s = sum(layer.forward_s + layer.backward_s for layer in measured.layers[1:])
     if measured_s <= 0:
         raise ConfigError("calibrate", measured.name, "must have a positive total forward + backward time")
-    ideal_s = sum(layer.forward_s + layer.backward_s for layer in ideal.layers)
+    ideal_s = sum(layer.forward_s + layer.backward_s for layer in ideal.layers[1:])
     return min(1.0, ideal_s / measured_s)
 
 
