@@ -55,7 +55,7 @@ class Reuse:
     input they depend on, so that a reused value is the value a fresh call would compute:
 
     - a columnar schedule order (``schedule.columnar``), by schedule name, counts and options;
-      its columns are read only;
+      its columns are read only; any other registry schedule likewise (read only);
     - the stage costs, by the profile and topology (by identity: both must stay unchanged
       while this object lives), the stage-to-device map and every plan field but the counts;
     - the per-stage staleness of a schedule (forward delay and discrepancy: functions of
@@ -68,11 +68,16 @@ class Reuse:
 
     def __init__(self, *, orders: int = 2, costs: int = 256) -> None:
         self._orders: _Lru[tuple[ColumnarOrder, list[Any]]] = _Lru(orders)
+        self._schedules: _Lru[Schedule] = _Lru(orders)
         self._costs: _Lru[tuple[Profile, Topology, StageCosts]] = _Lru(costs)
 
     def order(self, key: tuple[Any, ...], make: Callable[[], ColumnarOrder]) -> ColumnarOrder:
         """The order of ``key`` (schedule name, stages, microbatches, minibatches, options)."""
         return self._orders.get(key, lambda: (make(), []))[0]
+
+    def schedule(self, key: tuple[Any, ...], make: Callable[[], Schedule]) -> Schedule:
+        """The registry schedule of ``key`` (name, counts, ranks, options) for schedules without a columnar order."""
+        return self._schedules.get(key, make)
 
     def stage_costs(self, profile: Profile, plan: Plan, topology: Topology, stage_devices: tuple[int, ...],
                     make: Callable[[], StageCosts]) -> StageCosts:

@@ -179,10 +179,12 @@ def prepare(
         order = make_order() if reuse is None else reuse.order(key, make_order)
         schedule = order.schedule
     if schedule is None:
-        schedule = build_schedule(
-            plan.schedule, plan.num_stages, plan.num_microbatches,
-            num_minibatches=plan.num_minibatches, num_ranks=plan.num_ranks, **options,
-        )
+        def make_schedule() -> Schedule:
+            return build_schedule(plan.schedule, p, m, num_minibatches=plan.num_minibatches,
+                                  num_ranks=plan.num_ranks, **options)
+
+        built = (plan.schedule, p, m, plan.num_minibatches, plan.num_ranks, tuple(options.items()))
+        schedule = make_schedule() if reuse is None else reuse.schedule(built, make_schedule)
     elif (schedule.num_stages, schedule.num_microbatches) != (plan.num_stages, plan.num_microbatches):
         raise ConfigError("schedule", schedule.name, f"has {schedule.num_stages} stages and "
                           f"{schedule.num_microbatches} microbatches but the plan {plan.num_stages} and "
