@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesim.search import Outcome, search
-from pipesim.spec.devices import DEVICES
+from pipesim.spec.devices import DEVICES, device_preset
 from pipesim.spec.transformer import PRESETS
 from pipesim.units import parse_size
 
@@ -29,6 +29,8 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
 @click.option("--memory", "memory", type=str, default=None, help="Memory budget per GPU, e.g. 80GB.")
+@click.option("--efficiency", type=float, default=None,
+              help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="1: ZeRO stage 1, optimizer state sharded over DP.")
 @click.option("--top", "top", type=click.IntRange(min=1), default=10, show_default=True,
@@ -38,11 +40,13 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
-                   memory: str | None, zero: int, top: int, as_json: bool, out_dir: str | None) -> None:
+                   memory: str | None, efficiency: float | None, zero: int, top: int, as_json: bool,
+                   out_dir: str | None) -> None:
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
     fit, simulate the rest on the analytic engine, and rank by tokens/s."""
     budget = parse_size(memory, "memory") if memory else None
-    outcomes = search(model.lower(), device=device.lower(), num_gpus=num_gpus, global_batch=global_batch,
+    spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
+    outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch,
                       seq_len=seq_len, memory_bytes=budget, zero=zero, progress=_progress())
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
