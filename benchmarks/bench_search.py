@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,7 @@ recompute {best['recompute']}: {best['tokens_per_s']:,.0f} tokens/s, MFU {best['
 peak {best['peak_memory_bytes'] / 1e9:.1f} GB (simulated; efficiency 0.5 of peak assumed).
 Individual runs: search {', '.join(f'{s:.2f}' for s in searches)} s; baseline {', '.join(f'{s:.2f}' for s in baselines)} s.
 """
+    text += f"Load average over the last minute when it finished: {os.getloadavg()[0]:.1f} (the machine is shared).\n"
     write_section("search", text)
     print(text)
 

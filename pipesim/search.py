@@ -28,6 +28,8 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
 MICROBATCH_SIZES = (1, 2, 4)
+# Least stash first: a peak over budget rules out the modes after it (see ``search``).
+RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
 
 
 def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
@@ -63,6 +65,7 @@ class Outcome:
         tokens_per_s, mfu, iteration_time_s: simulated throughput (0 when dropped).
         peak_memory_bytes: simulated per-device peak, or the lower bound that dropped it.
         fits: simulated and within the budget.
+        partition: the stages' layer ranges, ``0:10,10:20,...`` ("" when not cut).
     """
 
     candidate: Candidate
@@ -73,6 +76,7 @@ class Outcome:
     iteration_time_s: float = 0.0
     peak_memory_bytes: float = 0.0
     fits: bool = False
+    partition: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """One flat JSON-ready row."""
@@ -109,11 +113,11 @@ def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_g
                             yield candidate
 
 
-def memory_lower_bound(profile: Profile, num_stages: int, optimizer_multiplier: float) -> float:
-    """The most any stage of a compute-balanced cut holds at least: weights, gradients, optimizer
-    state and one microbatch's stash."""
+def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...], optimizer_multiplier: float) -> float:
+    """The most any stage of ``partition`` holds at least: weights, gradients, optimizer state and one
+    microbatch's stash."""
     bound = 0.0
-    for start, end in balance_partition(profile, num_stages):
+    for start, end in partition:
         layers = profile.layers[start:end]
         weights = sum(layer.param_bytes for layer in layers)
         bound = max(bound, weights * (2 + optimizer_multiplier) + sum(layer.stashed_bytes for layer in layers))
@@ -125,8 +129,14 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
            progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
+    The layers are cut as the model without recomputation balances them, whatever the
+    recomputation (as Megatron cuts by layer count), so the three recomputation modes of one
+    configuration differ only in what each microbatch stashes. A device's memory follows its
+    rank's op order alone, so its peak grows with the stash: the modes run from full to none,
+    and once one is over budget the ones that keep more are dropped without simulation.
+
     Raises:
-        ConfigError: a count below 1, or no candidate at all.
+        ConfigError: a count below 1.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
@@ -137,11 +147,22 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     s = seq_len or config.seq_len
     flops = forward_flops_per_token(config, s)
     profiles: dict[tuple[int, int, str, int], Profile] = {}
+
+    def profile_of(item: Candidate, recompute: Recompute) -> Profile:
+        key = (item.tp, item.microbatch_size, recompute, item.dp)
+        if key not in profiles:
+            base = transformer_profile(config, device=spec, microbatch_size=item.microbatch_size, seq_len=s,
+                                       tp=item.tp, recompute=recompute)
+            profiles[key] = data_parallel_profile(base, item.dp, spec.inter_node_bandwidth_bytes_per_s)
+        return profiles[key]
+
     # Candidates sharing a schedule order run one after another, so that Reuse builds it once.
     space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch),
-                   key=lambda item: (0, "", 0, 0) if isinstance(item, Outcome) else
-                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches))
+                   key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
+                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
+                    item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
     reuse = Reuse()
+    over: dict[tuple[Any, ...], Outcome] = {}
     outcomes = []
     for index, item in enumerate(space):
         if progress is not None:
@@ -149,33 +170,45 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
         if isinstance(item, Outcome):
             outcomes.append(item)
             continue
-        key = (item.tp, item.microbatch_size, item.recompute, item.dp)
-        if key not in profiles:
-            base = transformer_profile(config, device=spec, microbatch_size=item.microbatch_size, seq_len=s,
-                                       tp=item.tp, recompute=item.recompute)
-            profiles[key] = data_parallel_profile(base, item.dp, spec.inter_node_bandwidth_bytes_per_s)
-        outcomes.append(_evaluate(item, profiles[key], spec, budget, zero, flops, s, reuse))
+        group = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+        num_stages = item.pp * item.stages_per_rank
+        partition = balance_partition(profile_of(item, "none"), num_stages)
+        if group in over:
+            known = over[group]
+            outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with {known.candidate.recompute} "
+                                    f"recomputation, whose simulated peak is {known.peak_memory_bytes / 1e9:.1f} GB",
+                                    peak_memory_bytes=known.peak_memory_bytes, partition=_text(partition)))
+            continue
+        outcome = _evaluate(item, profile_of(item, item.recompute), partition, spec, budget, zero, flops, s, reuse)
+        if outcome.status == "simulated" and not outcome.fits:
+            over[group] = outcome
+        outcomes.append(outcome)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
 
 
-def _evaluate(candidate: Candidate, profile: Profile, spec: DeviceSpec, budget: float, zero: int, flops: float,
-              seq_len: int, reuse: Reuse) -> Outcome:
+def _text(partition: tuple[tuple[int, int], ...]) -> str:
+    """``0:10,10:20,...``, as ``simulate --partition`` takes it."""
+    return ",".join(f"{start}:{end}" for start, end in partition)
+
+
+def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], spec: DeviceSpec,
+              budget: float, zero: int, flops: float, seq_len: int, reuse: Reuse) -> Outcome:
     multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, zero)
-    num_stages = candidate.pp * candidate.stages_per_rank
-    bound = memory_lower_bound(profile, num_stages, multiplier)
+    cut = _text(partition)
+    bound = memory_lower_bound(profile, partition, multiplier)
     if bound > budget:
         return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
-                       f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound)
+                       f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
     topology = Topology.uniform(num_devices=candidate.pp, bandwidth=spec.inter_node_bandwidth_bytes_per_s,
                                 memory_bytes=budget)
     try:
-        plan = make_plan(profile, schedule=candidate.schedule, num_stages=num_stages,
+        plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),
                          num_microbatches=candidate.num_microbatches, stages_per_rank=candidate.stages_per_rank,
-                         optimizer_state_multiplier=multiplier)
+                         optimizer_state_multiplier=multiplier, partition=partition)
         result = simulate_plan(profile, topology, plan, engine="auto", reuse=reuse)
     except PipesimError as error:
-        return Outcome(candidate, "dropped", str(error).splitlines()[0])
+        return Outcome(candidate, "dropped", str(error).splitlines()[0], partition=cut)
     metrics = result.metrics
     peak = max(metrics.device_peak_memory_bytes)
     tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=candidate.dp, seq_len=seq_len,
@@ -183,4 +216,4 @@ def _evaluate(candidate: Candidate, profile: Profile, spec: DeviceSpec, budget: 
                                    peak_flops=spec.peak_flops)
     fits = peak <= budget
     return Outcome(candidate, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
-                   iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits)
+                   iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut)

@@ -131,7 +131,9 @@ def test_search_best_fits_and_is_what_simulate_gives_for_it(tmp_path: Path) -> N
     assert max(row["tokens_per_s"] for row in candidates if row["fits"]) == best["tokens_per_s"]
     assert {row["status"] for row in candidates} == {"simulated", "dropped"}
     # The best row is a simulation: simulate gives the same numbers for the same configuration.
+    assert candidates[0]["status"] == "simulated" and candidates[0]["tokens_per_s"] == best["tokens_per_s"]
     again = simulate_json("--model", "llama3-8b", "--device", "a100-40gb", "--seq-len", "2048",
+                          "--partition", candidates[0]["partition"],
                           "--tp", str(best["tp"]), "--ranks", str(best["pp"]),
                           "--stages-per-rank", str(best["stages_per_rank"]), "--dp", str(best["dp"]),
                           "--microbatch-size", str(best["microbatch_size"]), "--global-batch", "16",
