@@ -43,7 +43,12 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate
+bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search
+
+.PHONY: bench-search
+# pipesim search for Llama-3 70B on 512 H100, against an import baseline, into benchmarks/RESULTS.md.
+bench-search: $(STAMP)
+	$(PY) benchmarks/bench_search.py
 
 .PHONY: bench-planner
 # Planner speed (PipeDream's partitioner, 2BW's planner) into its section of benchmarks/RESULTS.md,

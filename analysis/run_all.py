@@ -10,8 +10,9 @@ import study2_pipedream
 import study3_2bw
 import study4_pipemare
 import study5_bubble
+import study6_megatron
 
-STUDIES = (study1_schedules, study2_pipedream, study3_2bw, study4_pipemare, study5_bubble)
+STUDIES = (study1_schedules, study2_pipedream, study3_2bw, study4_pipemare, study5_bubble, study6_megatron)
 
 
 def main(argv: list[str]) -> None:

@@ -14,6 +14,7 @@ from pipesim.spec import (
     load_topology,
     uniform_profile,
 )
+from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
 
 __version__ = "0.1.0"
 
@@ -33,6 +34,7 @@ __all__ = [
     "Trace",
     "__version__",
     "build_schedule",
+    "calibrated_efficiency",
     "compute_metrics",
     "load_plan",
     "load_profile",
@@ -40,6 +42,7 @@ __all__ = [
     "make_plan",
     "simulate",
     "simulate_plan",
+    "transformer_profile",
     "uniform_profile",
     "validate",
 ]

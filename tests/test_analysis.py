@@ -107,3 +107,16 @@ def test_published_study2_the_planners_choice_is_the_fastest_on_every_model_and_
         assert chosen["throughput_samples_per_s"].iloc[0] == rows["throughput_samples_per_s"].max(), (model, cluster)
         assert chosen["speedup_over_dp"].iloc[0] >= 1.0
     assert len(frame.groupby(["model", "cluster"])) == 6
+
+
+def test_study6_predicts_megatron_rows_from_one_calibrated_row(tmp_path: Path) -> None:
+    run_study("study6_megatron.py", tmp_path)
+    frame = read_table(tmp_path, "study6_megatron")
+    anchor = frame[frame["is_calibration_row"]].iloc[0]
+    assert anchor["predicted_tflops_per_gpu"] == pytest.approx(anchor["paper_tflops_per_gpu"], rel=1e-3)
+    assert len(frame) == 2 and (frame["predicted_tflops_per_gpu"] < 312).all()
+    memory = read_table(tmp_path, "study6_korthikanti")
+    row = memory.iloc[0]
+    assert row["layer_full_gb"] < row["layer_selective_sp_gb"] < row["layer_none_gb"]
+    assert row["simulated_peak_selective_sp_gb"] < row["simulated_peak_none_gb"]
+    assert_png(tmp_path, "study6_megatron")

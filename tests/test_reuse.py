@@ -175,3 +175,19 @@ def test_one_runner_shared_by_threads_gives_the_rows_of_fresh_simulations() -> N
     with ThreadPoolExecutor(4) as pool:
         batches = list(pool.map(shared.run_batch, [points[i::4] for i in range(4)] * 3))
     assert all(same_row(row, expected[row["point"]]) for batch in batches for row in batch)
+
+
+@pytest.mark.parametrize(("schedule", "per_rank"), [("zb-h1", 1), ("zbv", 2), ("interleaved-1f1b", 2)])
+def test_a_non_columnar_schedule_is_built_once_and_gives_a_fresh_runs_result(schedule: str, per_rank: int) -> None:
+    reuse = Reuse()
+    topology = Topology.uniform(num_devices=2, bandwidth="10GB/s", latency="5us")
+    results = []
+    for forward_s in (1e-3, 2e-3):  # two profiles: the costs differ, the order is the same
+        profile = uniform_profile(num_layers=8, forward_s=forward_s, backward_s=2e-3, activation_bytes=1e6)
+        plan = make_plan(profile, schedule=schedule, num_stages=2 * per_rank, num_microbatches=4,
+                         stages_per_rank=per_rank)
+        shared = simulate_plan(profile, topology, plan, engine="analytic", reuse=reuse)
+        fresh = simulate_plan(profile, topology, plan, engine="analytic")
+        assert shared.trace.to_json() == fresh.trace.to_json()
+        results.append(shared)
+    assert results[0].schedule is results[1].schedule

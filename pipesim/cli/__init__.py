@@ -53,17 +53,21 @@ def cli() -> None:
 def _register() -> None:
     from pipesim.cli.check import check_command
     from pipesim.cli.harness import linkbench_command, profile_command, run_command
+    from pipesim.cli.model import model_command
     from pipesim.cli.plan import plan_command
     from pipesim.cli.plot import plot_group
     from pipesim.cli.report import report_command
     from pipesim.cli.schedule import schedule_command
+    from pipesim.cli.search import search_command
     from pipesim.cli.simulate import simulate_command
     from pipesim.cli.sweep import sweep_command
     from pipesim.cli.validate import validate_command
 
     cli.add_command(check_command)
+    cli.add_command(model_command)
     cli.add_command(plan_command)
     cli.add_command(schedule_command)
+    cli.add_command(search_command)
     cli.add_command(simulate_command)
     cli.add_command(sweep_command)
     cli.add_command(plot_group)

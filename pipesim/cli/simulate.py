@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, cast
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from pipesim.cli.capacity import capacity_fields, capacity_headline, capacity_options, capacity_setup
+from pipesim.cli.compare import print_comparison, run_schedules, schedule_names, write_comparison
 from pipesim.cli.options import (
     build_topology,
     parse_partition,
@@ -50,7 +53,9 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Model stages V on each rank, R x V in all; default 1.")
 @click.option("--microbatches", "num_microbatches", type=int, default=None,
               help="Microbatches per minibatch M (with --schedule-csv: default the largest index + 1).")
-@click.option("--schedule", "schedule", default=None, help=f"One of: {', '.join(SCHEDULES)}.")
+@click.option("--schedule", "schedule", default=None,
+              help=f"One of: {', '.join(SCHEDULES)} (or torch's class names); a comma-separated list or 'all' "
+                   "compares them side by side.")
 @click.option("--schedule-csv", "schedule_csv", type=str, default=None,
               help="Simulate the schedule in this file (PyTorch's pipelining CSV) instead of --schedule.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
@@ -85,6 +90,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
+@capacity_options
 def simulate_command(
     profile_path: str | None, uniform: str | None, plan_path: str | None, num_stages: int | None,
     num_ranks: int | None, stages_per_rank: int | None, num_microbatches: int | None, schedule: str | None,
@@ -93,16 +99,20 @@ def simulate_command(
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
     recompute_stages: str | None, optimizer_state_multiplier: float, jitter: float, seed: int,
     num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
-    as_json: bool, out_dir: str | None,
+    as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
-    if (profile_path is None) == (uniform is None):
-        raise ConfigError("profile", profile_path or uniform, "give exactly one of --profile FILE or --uniform ...")
+    capacity = capacity_setup(click.get_current_context(), capacity_flags, profile_path=profile_path, uniform=uniform,
+                              num_microbatches=num_microbatches, recompute=recompute, recompute_stages=recompute_stages,
+                              optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth)
+    profile, num_microbatches, bandwidth = capacity.profile, capacity.num_microbatches, capacity.bandwidth
+    recompute, recompute_stages = capacity.recompute, capacity.recompute_stages
+    optimizer_state_multiplier = capacity.optimizer_state_multiplier
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
-    profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
     given: Schedule | None = None
+    compared: tuple[list[Result], list[dict[str, str]]] | None = None
     chosen = cast(EngineName, engine)  # click.Choice checked it
     if plan_path is not None:
         _check_plan_flags(click.get_current_context())
@@ -135,34 +145,67 @@ def simulate_command(
             "partition": parse_partition(partition) if partition else None,
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
         }
-        if recompute_stages is not None:
-            options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
+
+        def run(name: str, per_rank_of: int) -> Result:
+            if recompute_stages is not None:
+                options["recompute_stages"] = parse_recompute_stages(recompute_stages, ranks * per_rank_of)
+            return simulate(
+                profile, topology, schedule=name, num_stages=ranks * per_rank_of,
+                num_microbatches=num_microbatches or 0, num_minibatches=num_minibatches, stages_per_rank=per_rank_of,
+                engine=chosen, jitter=jitter, seed=seed, max_ops=max_ops, **options,
+            )
+
         if given is not None:
+            if recompute_stages is not None:
+                options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
             result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed,
                                        max_ops=max_ops, **options)
         else:
-            result = simulate(
-                profile, topology, schedule=schedule or "", num_stages=total, num_microbatches=num_microbatches or 0,
-                num_minibatches=num_minibatches, stages_per_rank=per_rank, engine=chosen, jitter=jitter, seed=seed,
-                max_ops=max_ops, **options,
-            )
+            names, is_all = schedule_names(schedule or "")
+            if len(names) == 1 and not is_all:
+                result = run(names[0], per_rank)
+            else:
+                if num_samples is not None:
+                    raise ConfigError("samples", num_samples, "runs one schedule; drop it when comparing schedules")
+                compared = run_schedules(names, is_all, per_rank, run)
+    if compared is not None:
+        _report_comparison(*compared, capacity_of=lambda data: capacity_fields(data, capacity), as_json=as_json,
+                           out_dir=out_dir)
+        return
     summary = None
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
     if out_dir:
         written = write_outputs(result, Path(out_dir))
+    data = result.to_dict()
+    data.update(capacity_fields(data, capacity))
     if as_json:
-        data = result.to_dict()
         if summary is not None:
             data["samples"] = summary.to_dict()
         click.echo(json.dumps(data, sort_keys=True))
     else:
         print_table(result)
+        if capacity_headline(data):
+            click.echo(capacity_headline(data))
         if summary is not None:
             print_samples(summary)
         if out_dir:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
+
+
+def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
+                       capacity_of: Callable[[dict[str, Any]], dict[str, Any]], as_json: bool,
+                       out_dir: str | None) -> None:
+    """Print (and with ``out_dir`` write) schedules compared side by side."""
+    runs = [data | capacity_of(data) for data in (result.to_dict() for result in results)]
+    written = write_comparison(results, runs, Path(out_dir)) if out_dir else []
+    if as_json:
+        click.echo(json.dumps({"runs": runs, "skipped": skipped}, sort_keys=True))
+        return
+    print_comparison(runs, skipped)
+    if written:
+        click.echo(f"wrote {', '.join(str(path) for path in written)}")
 
 
 def _devices_needed(plan: Plan) -> int:

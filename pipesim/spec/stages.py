@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
+from pipesim.spec.parallel import ring_allreduce_s
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
@@ -69,7 +70,7 @@ def replica_allreduce_s(topology: Topology, first_device: int, replicas: int, pa
         bandwidth = topology.ring_bandwidth_bytes_per_s(first_device, last)
     else:
         bandwidth = topology.bandwidth_bytes_per_s
-    return 2 * (replicas - 1) / replicas * param_bytes / bandwidth
+    return ring_allreduce_s(param_bytes, replicas, bandwidth)
 
 
 def updates_per_microbatch(plan: Plan) -> bool:
@@ -159,8 +160,7 @@ def stage_costs(
             allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
             update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))
         else:
-            bandwidth = topology.bandwidth_bytes_per_s
-            update.append(step + (2 * (replicas - 1) / replicas * stage_params / bandwidth if replicas > 1 else 0.0))
+            update.append(step + ring_allreduce_s(stage_params, replicas, topology.bandwidth_bytes_per_s))
         f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
         b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
     return StageCosts(

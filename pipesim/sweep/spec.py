@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, default_num_minibatches
@@ -103,10 +103,48 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-class ProfileEntry(FrozenModel):
-    """One ``profile:`` item given as a mapping: ``{uniform: {...}}``."""
+class ModelProfileSpec(FrozenModel):
+    """``{model: {preset: NAME, ...}}``: a published transformer's profile (``pipesim.transformer_profile``)."""
 
-    uniform: UniformProfileSpec
+    preset: str
+    device: str = "h100"
+    microbatch_size: int = Field(default=1, ge=1)
+    seq_len: int | None = Field(default=None, ge=1)
+    tp: int = Field(default=1, ge=1)
+    recompute: Literal["none", "selective", "full"] = "none"
+
+    def label(self) -> str:
+        """The profile's name in result rows."""
+        return (f"model({self.preset},device={self.device},microbatch_size={self.microbatch_size},"
+                f"seq_len={self.seq_len or 'default'},tp={self.tp},recompute={self.recompute})")
+
+    def build(self) -> Profile:
+        """The Profile."""
+        from pipesim.spec.transformer_profile import transformer_profile
+
+        return transformer_profile(self.preset, device=self.device, microbatch_size=self.microbatch_size,
+                                   seq_len=self.seq_len, tp=self.tp, recompute=self.recompute)
+
+
+class ProfileEntry(FrozenModel):
+    """One ``profile:`` item given as a mapping: ``{uniform: {...}}`` or ``{model: {...}}``."""
+
+    uniform: UniformProfileSpec | None = None
+    model: ModelProfileSpec | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ProfileEntry:
+        if (self.uniform is None) == (self.model is None):
+            raise ValueError("give exactly one of uniform: {...} or model: {...}")
+        return self
+
+    @property
+    def entry(self) -> UniformProfileSpec | ModelProfileSpec:
+        """The synthetic profile this item describes."""
+        if self.uniform is not None:
+            return self.uniform
+        assert self.model is not None  # the validator holds exactly one
+        return self.model
 
 
 ProfileItem = str | ProfileEntry
@@ -120,7 +158,9 @@ class SweepSpec(FrozenModel):
     or plain bytes/s and seconds; memory limits take sizes (``16GB``).
 
     Attributes:
-        profile: profile files (pipesim JSON or PipeDream graph.txt) or ``{uniform: {...}}``.
+        profile: profile files (pipesim JSON or PipeDream graph.txt), ``{uniform: {...}}`` or
+            ``{model: {preset, device, microbatch_size, seq_len, tp, recompute}}``; a top-level
+            ``model:`` (names or such mappings) stands in for ``profile:``.
         topology: topology files; exclusive with bandwidth and latency.
         bandwidth, latency: of a uniform topology with one device per stage (default: free links).
         stages, microbatches: p and m (required).
@@ -174,6 +214,12 @@ def parse_spec(data: Any, *, source: str | None = None) -> SweepSpec:
     """
     if not isinstance(data, dict):
         raise ConfigError("spec", type(data).__name__, "must be a mapping of fields", source=source)
+    if "model" in data:  # ``model: NAME``, ``model: {preset: ...}`` or a list of them, in place of profile
+        if "profile" in data:
+            raise ConfigError("model", data["model"], "give either model or profile, not both", source=source)
+        models = data["model"] if isinstance(data["model"], list) else [data["model"]]
+        data = {key: value for key, value in data.items() if key != "model"}
+        data["profile"] = [{"model": {"preset": item} if isinstance(item, str) else item} for item in models]
     spec = build(SweepSpec, data, source=source)
     try:
         _check(spec)
@@ -239,7 +285,7 @@ class Resolved:
                 path = Path(item) if Path(item).is_absolute() else base / item
                 self.profiles.append((item, load_profile(path)))
             else:
-                self.profiles.append((item.uniform.label(), item.uniform.build()))
+                self.profiles.append((item.entry.label(), item.entry.build()))
         self.topologies: list[tuple[str, Topology | None]] = [
             (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
         ] or [("", None)]

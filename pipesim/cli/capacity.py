@@ -1,0 +1,176 @@
+"""Capacity options of ``simulate``: a model preset in place of a profile, TP/DP degrees, batch sizes, a memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from pipesim.errors import ConfigError
+from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
+from pipesim.cli.options import parse_uniform
+from pipesim.search import model_throughput
+from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.files import load_profile
+from pipesim.spec.parallel import (
+    data_parallel_profile,
+    microbatches_per_pipeline,
+    tensor_parallel_profile,
+    zero_optimizer_multiplier,
+)
+from pipesim.spec.profile import Profile
+from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, forward_flops_per_token, preset
+from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
+from pipesim.units import parse_size
+
+
+# ``--model`` with the model options, ``--dp``, ``--zero``, ``--global-batch`` and ``--memory``.
+capacity_options = with_options([
+    click.option("--model", "model", type=click.Choice(list(PRESETS), case_sensitive=False), default=None,
+                 help="A published transformer (pipesim model) in place of --profile/--uniform; "
+                      "--recompute / --recompute-stages MODE set its recomputation."),
+    *MODEL_OPTIONS,
+    click.option("--dp", "dp", type=int, default=1, show_default=True,
+                 help="Data-parallel pipelines D: each layer's update adds a ring all-reduce of its gradients "
+                      "over the device's inter-node link."),
+    click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
+                 help="1: ZeRO stage 1, optimizer state sharded over --dp."),
+    click.option("--global-batch", "global_batch", type=int, default=None,
+                 help="Samples per step over all D pipelines: M = global / (microbatch size x D)."),
+    click.option("--memory", "memory", type=str, default=None,
+                 help="Memory budget per device (e.g. 80GB; default the --device preset's with --model): "
+                      "the output says per device whether it fits."),
+])
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the capacity options decided for one simulate call.
+
+    Attributes:
+        profile: the profile to simulate (a model's, or the given one with TP and DP applied).
+        num_microbatches: M from ``--global-batch`` (or the one given).
+        optimizer_state_multiplier: optimizer bytes per weight byte on one replica.
+        recompute, recompute_stages: what is left for the plan (a model takes its mode itself).
+        bandwidth: the pipeline link's default bandwidth (the device's NIC with ``--model``).
+        memory_budget_bytes: per device, or None for no budget.
+        device: the device preset used for links and peak FLOP/s.
+        tp, dp, seq_len: degrees, and tokens per sample (0 without a model).
+        forward_flops_per_token: the model's, 0 without a model.
+    """
+
+    profile: Profile
+    num_microbatches: int | None
+    optimizer_state_multiplier: float
+    recompute: bool
+    recompute_stages: str | None
+    bandwidth: str | None
+    memory_budget_bytes: float | None
+    device: DeviceSpec
+    tp: int
+    dp: int
+    seq_len: int
+    forward_flops_per_token: float
+
+    @property
+    def is_set(self) -> bool:
+        """Whether any capacity option asked for the extra output (model, degrees or budget)."""
+        return self.seq_len > 0 or self.tp > 1 or self.dp > 1 or self.memory_budget_bytes is not None
+
+
+def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_path: str | None, uniform: str | None,
+                   num_microbatches: int | None, recompute: bool, recompute_stages: str | None,
+                   optimizer_state_multiplier: float, bandwidth: str | None) -> Capacity:
+    """Resolve the capacity options against simulate's own.
+
+    Raises:
+        ConfigError: not exactly one of --profile, --uniform, --model; a recompute list with a
+            model; M given twice and disagreeing; an indivisible global batch; bad degrees or sizes.
+    """
+    model: str | None = options["model"]
+    given = [flag for flag, value in (("--profile", profile_path), ("--uniform", uniform), ("--model", model)) if value]
+    if len(given) != 1:
+        raise ConfigError("profile", ", ".join(given) or None, "give exactly one of --profile FILE, --uniform ... "
+                          "or --model NAME")
+    device = device_preset(options["device"])
+    tp, dp = options["tp"], options["dp"]
+    seq_len, flops = 0, 0.0
+    if model is not None:
+        config = preset(model)
+        mode = "full" if recompute else (recompute_stages or "none")
+        if mode not in RECOMPUTE_MODES:
+            raise ConfigError("recompute_stages", mode, "with --model give one mode for every layer: "
+                              f"{', '.join(RECOMPUTE_MODES)}")
+        profile = build_model_profile(config.name, device=device.name, efficiency=options["efficiency"],
+                                      calibrate_path=options["calibrate_path"],
+                                      microbatch_size=options["microbatch_size"], seq_len=options["seq_len"], tp=tp,
+                                      sequence_parallel=options["sequence_parallel"], recompute=mode)
+        recompute, recompute_stages = False, None
+        seq_len = options["seq_len"] or config.seq_len
+        flops = forward_flops_per_token(config, seq_len)
+        if context.get_parameter_source("optimizer_state_multiplier") is not click.core.ParameterSource.COMMANDLINE:
+            optimizer_state_multiplier = ADAM_STATE_MULTIPLIER
+        bandwidth = bandwidth or f"{device.inter_node_bandwidth_bytes_per_s}B/s"
+    else:
+        profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
+        if options["microbatch_size"] is not None and options["microbatch_size"] != profile.microbatch_size:
+            raise ConfigError("microbatch_size", options["microbatch_size"], "must equal the profile's "
+                              f"({profile.microbatch_size}); only --model builds a profile at another size")
+        profile = tensor_parallel_profile(profile, tp, device.intra_node_bandwidth_bytes_per_s)
+    profile = data_parallel_profile(profile, dp, device.inter_node_bandwidth_bytes_per_s)
+    if options["global_batch"] is not None:
+        derived = microbatches_per_pipeline(options["global_batch"], profile.microbatch_size, dp)
+        if num_microbatches is not None and num_microbatches != derived:
+            raise ConfigError("microbatches", num_microbatches, f"disagrees with --global-batch: "
+                              f"{options['global_batch']} / ({profile.microbatch_size} x {dp}) = {derived}")
+        num_microbatches = derived
+    budget = parse_size(options["memory"], "memory") if options["memory"] else (
+        device.memory_bytes if model is not None else None)
+    return Capacity(profile=profile, num_microbatches=num_microbatches,
+                    optimizer_state_multiplier=zero_optimizer_multiplier(optimizer_state_multiplier, dp,
+                                                                         options["zero"]),
+                    recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth,
+                    memory_budget_bytes=budget, device=device, tp=tp, dp=dp, seq_len=seq_len,
+                    forward_flops_per_token=flops)
+
+
+def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
+    """The keys the capacity options add to a ``simulate --json`` object (none without them).
+
+    ``fits`` and ``device_memory_headroom_bytes`` (budget minus each device's peak, negative
+    where over) with a budget; degrees, global throughput and, with a model, tokens/s and
+    model FLOP utilisation (3 x forward FLOPs per token, Narayanan et al.'s count, over the
+    peak of all P x T x D GPUs).
+    """
+    if not capacity.is_set:
+        return {}
+    fields: dict[str, Any] = {"tp": capacity.tp, "dp": capacity.dp,
+                              "global_throughput_samples_per_s": data["throughput_samples_per_s"] * capacity.dp}
+    if capacity.memory_budget_bytes is not None:
+        headroom = [capacity.memory_budget_bytes - peak for peak in data["device_peak_memory_bytes"]]
+        fields.update(memory_budget_bytes=capacity.memory_budget_bytes, device_memory_headroom_bytes=headroom,
+                      fits=all(value >= 0 for value in headroom))
+    if capacity.seq_len:
+        gpus = data["num_ranks"] * capacity.tp * capacity.dp
+        tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,
+                                       forward_flops_per_token=capacity.forward_flops_per_token, num_gpus=gpus,
+                                       peak_flops=capacity.device.peak_flops)
+        fields.update(num_gpus=gpus, tokens_per_s=tokens, mfu=mfu)
+    return fields
+
+
+def capacity_headline(data: dict[str, Any]) -> str:
+    """One line: the memory verdict and, with a model, tokens/s and MFU ("" without capacity keys)."""
+    parts = []
+    if "fits" in data:
+        worst = min(data["device_memory_headroom_bytes"])
+        verdict = "fits" if data["fits"] else "does NOT fit"
+        parts.append(f"{verdict} in {data['memory_budget_bytes'] / 1e9:.1f} GB per device "
+                     f"({'least headroom' if data['fits'] else 'worst overshoot'} {abs(worst) / 1e9:.2f} GB)")
+    if "tokens_per_s" in data:
+        parts.append(f"{data['num_gpus']} GPUs (tp={data['tp']}, dp={data['dp']}): "
+                     f"{data['tokens_per_s']:.0f} tokens/s, MFU {data['mfu']:.1%}")
+    elif data.get("dp", 1) > 1:
+        parts.append(f"dp={data['dp']}: {data['global_throughput_samples_per_s']:.2f} samples/s in all")
+    return "; ".join(parts)

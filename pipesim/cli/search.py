@@ -1,0 +1,103 @@
+"""``pipesim search``: the best simulated TP x PP x DP, microbatch, schedule and recomputation for a model on N GPUs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from pipesim.search import Outcome, search
+from pipesim.spec.devices import DEVICES, device_preset
+from pipesim.spec.transformer import PRESETS
+from pipesim.units import parse_size
+
+BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute", "tokens_per_s", "mfu",
+             "peak_memory_bytes", "fits")
+
+
+@click.command("search")
+@click.option("--model", "model", required=True, type=click.Choice(list(PRESETS), case_sensitive=False),
+              help="A published transformer (see pipesim model).")
+@click.option("--device", "device", required=True, type=click.Choice(list(DEVICES), case_sensitive=False),
+              help="Device preset; its memory is the budget unless --memory says otherwise.")
+@click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x PP x DP.")
+@click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
+@click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
+@click.option("--memory", "memory", type=str, default=None, help="Memory budget per GPU, e.g. 80GB.")
+@click.option("--efficiency", type=float, default=None,
+              help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
+@click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
+              help="1: ZeRO stage 1, optimizer state sharded over DP.")
+@click.option("--top", "top", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Configurations shown in the table.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
+@click.option("--out", "out_dir", type=str, default=None,
+              help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
+def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
+                   memory: str | None, efficiency: float | None, zero: int, top: int, as_json: bool,
+                   out_dir: str | None) -> None:
+    """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
+    fit, simulate the rest on the analytic engine, and rank by tokens/s."""
+    budget = parse_size(memory, "memory") if memory else None
+    spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
+    outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch,
+                      seq_len=seq_len, memory_bytes=budget, zero=zero, progress=_progress())
+    rows = [outcome.to_dict() for outcome in outcomes]
+    best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
+    if out_dir is not None:
+        _write(rows, Path(out_dir))
+    if as_json:
+        click.echo(json.dumps({"best": best, "candidates": rows}, sort_keys=True))
+        return
+    _print(outcomes, top)
+    if best is None:
+        click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
+
+
+def _progress() -> Any:
+    """Progress on stderr, at every tenth of the space, when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def report(index: int, total: int) -> None:
+        if index % max(1, total // 10) == 0:
+            click.echo(f"searched {index}/{total}", err=True)
+    return report
+
+
+def _print(outcomes: list[Outcome], top: int) -> None:
+    console = Console(highlight=False, width=None if Console().is_terminal else 160)
+    table = Table(show_edge=False)
+    for header in ("tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "tokens/s", "MFU", "peak GB", "verdict"):
+        table.add_column(header, justify="right")
+    simulated = [outcome for outcome in outcomes if outcome.status == "simulated"]
+    for outcome in simulated[:top]:
+        c = outcome.candidate
+        table.add_row(str(c.tp), str(c.pp), str(c.dp), str(c.microbatch_size), str(c.num_microbatches), c.schedule,
+                      str(c.stages_per_rank), c.recompute, f"{outcome.tokens_per_s:,.0f}", f"{outcome.mfu:.1%}",
+                      f"{outcome.peak_memory_bytes / 1e9:.1f}", outcome.reason)
+    console.print(table)
+    dropped = len(outcomes) - len(simulated)
+    fitting = sum(outcome.fits for outcome in outcomes)
+    console.print(f"{len(outcomes)} candidates: {dropped} dropped before simulation, {len(simulated)} simulated, "
+                  f"{fitting} fit")
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> None:
+    import pandas as pd
+
+    from pipesim.plots import pareto, save_figure, use_headless_backend
+    from pipesim.spec.files import write_text_atomic
+
+    frame = pd.DataFrame(rows)
+    write_text_atomic(out / "candidates.csv", frame.to_csv(index=False))
+    simulated = frame[frame["status"] == "simulated"]
+    if not simulated.empty:
+        use_headless_backend()
+        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule"), out / "pareto.png")

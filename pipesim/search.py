@@ -1,0 +1,219 @@
+"""A simulated configuration search: TP x PP x DP, microbatch size, schedule and recomputation for a model on N GPUs.
+
+Each candidate is either dropped by arithmetic (degrees that do not divide the GPUs, heads or
+batch; more stages than layers) or by a lower bound on its memory that already exceeds the
+budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
+stash), or simulated on the analytic engine, which then decides whether it fits from the
+simulated per-device peak. Placement is Megatron's: TP inside a node, pipeline and data-parallel
+peers over the device's NIC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipesim.errors import ConfigError, PipesimError
+from pipesim.reuse import Reuse
+from pipesim.simulation import make_plan, simulate_plan
+from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.parallel import data_parallel_profile, zero_optimizer_multiplier
+from pipesim.spec.profile import Profile
+from pipesim.spec.stages import balance_partition
+from pipesim.spec.topology import Topology
+from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token, preset
+from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_profile
+
+# (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
+SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
+MICROBATCH_SIZES = (1, 2, 4)
+# Least stash first: a peak over budget rules out the modes after it (see ``search``).
+RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
+
+
+def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
+                     num_gpus: int, peak_flops: float) -> tuple[float, float]:
+    """``(tokens/s, MFU)`` of D pipelines each at ``samples_per_s``: MFU counts 3 x forward FLOPs per
+    token (Narayanan et al.'s model FLOPs, recomputation not counted) over all GPUs' peak."""
+    tokens = samples_per_s * dp * seq_len
+    return tokens, 3 * forward_flops_per_token * tokens / (num_gpus * peak_flops)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration: degrees, microbatch size and count, schedule and recomputation."""
+
+    tp: int
+    pp: int
+    dp: int
+    microbatch_size: int
+    num_microbatches: int
+    schedule: str
+    stages_per_rank: int
+    recompute: Recompute
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A candidate and what became of it.
+
+    Attributes:
+        candidate: the configuration.
+        status: ``"simulated"`` or ``"dropped"``.
+        reason: why it was dropped, or ``"fits"`` / ``"over budget"`` after simulation.
+        tokens_per_s, mfu, iteration_time_s: simulated throughput (0 when dropped).
+        peak_memory_bytes: simulated per-device peak, or the lower bound that dropped it.
+        fits: simulated and within the budget.
+        partition: the stages' layer ranges, ``0:10,10:20,...`` ("" when not cut).
+    """
+
+    candidate: Candidate
+    status: str
+    reason: str
+    tokens_per_s: float = 0.0
+    mfu: float = 0.0
+    iteration_time_s: float = 0.0
+    peak_memory_bytes: float = 0.0
+    fits: bool = False
+    partition: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """One flat JSON-ready row."""
+        row = asdict(self.candidate)
+        row.update({key: value for key, value in asdict(self).items() if key != "candidate"})
+        return row
+
+
+def _divisors(number: int) -> list[int]:
+    return [value for value in range(1, number + 1) if number % value == 0]
+
+
+def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
+                         global_batch: int) -> Iterator[Candidate | Outcome]:
+    """Every configuration in the space, or an Outcome saying why one cannot be formed."""
+    for tp in (t for t in _divisors(min(device.gpus_per_node, num_gpus)) if num_gpus % t == 0):
+        if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
+            continue
+        for pp in _divisors(num_gpus // tp):
+            dp = num_gpus // (tp * pp)
+            for size in MICROBATCH_SIZES:
+                for schedule, per_rank in SEARCH_SCHEDULES:
+                    for recompute in RECOMPUTE_MODES:
+                        count, left = divmod(global_batch, size * dp)
+                        candidate = Candidate(tp=tp, pp=pp, dp=dp, microbatch_size=size, num_microbatches=count,
+                                              schedule=schedule, stages_per_rank=per_rank, recompute=recompute)
+                        if left or count == 0:
+                            yield Outcome(candidate, "dropped", f"global batch {global_batch} is not a multiple of "
+                                          f"microbatch size x dp = {size * dp}")
+                        elif pp * per_rank > config.num_layers + 2:
+                            yield Outcome(candidate, "dropped", f"{pp * per_rank} stages exceed the "
+                                          f"{config.num_layers + 2} layers")
+                        else:
+                            yield candidate
+
+
+def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...], optimizer_multiplier: float) -> float:
+    """The most any stage of ``partition`` holds at least: weights, gradients, optimizer state and one
+    microbatch's stash."""
+    bound = 0.0
+    for start, end in partition:
+        layers = profile.layers[start:end]
+        weights = sum(layer.param_bytes for layer in layers)
+        bound = max(bound, weights * (2 + optimizer_multiplier) + sum(layer.stashed_bytes for layer in layers))
+    return bound
+
+
+def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
+           seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
+           progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
+    """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
+
+    The layers are cut as the model without recomputation balances them, whatever the
+    recomputation (as Megatron cuts by layer count), so the three recomputation modes of one
+    configuration differ only in what each microbatch stashes. A device's memory follows its
+    rank's op order alone, so its peak grows with the stash: the modes run from full to none,
+    and once one is over budget the ones that keep more are dropped without simulation.
+
+    Raises:
+        ConfigError: a count below 1.
+    """
+    config = preset(model) if isinstance(model, str) else model
+    spec = device_preset(device) if isinstance(device, str) else device
+    for field, value in (("gpus", num_gpus), ("global_batch", global_batch)):
+        if value < 1:
+            raise ConfigError(field, value, "must be >= 1")
+    budget = spec.memory_bytes if memory_bytes is None else memory_bytes
+    s = seq_len or config.seq_len
+    flops = forward_flops_per_token(config, s)
+    profiles: dict[tuple[int, int, str, int], Profile] = {}
+
+    def profile_of(item: Candidate, recompute: Recompute) -> Profile:
+        key = (item.tp, item.microbatch_size, recompute, item.dp)
+        if key not in profiles:
+            base = transformer_profile(config, device=spec, microbatch_size=item.microbatch_size, seq_len=s,
+                                       tp=item.tp, recompute=recompute)
+            profiles[key] = data_parallel_profile(base, item.dp, spec.inter_node_bandwidth_bytes_per_s)
+        return profiles[key]
+
+    # Candidates sharing a schedule order run one after another, so that Reuse builds it once.
+    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch),
+                   key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
+                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
+                    item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
+    reuse = Reuse()
+    over: dict[tuple[Any, ...], Outcome] = {}
+    outcomes = []
+    for index, item in enumerate(space):
+        if progress is not None:
+            progress(index, len(space))
+        if isinstance(item, Outcome):
+            outcomes.append(item)
+            continue
+        group = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+        num_stages = item.pp * item.stages_per_rank
+        partition = balance_partition(profile_of(item, "none"), num_stages)
+        if group in over:
+            known = over[group]
+            outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with {known.candidate.recompute} "
+                                    f"recomputation, whose simulated peak is {known.peak_memory_bytes / 1e9:.1f} GB",
+                                    peak_memory_bytes=known.peak_memory_bytes, partition=_text(partition)))
+            continue
+        outcome = _evaluate(item, profile_of(item, item.recompute), partition, spec, budget, zero, flops, s, reuse)
+        if outcome.status == "simulated" and not outcome.fits:
+            over[group] = outcome
+        outcomes.append(outcome)
+    outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
+    return outcomes
+
+
+def _text(partition: tuple[tuple[int, int], ...]) -> str:
+    """``0:10,10:20,...``, as ``simulate --partition`` takes it."""
+    return ",".join(f"{start}:{end}" for start, end in partition)
+
+
+def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], spec: DeviceSpec,
+              budget: float, zero: int, flops: float, seq_len: int, reuse: Reuse) -> Outcome:
+    multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, zero)
+    cut = _text(partition)
+    bound = memory_lower_bound(profile, partition, multiplier)
+    if bound > budget:
+        return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
+                       f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
+    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=spec.inter_node_bandwidth_bytes_per_s,
+                                memory_bytes=budget)
+    try:
+        plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),
+                         num_microbatches=candidate.num_microbatches, stages_per_rank=candidate.stages_per_rank,
+                         optimizer_state_multiplier=multiplier, partition=partition)
+        result = simulate_plan(profile, topology, plan, engine="auto", reuse=reuse)
+    except PipesimError as error:
+        return Outcome(candidate, "dropped", str(error).splitlines()[0], partition=cut)
+    metrics = result.metrics
+    peak = max(metrics.device_peak_memory_bytes)
+    tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=candidate.dp, seq_len=seq_len,
+                                   forward_flops_per_token=flops, num_gpus=candidate.tp * candidate.pp * candidate.dp,
+                                   peak_flops=spec.peak_flops)
+    fits = peak <= budget
+    return Outcome(candidate, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
+                   iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut)

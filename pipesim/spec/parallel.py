@@ -1,0 +1,102 @@
+"""Tensor and data parallelism around a pipeline, as transforms of a Profile, and batch arithmetic.
+
+Megatron's placement: a pipeline stage's T tensor-parallel ranks share a node's NVLink; pipeline
+and data-parallel peers sit on other nodes and talk over the NIC. Both degrees leave one
+pipeline to simulate:
+
+- tensor parallelism (``tensor_parallel_profile``) divides every layer's times, weights and
+  stash by T and adds two ring all-reduces of the layer's output to its forward and two to its
+  backward (the attention and MLP blocks' all-reduces of Megatron, Shoeybi et al. 2019);
+- data parallelism (``data_parallel_profile``) adds to each layer's optimizer step the ring
+  all-reduce of its gradients over the D replicas, once per minibatch; ZeRO stage 1 divides the
+  optimizer state by D (``zero_optimizer_multiplier``).
+"""
+
+from __future__ import annotations
+
+from pipesim.errors import ConfigError
+from pipesim.spec.profile import Profile
+from pipesim.spec.validation import build
+
+
+def ring_allreduce_s(num_bytes: float, degree: int, bandwidth_bytes_per_s: float) -> float:
+    """Seconds of a ring all-reduce of ``num_bytes`` over ``degree`` ranks: ``2 (d-1)/d x bytes / bandwidth``; 0 for one."""
+    if degree <= 1:
+        return 0.0
+    return 2 * (degree - 1) / degree * num_bytes / bandwidth_bytes_per_s
+
+
+def _check_degree(field: str, degree: int) -> None:
+    if degree < 1:
+        raise ConfigError(field, degree, "must be >= 1")
+
+
+def tensor_parallel_profile(profile: Profile, tp: int, bandwidth_bytes_per_s: float) -> Profile:
+    """``profile`` on each of ``tp`` tensor-parallel ranks (the same profile when ``tp`` is 1).
+
+    Raises:
+        ConfigError: ``tp < 1``.
+    """
+    _check_degree("tp", tp)
+    if tp == 1:
+        return profile
+    layers = []
+    for layer in profile.layers:
+        data = layer.model_dump()
+        allreduces = 2 * ring_allreduce_s(layer.activation_bytes, tp, bandwidth_bytes_per_s)
+        for key in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "forward_std_s",
+                    "backward_std_s", "param_bytes", "stash_bytes", "weight_stash_bytes", "update_s"):
+            if data[key] is not None:
+                data[key] = data[key] / tp
+        data["forward_s"] += allreduces
+        data["backward_s"] += allreduces
+        if data["backward_input_s"] is not None:
+            data["backward_input_s"] += allreduces
+        layers.append(data)
+    return build(Profile, {**profile.model_dump(by_alias=True), "layers": layers,
+                           "source": f"{profile.source}; tensor parallel over {tp}"})
+
+
+def data_parallel_profile(profile: Profile, dp: int, bandwidth_bytes_per_s: float) -> Profile:
+    """``profile`` with each layer's gradient all-reduce over ``dp`` replicas in its update (same when ``dp`` is 1).
+
+    Raises:
+        ConfigError: ``dp < 1``.
+    """
+    _check_degree("dp", dp)
+    if dp == 1:
+        return profile
+    layers = []
+    for layer in profile.layers:
+        data = layer.model_dump()
+        data["update_s"] = (layer.update_s or 0.0) + ring_allreduce_s(layer.param_bytes, dp, bandwidth_bytes_per_s)
+        layers.append(data)
+    return build(Profile, {**profile.model_dump(by_alias=True), "layers": layers,
+                           "source": f"{profile.source}; data parallel over {dp}"})
+
+
+def zero_optimizer_multiplier(multiplier: float, dp: int, zero_stage: int) -> float:
+    """Optimizer state per weight byte on one replica: sharded over ``dp`` by ZeRO stage 1 (Rajbhandari et al. 2020).
+
+    Raises:
+        ConfigError: a stage other than 0 or 1.
+    """
+    if zero_stage not in (0, 1):
+        raise ConfigError("zero", zero_stage, "must be 0 (none) or 1 (optimizer state sharded over --dp)")
+    return multiplier / dp if zero_stage == 1 else multiplier
+
+
+def microbatches_per_pipeline(global_batch: int, microbatch_size: int, dp: int) -> int:
+    """M = global batch / (microbatch size x D).
+
+    Raises:
+        ConfigError: a count below 1 or a global batch that the product does not divide.
+    """
+    for field, value in (("global_batch", global_batch), ("microbatch_size", microbatch_size), ("dp", dp)):
+        if value < 1:
+            raise ConfigError(field, value, "must be >= 1")
+    per_step = microbatch_size * dp
+    if global_batch % per_step:
+        raise ConfigError("global_batch", global_batch, f"must be a multiple of microbatch size x dp "
+                          f"({microbatch_size} x {dp} = {per_step})")
+    return global_batch // per_step

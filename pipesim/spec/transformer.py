@@ -1,0 +1,228 @@
+"""Transformer configurations, the published models' presets, and their closed-form sizes and FLOPs.
+
+Notation (Narayanan et al., SC'21; Korthikanti et al., 2022): L layers, hidden size h, FFN size
+f, a heads, KV heads g (GQA; g = a is multi-head attention), head size d = h / a, sequence s,
+microbatch b, vocabulary V, tensor-parallel degree t.
+
+- Forward FLOPs of one layer: 2bs (h (h + 2gd) + h^2 + n h f) + 4 b s^2 h, with n = 2 for a
+  plain FFN and 3 for a gated one (SwiGLU). With g = a, f = 4h, n = 2 this is the 24bsh^2 +
+  4bs^2h of Narayanan et al.; with the logit layer's 2bshV, a token's forward costs
+  24 L h^2 (1 + s / 6h) + 2Vh, and an iteration with full recomputation (four passes over the
+  layers, three over the logits) their equation (3), 96 B s L h^2 (1 + s / 6h + V / 16Lh).
+- Activations a layer keeps for its backward, 16-bit, by Korthikanti et al. (Table 2 and
+  section 4): sbh (34 + 5as/h) without tensor parallelism; sbh (10 + 24/t + 5as/ht) with it;
+  sbh/t (34 + 5as/h) with sequence parallelism too; the 5as/h term goes with selective
+  recomputation; 2sbh (the layer's input) with full recomputation. The general form below
+  splits the 34 into what tensor parallelism leaves whole (two norm inputs, the QKV and MLP
+  inputs, two dropout masks: 10) and what it shards (Q, K, V, the projection input, the MLP's
+  inner activations: 24 when g = a and f = 4h), and reduces to their numbers exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pipesim.errors import ConfigError
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """A transformer stack's shape.
+
+    Attributes:
+        name: preset key or free label.
+        num_layers, hidden_size, ffn_hidden_size, num_heads, num_kv_heads, vocab_size: L, h, f,
+            a, g, V.
+        seq_len: the sequence length it was trained at (the default s).
+        is_gated_ffn: SwiGLU-style FFN with three h x f matrices (Llama) instead of two.
+        has_tied_embeddings: the output head reuses the input embedding (counted once).
+        has_bias: linear layers carry biases (GPT-3, BERT) or not (Llama).
+        norm: ``"layernorm"`` (weight and bias) or ``"rmsnorm"`` (weight only).
+        num_positions: rows of a learned position embedding; 0 for rotary embeddings.
+        has_dropout: dropout after attention and MLP (its masks are stashed, one byte each).
+        is_encoder: a BERT encoder: token-type embeddings, embedding norm, pooler and MLM head.
+        published_parameters: the size its authors state, for the tests.
+        source: where the shape and the size come from.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    seq_len: int
+    is_gated_ffn: bool = False
+    has_tied_embeddings: bool = False
+    has_bias: bool = False
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    num_positions: int = 0
+    has_dropout: bool = True
+    is_encoder: bool = False
+    published_parameters: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads", "seq_len"):
+            if getattr(self, field) < 1:
+                raise ConfigError(field, getattr(self, field), "must be >= 1")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError("num_heads", self.num_heads, f"must divide hidden_size ({self.hidden_size})")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError("num_kv_heads", self.num_kv_heads, f"must divide num_heads ({self.num_heads})")
+
+    @property
+    def kv_size(self) -> int:
+        """g d: the width of K (and of V)."""
+        return self.num_kv_heads * (self.hidden_size // self.num_heads)
+
+    @property
+    def norm_parameters(self) -> int:
+        """Parameters of one norm: 2h for LayerNorm, h for RMSNorm."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden_size
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, published: float, source: str) -> TransformerConfig:
+    return TransformerConfig(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                             num_heads=heads, num_kv_heads=heads, vocab_size=50257, seq_len=2048,
+                             has_tied_embeddings=True, has_bias=True, num_positions=2048,
+                             published_parameters=published, source=source)
+
+
+def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: int, vocab: int, seq: int,
+           published: float, source: str) -> TransformerConfig:
+    return TransformerConfig(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_heads=heads,
+                             num_kv_heads=kv_heads, vocab_size=vocab, seq_len=seq, is_gated_ffn=True,
+                             norm="rmsnorm", has_dropout=False, published_parameters=published, source=source)
+
+
+# Shapes and sizes as their papers and model cards state them (recalled in this session).
+PRESETS: dict[str, TransformerConfig] = {
+    "gpt3-175b": _gpt("gpt3-175b", 96, 12288, 96, 175e9,
+                      "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 (175.0B)"),
+    "llama2-7b": _llama("llama2-7b", 32, 4096, 11008, 32, 32, 32000, 4096, 6.74e9,
+                        "Touvron et al. 2023, Llama 2, Table 1; 6.74B in Meta's model card"),
+    "llama2-70b": _llama("llama2-70b", 80, 8192, 28672, 64, 8, 32000, 4096, 69.0e9,
+                         "Touvron et al. 2023, Llama 2, Table 1 (GQA, 8 KV heads); 69.0B in Meta's model card"),
+    "llama3-8b": _llama("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 8.03e9,
+                        "Llama 3 Herd of Models 2024, Table 3; 8.03B in Meta's model card"),
+    "llama3-70b": _llama("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 8192, 70.6e9,
+                         "Llama 3 Herd of Models 2024, Table 3; 70.6B in Meta's model card"),
+    "llama3-405b": _llama("llama3-405b", 126, 16384, 53248, 128, 8, 128256, 8192, 405e9,
+                          "Llama 3 Herd of Models 2024, Table 3 (405B)"),
+    "bert-large": TransformerConfig(name="bert-large", num_layers=24, hidden_size=1024, ffn_hidden_size=4096,
+                                    num_heads=16, num_kv_heads=16, vocab_size=30522, seq_len=512, has_bias=True,
+                                    has_tied_embeddings=True,
+                                    num_positions=512, is_encoder=True, published_parameters=340e6,
+                                    source="Devlin et al. 2019, BERT, section 3 (340M, rounded)"),
+}
+
+
+def preset(name: str) -> TransformerConfig:
+    """The published model called ``name`` (case-insensitive).
+
+    Raises:
+        ConfigError: an unknown name; the message lists the known ones.
+    """
+    key = name.strip().lower()
+    if key not in PRESETS:
+        raise ConfigError("model", name, f"must be one of {', '.join(PRESETS)}")
+    return PRESETS[key]
+
+
+def layer_linear_parameters(config: TransformerConfig) -> int:
+    """Weights and biases of one layer's matrices: QKV, output projection and FFN."""
+    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
+    weights = h * (h + 2 * kv) + h * h + (3 if config.is_gated_ffn else 2) * h * f
+    biases = (h + 2 * kv) + h + f + h if config.has_bias else 0
+    return weights + biases
+
+
+def layer_parameters(config: TransformerConfig) -> int:
+    """Parameters of one layer: its matrices and its two norms (12h^2 + 13h for GPT)."""
+    return layer_linear_parameters(config) + 2 * config.norm_parameters
+
+
+def embedding_parameters(config: TransformerConfig) -> int:
+    """Token and position embeddings (and BERT's token types and embedding norm)."""
+    h = config.hidden_size
+    encoder = 2 * h + config.norm_parameters if config.is_encoder else 0
+    return config.vocab_size * h + config.num_positions * h + encoder
+
+
+def head_parameters(config: TransformerConfig) -> int:
+    """The final norm and the output head, without the tied embedding (BERT: pooler and MLM head)."""
+    h = config.hidden_size
+    output = 0 if config.has_tied_embeddings else config.vocab_size * h
+    if config.is_encoder:  # pooler h x h, MLM transform h x h with its norm, and the output bias
+        return output + 2 * (h * h + h) + config.norm_parameters + config.vocab_size
+    return output + config.norm_parameters
+
+
+def parameters(config: TransformerConfig) -> int:
+    """Parameters of the whole model (a tied embedding counted once)."""
+    return embedding_parameters(config) + config.num_layers * layer_parameters(config) + head_parameters(config)
+
+
+def layer_forward_flops(config: TransformerConfig, *, tokens: int, seq_len: int) -> tuple[float, float]:
+    """``(matmul, attention)`` forward FLOPs of one layer over ``tokens`` = b s tokens.
+
+    ``matmul``: the weight matrices, 2 FLOPs per weight and token; ``attention``: QK^T and
+    attention over V, 2 b s^2 h each (no saving for the causal mask, as Narayanan et al. count).
+    """
+    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
+    weights = h * (h + 2 * kv) + h * h + (3 if config.is_gated_ffn else 2) * h * f
+    return 2.0 * tokens * weights, 4.0 * tokens * seq_len * h
+
+
+def head_forward_flops(config: TransformerConfig, *, tokens: int) -> float:
+    """Forward FLOPs of the output head (logits: 2 h V per token; BERT adds its h x h transform)."""
+    h = config.hidden_size
+    return 2.0 * tokens * h * config.vocab_size + (2.0 * tokens * h * h if config.is_encoder else 0.0)
+
+
+def forward_flops_per_token(config: TransformerConfig, seq_len: int | None = None) -> float:
+    """Forward FLOPs of the whole model per token at sequence length ``seq_len`` (default the config's)."""
+    s = seq_len or config.seq_len
+    matmul, attention = layer_forward_flops(config, tokens=1, seq_len=s)
+    return config.num_layers * (matmul + attention) + head_forward_flops(config, tokens=1)
+
+
+def layer_activation_bytes(
+    config: TransformerConfig,
+    *,
+    microbatch_size: int,
+    seq_len: int,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    recompute: Recompute = "none",
+) -> float:
+    """Bytes one layer stashes for its backward, 16-bit activations (Korthikanti et al., 2022).
+
+    Raises:
+        ConfigError: an unknown recompute mode or a degree below 1.
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ConfigError("recompute", recompute, f"must be one of {', '.join(RECOMPUTE_MODES)}")
+    if tp < 1:
+        raise ConfigError("tp", tp, "must be >= 1")
+    s, b, h, f = seq_len, microbatch_size, config.hidden_size, config.ffn_hidden_size
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (tp if sequence_parallel else 1)
+    masks = 2 * sbh if config.has_dropout else 0  # attention and MLP dropout masks, a byte each
+    whole = 4 * sbh + 2 * sbh + 2 * sbh + masks  # two norm inputs, QKV input, MLP input
+    inner = 3 if config.is_gated_ffn else 2  # gate and up outputs and their product, or GeLU in and out
+    sharded = 2 * sbh + 4 * s * b * config.kv_size + 2 * sbh + inner * 2 * s * b * f  # Q; K, V; proj in; MLP
+    # softmax output (2 bytes), dropout mask (1) and dropout output (2) per score; without dropout
+    # the softmax output alone feeds both backwards.
+    scores = (5 if config.has_dropout else 2) * config.num_heads * s * s * b
+    core = 0 if recompute == "selective" else scores / tp
+    if sequence_parallel:
+        return (whole + sharded) / tp + core
+    return whole + sharded / tp + core
