@@ -12,17 +12,22 @@ from rich.table import Table
 
 from pipesim.cli.options import (
     build_topology,
+    check_partition,
     parse_partition,
     parse_recompute_stages,
     parse_uniform,
     resolve_stages,
 )
+from pipesim.cli.outputs import out_folder, writing
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
+from pipesim.export.report import metrics_dict
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.plan import Plan
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
 from pipesim.simulation import (
     DEFAULT_MAX_OPS,
     EngineName,
@@ -101,6 +106,7 @@ def simulate_command(
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
+    out = out_folder(out_dir) if out_dir else None
     profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
     given: Schedule | None = None
     chosen = cast(EngineName, engine)  # click.Choice checked it
@@ -131,8 +137,11 @@ def simulate_command(
             ranks = total // per_rank
         topology = load_topology(topology_path) if topology_path else build_topology(
             ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        ranges = parse_partition(partition) if partition else None
+        if ranges is not None and partition is not None:
+            check_partition(ranges, partition, total, profile.num_layers)
         options: dict[str, Any] = {
-            "partition": parse_partition(partition) if partition else None,
+            "partition": ranges,
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
         }
         if recompute_stages is not None:
@@ -150,10 +159,13 @@ def simulate_command(
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
-    if out_dir:
-        written = write_outputs(result, Path(out_dir))
+    warn_without_memory(profile)
+    run = simulation_run(result, profile_path, uniform, topology, topology_path)
+    if out is not None:
+        with writing(out):
+            written = write_outputs(result, out, run)
     if as_json:
-        data = result.to_dict()
+        data = metrics_dict(result, run)
         if summary is not None:
             data["samples"] = summary.to_dict()
         click.echo(json.dumps(data, sort_keys=True))
@@ -161,7 +173,7 @@ def simulate_command(
         print_table(result)
         if summary is not None:
             print_samples(summary)
-        if out_dir:
+        if out is not None:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
 
 
@@ -181,15 +193,32 @@ def _check_plan_flags(context: click.Context) -> None:
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
-def write_outputs(result: Result, out_dir: Path) -> list[Path]:
+def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None) -> list[Path]:
     """The report folder: data files from pipesim.export, the timeline from pipesim.plots."""
     from pipesim.export.report import write_report
     from pipesim.plots import save_figure, timeline, use_headless_backend
 
     use_headless_backend()
-    written = write_report(result, out_dir)
+    written = write_report(result, out_dir, run=run)
     written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
     return written
+
+
+def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
+                   topology_path: str | None) -> dict[str, Any]:
+    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command."""
+    from pipesim.export.provenance import file_identity, run_record, text_identity
+
+    profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
+    return run_record(result, profile=profile, topology=topology,
+                      topology_file=file_identity(topology_path) if topology_path else None)
+
+
+def warn_without_memory(profile: Profile) -> None:
+    """A profile without byte figures gives a peak memory of 0 B: say so on stderr, once."""
+    if not any(layer.activation_bytes or layer.param_bytes or layer.stash_bytes for layer in profile.layers):
+        click.echo(f"pipesim: warning: profile {profile.name!r} has no memory figures (activation, stash and "
+                   "parameter bytes are all 0), so peak memory reads 0 B", err=True)
 
 
 def _bytes(value: float) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipesim.engine.trace import CATEGORIES
+from pipesim.export.provenance import describe
 
 # (title, rendered bytes, format: "png" or "svg")
 Figure = tuple[str, bytes, str]
@@ -68,8 +69,12 @@ def _bytes(value: float) -> str:
 
 
 def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, version: str,
-                    title: str | None = None, notes: Sequence[str] = ()) -> str:
-    """The report of one simulation from its ``simulate --json`` object (``Result.to_dict()``)."""
+                    title: str | None = None, notes: Sequence[str] = (), run: dict[str, Any] | None = None) -> str:
+    """The report of one simulation from its ``simulate --json`` object (``Result.to_dict()``).
+
+    ``run`` (the inputs: ``pipesim.export.provenance.run_record``) is the first section, and its
+    profile and link settings are in the title, so two saved reports are told apart at a glance.
+    """
     m = metrics
     window = (f"minibatches {m['warmup_minibatches']}..{m['num_minibatches'] - m['cooldown_minibatches'] - 1}"
               if m["warmup_minibatches"] else "whole run")
@@ -99,12 +104,16 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
                *(f"at peak: {c}" for c in CATEGORIES), "versions", "in flight", "fwd delay max",
                "fwd delay mean", "discrepancy max"]
     sections = [
+        *(['<h2 id="run">Run</h2>', table(["input", "value"], describe(run), text_columns=2)] if run else []),
         "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2),
         "<h2>Per stage</h2>", table(headers, rows),
         *(f'<p class="note">{html.escape(note)}</p>' for note in notes),
         "<h2>Figures</h2>", *(figure(item) for item in figures),
     ]
     heading = title or f"pipesim: {m['schedule']}, p={m['num_stages']}, m={m['num_microbatches']}, K={m['num_minibatches']}"
+    if run and not title:
+        links = dict(describe(run))
+        heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
     return page(heading, sections, version=version)
 
 

@@ -13,7 +13,7 @@ import yaml
 from pydantic import BeforeValidator, Field
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES, default_num_minibatches
+from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology, read_text
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
@@ -186,7 +186,7 @@ def _check(spec: SweepSpec) -> None:
     """The rules pydantic's field types do not state."""
     for index, name in enumerate(spec.schedule):
         if name not in SCHEDULES:
-            raise ConfigError(f"schedule[{index}]", name, f"unknown schedule; known: {', '.join(SCHEDULES)}")
+            raise ConfigError(f"schedule[{index}]", name, unknown_schedule_rule(name))
     if spec.topology and (spec.bandwidth or spec.latency):
         raise ConfigError("topology", list(spec.topology), "give either topology or bandwidth/latency, not both")
     for index, bandwidth in enumerate(spec.bandwidth):
