@@ -202,3 +202,38 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "where" in done.stderr and "not allowed" in done.stderr
     assert not (tmp_path / "r.parquet.parts").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "fragment"),
+    [
+        ("'a' * 999999999 * 999 == 'b'", "builds a value too large"),
+        ("[stages] * 99999999 * 99999999 == []", "builds a value too large"),
+        ("stages * 2**300 > 1", "not allowed"),
+        (f"stages * {10 ** 100} > 1", "has a number too large"),
+        ("stages * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 > 1",
+         "builds a value too large"),
+        ("'%0999999999d' % stages == 'b'", "% formats a string"),
+        ("schedule % 2 == 'b'", "fails on point {'schedule': 'gpipe'}"),
+    ],
+)
+def test_cli_where_cannot_exhaust_memory(tmp_path: Path, where: str, fragment: str) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
+                    f"microbatches: [4]\nschedule: [gpipe]\nwhere: {json.dumps(where)}\n")
+    done = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(tmp_path / "r.parquet")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "where=" in done.stderr and fragment in done.stderr
+    assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "r.parquet.parts").exists()
+
+
+def test_where_bounds_keep_small_values_working() -> None:
+    fields = ("stages", "schedule")
+    check = Expression("'ab' * stages == 'abab' and [stages] * 3 == [2, 2, 2] and stages * 4611686018427387904 > 0 "
+                       "and stages % 2 == 0", fields)
+    assert check({"stages": 2, "schedule": "gpipe"})
+    assert not check({"stages": 3, "schedule": "gpipe"})
+    with pytest.raises(ConfigError, match="too large"):
+        Expression("'x' * stages == ''", fields)({"stages": 10_001, "schedule": "gpipe"})
+    assert not Expression("'x' * stages == ''", fields)({"stages": 10_000, "schedule": "gpipe"})
