@@ -6,6 +6,9 @@ from __future__ import annotations
 import hashlib
 import html.parser
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +165,72 @@ def test_perfetto_flows_follow_each_message_to_its_receiver(tmp_path: Path) -> N
         sender, receiver = flow["s"]["name"].split(" -> ")
         assert (enclosing(flow["s"]), enclosing(flow["f"])) == (sender, receiver)
         assert flow["f"]["bp"] == "e" and flow["f"]["ts"] > flow["s"]["ts"]
+
+
+def test_check_reads_standard_input() -> None:
+    csv = pipesim("schedule", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--format", "csv")
+    assert csv.returncode == 0, csv.stderr
+    done = subprocess.run([sys.executable, "-m", "pipesim", "check", "-"], input=csv.stdout, capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("<stdin>: valid (2 ranks, 2 stages, 2 microbatches")
+    bad = subprocess.run([sys.executable, "-m", "pipesim", "check", "-", "--json"], input="0F0,0B0\n1B0,1F0\n",
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 1 and json.loads(bad.stdout)["violations"][0]["op"] == "1B0"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--schedule", "1fb1"], "schedule='1fb1': unknown schedule; did you mean 1f1b? known: gpipe, 1f1b,"),
+        (["--schedule", "zb-h3"], "schedule='zb-h3': unknown schedule; did you mean zb-h2 or zb-h1? known:"),
+        (["--schedule", "1f1b", "--partition", "0:3,4:41"],
+         "partition='0:3,4:41': must be contiguous non-empty ranges from layer 0; stage 1 is 4:41 but should start at 3"),
+        (["--schedule", "1f1b", "--partition", "0:3,3:9"],
+         "partition='0:3,3:9': must end at the profile's last layer (41), ends at 9"),
+        (["--schedule", "1f1b", "--partition", "0:41"], "partition='0:41': must give one range per stage (1 ranges, 2 stages)"),
+    ],
+)
+def test_schedule_and_partition_mistakes_are_named_briefly(args: list[str], expected: str) -> None:
+    done = pipesim("simulate", "--profile", VGG, "--stages", "2", "--microbatches", "2", *args)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"pipesim: error: {expected}") and done.stderr.count("\n") == 1, done.stderr
+    assert "{" not in done.stderr  # not the whole model dict
+
+
+def test_top_level_help_shows_every_schedule_and_whole_summaries() -> None:
+    from pipesim.schedule.registry import SCHEDULES
+
+    done = pipesim("--help")
+    assert done.returncode == 0
+    words = done.stdout.replace(",", " ").replace(".", " ").split()
+    assert all(name in words for name in SCHEDULES)
+    assert "..." not in done.stdout.split("Commands:")[1]
+    assert "Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness." in \
+        " ".join(done.stdout.split())
+
+
+def test_plan_table_header_says_what_its_compute_column_holds() -> None:
+    done = pipesim("plan", "--profile", VGG, "--devices", "4", "--bandwidth", "10GB/s")
+    assert done.returncode == 0, done.stderr
+    assert "compute ms (1 replica)" in done.stdout and "compute ms/replica" not in done.stdout
+
+
+def test_sweep_progress_reads_as_elapsed_and_remaining(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
+                    "microbatches: [4, 8]\nschedule: [gpipe]\n")
+    done = pipesim("sweep", str(spec), "--out", str(tmp_path / "r.parquet"), "--progress", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"2/2 points .* elapsed \d+:\d\d:\d\d · \d+:\d\d:\d\d left", done.stderr), done.stderr
+
+
+def test_simulate_warns_when_the_profile_has_no_memory_figures() -> None:
+    bare = pipesim("simulate", "--uniform", "layers=4,forward_ms=1,backward_ms=2", "--stages", "2",
+                   "--microbatches", "2", "--schedule", "1f1b", "--json")
+    assert bare.returncode == 0
+    assert json.loads(bare.stdout)["peak_memory_bytes"] == 0
+    assert bare.stderr == ("pipesim: warning: profile 'uniform' has no memory figures (activation, stash and "
+                           "parameter bytes are all 0), so peak memory reads 0 B\n")
+    sized = pipesim("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--json")
+    assert sized.returncode == 0 and sized.stderr == ""

@@ -15,7 +15,7 @@ from pipesim.sweep.store import SweepFailedError
 
 
 class _ProgressBar:
-    """A rich progress bar of points done, rate and time left, on stderr."""
+    """A rich progress bar on stderr: ``sweep ━━━ 40/100 points 12.5 points/s elapsed 0:00:03 · 0:00:05 left``."""
 
     def __init__(self, enabled: bool) -> None:
         from rich.console import Console
@@ -24,7 +24,8 @@ class _ProgressBar:
 
         self.progress = Progress(
             TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
-            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+            TextColumn("{task.fields[rate]}"), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("·"),
+            TimeRemainingColumn(), TextColumn("left"),
             console=Console(stderr=True), disable=not enabled,
         )
         self.task: Any = None
