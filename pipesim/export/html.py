@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 figure { margin: 1.5em 0; } figure img, figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #555; } .note { color: #555; font-size: 0.85em; }
+.wide { overflow-x: auto; max-width: 100%; } .wide td { white-space: nowrap; }
 """
 
 
@@ -149,13 +151,32 @@ def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: st
     return page(title or f"pipesim sweep: {len(frame)} points", sections, version=version)
 
 
-def _frame_table(frame: Any, columns: Sequence[str]) -> str:
-    def show(column: str, value: Any) -> str:
-        if column.endswith("_bytes"):
-            return _bytes(float(value))
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return str(value)
+# Sweep columns as a reader wants them: (header, how a value is written).
+_COLUMN_LOOKS: dict[str, tuple[str, Any]] = {
+    "num_stages": ("p", str), "num_microbatches": ("m", str), "num_minibatches": ("K", str),
+    "bandwidth_bytes_per_s": ("bandwidth", lambda v: "free" if not math.isfinite(v) else f"{v / 1e9:.4g} GB/s"),
+    "latency_s": ("latency", lambda v: f"{v * 1e6:.4g} us"),
+    "throughput_samples_per_s": ("throughput", lambda v: f"{v:,.1f} samples/s"),
+    "iteration_time_s": ("iteration time", lambda v: f"{v * 1e3:,.3f} ms"),
+    "bubble_fraction": ("bubble", lambda v: f"{v:.1%}"),
+    "weight_versions_max": ("versions", str), "forward_delay_steps_max": ("fwd delay", str),
+}
 
-    rows = [[show(c, record[c]) for c in columns] for record in frame[list(columns)].to_dict(orient="records")]
-    return table(list(columns), rows, text_columns=2)
+
+def _show(column: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if column in _COLUMN_LOOKS:
+        return str(_COLUMN_LOOKS[column][1](value))
+    if column.endswith("_bytes"):
+        return _bytes(float(value))
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _frame_table(frame: Any, columns: Sequence[str]) -> str:
+    """Rows of a sweep table with readable headers and units; scrolls sideways rather than overflow."""
+    headers = [_COLUMN_LOOKS.get(c, (c.removesuffix("_bytes").replace("_", " "), None))[0] for c in columns]
+    rows = [[_show(c, record[c]) for c in columns] for record in frame[list(columns)].to_dict(orient="records")]
+    return f'<div class="wide">{table(headers, rows, text_columns=2)}</div>'

@@ -167,7 +167,7 @@ def run_sweep(
         frame = read_table(target)
         if progress:
             progress(len(points), len(points))
-        return SweepSummary(target, len(points), 0, len(points), int((frame["error"] != "").sum()), 0,
+        return SweepSummary(target, len(points), 0, len(points), int((frame["error"].fillna("") != "").sum()), 0,
                             time.perf_counter() - started)
     store = ResultStore(target, digest, len(points), COLUMNS, resume=resume)
     resumed = len(store.done)
@@ -191,7 +191,7 @@ def run_sweep(
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
-        num_errors=int((frame["error"] != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
+        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
         startup_s=startup,
     )
 

@@ -94,9 +94,15 @@ def rows_frame(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
 
 
 def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
-    """Write a results table atomically as Parquet or CSV (by suffix); deterministic bytes."""
+    """Write a results table atomically as Parquet or CSV (by suffix); deterministic bytes.
+
+    In a finished Parquet table (``digest`` given) the ``error`` of a point without one is null;
+    in CSV it is the empty field, which is CSV's null.
+    """
     kind = table_format(path)
     if kind == "csv":
+        if "error" in frame.columns:  # null errors as empty fields, not na_rep's "nan"
+            frame = frame.assign(error=frame["error"].fillna(""))
         write_atomic(path, lambda temporary: frame.to_csv(temporary, index=False, lineterminator="\n", na_rep="nan"))
         if digest is not None:
             write_text_atomic(csv_digest_path(path), dumps({"schema": CSV_DIGEST_SCHEMA, "digest": digest,
@@ -105,6 +111,9 @@ def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+    if digest is not None and "error" in frame.columns:
+        # The finished table: no error is null, as Parquet readers (pandas, DuckDB, Spark) expect.
+        frame = frame.assign(error=frame["error"].where(frame["error"].fillna("") != "", None))
     table = pa.Table.from_pandas(frame, preserve_index=False)
     if digest is not None:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), DIGEST_KEY: digest.encode()})
@@ -112,7 +121,7 @@ def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
 
 
 def read_table(path: str | Path) -> Any:
-    """Read a sweep table (Parquet or CSV) as a DataFrame.
+    """Read a sweep table (Parquet or CSV) as a DataFrame; ``error`` is null where a point had none.
 
     Raises:
         ConfigError: a missing file or an unknown suffix.
@@ -124,7 +133,10 @@ def read_table(path: str | Path) -> Any:
     if not target.is_file():
         raise ConfigError("table", str(target), "file does not exist")
     if kind == "csv":
-        return pd.read_csv(target, keep_default_na=False, na_values=["nan"])
+        frame = pd.read_csv(target, keep_default_na=False, na_values=["nan"])
+        if "error" in frame.columns:  # the empty field is CSV's null: read it as Parquet's null reads
+            frame["error"] = frame["error"].where(frame["error"] != "", None)
+        return frame
     return pd.read_parquet(target)
 
 
