@@ -22,6 +22,7 @@ from pipesim.sweep import (
     load_spec,
     make_batches,
     parse_spec,
+    read_table,
 )
 from pipesim.units import parse_duration
 
@@ -237,3 +238,24 @@ def test_where_bounds_keep_small_values_working() -> None:
     with pytest.raises(ConfigError, match="too large"):
         Expression("'x' * stages == ''", fields)({"stages": 10_001, "schedule": "gpipe"})
     assert not Expression("'x' * stages == ''", fields)({"stages": 10_000, "schedule": "gpipe"})
+
+
+def test_cli_sweep_sets_stages_per_rank_and_reads_profiles_beside_the_spec(tmp_path: Path) -> None:
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "model.json").write_bytes((ROOT / "traces" / "vgg16.json").read_bytes())
+    (folder / "spec.yaml").write_text("profile: [model.json]\nstages: [4]\nstages_per_rank: [1, 2]\n"
+                                      "microbatches: [8]\nschedule: [1f1b, interleaved-1f1b]\n")
+    out = tmp_path / "rows.csv"
+    done = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(folder / "spec.yaml"), "--out", str(out),
+                           "--workers", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = {(row["schedule"], row["stages_per_rank"]): row for row in read_table(out).to_dict(orient="records")}
+    assert {row["profile"] for row in rows.values()} == {"model.json"}
+    assert "one stage per rank" in rows[("1f1b", 2)]["error"]
+    interleaved = rows[("interleaved-1f1b", 2)]
+    direct = pipesim.simulate(pipesim.load_profile(folder / "model.json"), pipesim.Topology.uniform(num_devices=2),
+                              schedule="interleaved-1f1b", num_stages=4, num_microbatches=8, stages_per_rank=2,
+                              engine="analytic")
+    assert interleaved["error"] is None and interleaved["iteration_time_s"] == direct.metrics.iteration_time_s
+    assert rows[("1f1b", 1)]["error"] is None

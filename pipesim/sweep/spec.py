@@ -41,6 +41,7 @@ AXES: dict[str, str] = {
     "pipemare_update": "pipemare_update",
     "jitter": "jitter",
     "seed": "seed",
+    "stages_per_rank": "stages_per_rank",
 }
 
 
@@ -124,6 +125,8 @@ class SweepSpec(FrozenModel):
         topology: topology files; exclusive with bandwidth and latency.
         bandwidth, latency: of a uniform topology with one device per stage (default: free links).
         stages, microbatches: p and m (required).
+        stages_per_rank: model stages V on each device (default 1); p must be a multiple of V,
+            and schedules with several stages per device (interleaved-1f1b, zbv, ...) need V > 1.
         minibatches: K; default: 1 for flush schedules, 4 for asynchronous ones.
         schedule: registry keys.
         partition: ``balanced`` (compute-balanced, the default) or ``even`` (equal layer counts).
@@ -142,6 +145,7 @@ class SweepSpec(FrozenModel):
     latency: Quantities = ()
     stages: PositiveInts
     microbatches: PositiveInts
+    stages_per_rank: PositiveInts = (1,)
     minibatches: Annotated[tuple[Annotated[int, Field(ge=1, strict=True)] | None, ...], BeforeValidator(_axis)] = (None,)
     schedule: Annotated[tuple[str, ...], BeforeValidator(_axis)]
     partition: Annotated[tuple[Literal["balanced", "even"], ...], BeforeValidator(_axis)] = ("balanced",)
@@ -276,7 +280,7 @@ class Resolved:
             tuple(range(len(self.profiles))), tuple(range(len(self.topologies))), tuple(self.bandwidths),
             tuple(self.latencies), spec.stages, spec.microbatches, spec.minibatches, spec.schedule,
             spec.partition, spec.recompute, tuple(self.memory_limits), spec.optimizer_state,
-            spec.pipemare_update, spec.jitter, spec.seed,
+            spec.pipemare_update, spec.jitter, spec.seed, spec.stages_per_rank,
         ]
         total = math.prod(len(axis) for axis in axes)
         if total > MAX_POINTS:
