@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
@@ -24,6 +25,7 @@ from pipesim.sweep import (
     parse_spec,
     read_table,
 )
+from pipesim.sweep.store import read_run
 from pipesim.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -259,3 +261,8 @@ def test_cli_sweep_sets_stages_per_rank_and_reads_profiles_beside_the_spec(tmp_p
                               engine="analytic")
     assert interleaved["error"] is None and interleaved["iteration_time_s"] == direct.metrics.iteration_time_s
     assert rows[("1f1b", 1)]["error"] is None
+    run = read_run(out)  # what produced the table, kept beside a CSV (in a Parquet table's metadata)
+    assert run is not None and run["command"] == "pipesim sweep spec.yaml"
+    assert run["spec"]["sha256"] == hashlib.sha256((folder / "spec.yaml").read_bytes()).hexdigest()
+    assert run["profiles"] == [{"name": "model.json",
+                                "sha256": hashlib.sha256((folder / "model.json").read_bytes()).hexdigest()}]

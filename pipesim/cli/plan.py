@@ -13,13 +13,13 @@ from rich.table import Table
 
 from pipesim.cli.outputs import out_folder, writing
 from pipesim.errors import ConfigError
-from pipesim.export.provenance import command_line, file_identity
 from pipesim.export.strict_json import strict_dumps
 from pipesim.plan.check import PLANNERS, CheckedPlan, plan_and_check
 from pipesim.plan.partition import format_bytes
 from pipesim import __version__
 from pipesim.simulation import EngineName
 from pipesim.spec.files import load_profile, write_text_atomic
+from pipesim.spec.provenance import command_line, file_identity
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import FrozenModel
 from pipesim.units import parse_bandwidth, parse_size

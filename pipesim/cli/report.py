@@ -37,10 +37,12 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
     if source.lower().endswith(TABLE_SUFFIXES):
         from pipesim.plots.report import sweep_figures
         from pipesim.sweep.analysis import pareto_front
+        from pipesim.sweep.store import read_run
 
         frame = load_table(source)
         front = pareto_front(frame) if {"peak_memory_bytes", "throughput_samples_per_s"} <= set(frame.columns) else None
-        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front)
+        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front,
+                          run=read_run(source))
     else:
         from pipesim.metrics import compute_metrics
         from pipesim.plots.report import simulation_figures

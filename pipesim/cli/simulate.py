@@ -207,7 +207,8 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
 def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
                    topology_path: str | None) -> dict[str, Any]:
     """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command."""
-    from pipesim.export.provenance import file_identity, run_record, text_identity
+    from pipesim.export.provenance import run_record
+    from pipesim.spec.provenance import file_identity, text_identity
 
     profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
     return run_record(result, profile=profile, topology=topology,

@@ -120,9 +120,9 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
 
 
 def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,
-               front: Any = None, max_rows: int = 25) -> str:
-    """The report of a sweep table: what it covers, the best point per schedule, the Pareto front,
-    the errors, and the figures."""
+               front: Any = None, max_rows: int = 25, run: dict[str, Any] | None = None) -> str:
+    """The report of a sweep table: what produced it (``run``, from the table's metadata), what it
+    covers, the best point per schedule, the Pareto front, the errors, and the figures."""
     ok = frame[frame["error"].fillna("") == ""] if "error" in frame.columns else frame
     summary: list[tuple[str, Any]] = [("points", len(frame)), ("with errors", len(frame) - len(ok))]
     for column in ("schedule", "engine", "profile"):
@@ -135,7 +135,8 @@ def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: st
                            "bandwidth_bytes_per_s", "recompute", "throughput_samples_per_s", "iteration_time_s",
                            "bubble_fraction", "peak_memory_bytes", "weight_versions_max", "forward_delay_steps_max")
                if c in frame.columns]
-    sections = ["<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
+    sections = [*(['<h2 id="run">Run</h2>', table(["input", "value"], describe(run), text_columns=2)] if run else []),
+                "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
     if len(ok) and "throughput_samples_per_s" in ok.columns and "schedule" in ok.columns:
         best = ok.sort_values(["throughput_samples_per_s", "point"], ascending=[False, True], kind="stable")
         best = best.drop_duplicates("schedule").sort_values("throughput_samples_per_s", ascending=False, kind="stable")

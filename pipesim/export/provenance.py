@@ -7,13 +7,10 @@ settings and command line are those the outputs came from.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import shlex
-import sys
-from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pipesim.spec.provenance import command_line
 
 if TYPE_CHECKING:
     from pipesim.simulation import Result
@@ -22,22 +19,6 @@ if TYPE_CHECKING:
 # The keys of the record, in the order the report shows them.
 RUN_KEYS = ("command", "pipesim_version", "profile", "topology", "bandwidth_bytes_per_s", "latency_s", "schedule",
             "num_stages", "num_microbatches", "num_minibatches", "stages_per_rank", "engine")
-
-
-def command_line(argv: Sequence[str] | None = None) -> str:
-    """The command as typed, ``pipesim ARGS``, quoted so that a shell reruns it."""
-    return shlex.join(["pipesim", *(sys.argv[1:] if argv is None else argv)])
-
-
-def file_identity(path: str | Path) -> dict[str, str]:
-    """``{"name": file name, "sha256": hex digest of its bytes}``."""
-    target = Path(path)
-    return {"name": target.name, "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
-
-
-def text_identity(name: str, text: str) -> dict[str, str]:
-    """The identity of an input given as text on the command line (``--uniform``)."""
-    return {"name": name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
 
 
 def _finite(value: float) -> float | None:
@@ -71,21 +52,26 @@ def run_record(result: Result, *, profile: dict[str, str], topology: Topology,
     }
 
 
+def _identity(value: dict[str, Any]) -> str:
+    digest = value.get("sha256") or ""
+    return f"{value.get('name', '')} (sha256 {digest})" if digest else str(value.get("name", ""))
+
+
 def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
-    """The record as (label, text) rows for a report, in ``RUN_KEYS`` order, units written out."""
+    """The record as (label, text) rows for a report: ``RUN_KEYS`` first, in order, then any other
+    keys (a sweep's spec, digest, profiles), inputs as ``name (sha256 ...)``, units written out."""
     rows = []
-    for key in RUN_KEYS:
-        if key not in run:
-            continue
+    for key in [*(k for k in RUN_KEYS if k in run), *sorted(set(run) - set(RUN_KEYS))]:
         value = run[key]
         if isinstance(value, dict):
-            digest = value.get("sha256") or ""
-            text = f"{value.get('name', '')} (sha256 {digest})" if digest else str(value.get("name", ""))
+            text = _identity(value)
+        elif isinstance(value, list):
+            text = "; ".join(_identity(item) if isinstance(item, dict) else str(item) for item in value) or "none"
         elif key == "bandwidth_bytes_per_s":
             text = "unlimited (free communication)" if value is None else f"{value / 1e9:.4g} GB/s"
         elif key == "latency_s":
             text = f"{value * 1e6:.4g} us"
         else:
-            text = str(value)
+            text = "" if value is None else str(value)
         rows.append((key, text))
     return rows

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology, read_text
+from pipesim.spec.provenance import file_identity, text_identity
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import FrozenModel, build
@@ -231,6 +232,8 @@ class Resolved:
 
     Attributes:
         spec: the spec; profiles: (label, Profile) per profile item; topologies: (label, Topology).
+        inputs: ``{"profiles": [...], "topologies": [...]}``, each input's name and SHA-256
+            (``pipesim.spec.provenance``), for the table's ``run`` record.
         bandwidths, latencies, memory_limits: values in bytes/s, seconds and bytes (None: no limit).
     """
 
@@ -238,15 +241,20 @@ class Resolved:
         self.spec = spec
         base = base_dir or Path.cwd()
         self.profiles: list[tuple[str, Profile]] = []
+        self.inputs: dict[str, list[dict[str, str]]] = {"profiles": [], "topologies": []}
         for item in spec.profile:
             if isinstance(item, str):
                 path = Path(item) if Path(item).is_absolute() else base / item
                 self.profiles.append((item, load_profile(path)))
+                self.inputs["profiles"].append(file_identity(path))
             else:
                 self.profiles.append((item.uniform.label(), item.uniform.build()))
+                self.inputs["profiles"].append(text_identity(item.uniform.label(), item.uniform.label()))
         self.topologies: list[tuple[str, Topology | None]] = [
             (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
         ] or [("", None)]
+        self.inputs["topologies"] = [file_identity(Path(item) if Path(item).is_absolute() else base / item)
+                                     for item in spec.topology]
         self.bandwidths = [_quantity(b, parse_bandwidth, "bandwidth") for b in spec.bandwidth] or [math.inf]
         self.latencies = [_quantity(x, parse_duration, "latency") for x in spec.latency] or [0.0]
         self.memory_limits: list[float | None] = [
