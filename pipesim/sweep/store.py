@@ -142,8 +142,7 @@ def read_table(path: str | Path) -> Any:
     if kind == "csv":
         frame = pd.read_csv(target, keep_default_na=False, na_values=["nan"])
         if "error" in frame.columns:  # the empty field is CSV's null: read it as Parquet's null reads
-            frame["error"] = pd.Series([None if value == "" else value for value in frame["error"].tolist()],
-                                       dtype=object, index=frame.index)
+            frame["error"] = frame["error"].where(frame["error"] != "")
         return frame
     return pd.read_parquet(target)
 
