@@ -234,3 +234,25 @@ def test_simulate_warns_when_the_profile_has_no_memory_figures() -> None:
                            "parameter bytes are all 0), so peak memory reads 0 B\n")
     sized = pipesim("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--json")
     assert sized.returncode == 0 and sized.stderr == ""
+
+
+def test_file_outputs_are_checked_before_any_work(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("keep")
+    (tmp_path / "folder.png").mkdir()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
+                    "microbatches: [4]\nschedule: [gpipe]\n")
+    cases = [
+        (("plot", "timeline", "no-such-trace", "--out", str(tmp_path / "afile" / "t.png")),
+         f"out='{tmp_path}/afile/t.png': cannot be written: {tmp_path}/afile is a file, not a folder"),
+        (("plot", "timeline", "no-such-trace", "--out", str(tmp_path / "folder.png")),
+         f"out='{tmp_path}/folder.png': is a folder, expected a file name"),
+        (("sweep", str(spec), "--out", str(tmp_path / "afile" / "r.parquet")),
+         f"out='{tmp_path}/afile/r.parquet': cannot be written: {tmp_path}/afile is a file, not a folder"),
+        (("sweep", str(spec), "--out", str(tmp_path / "r.json")), f"out='{tmp_path}/r.json': must end in .parquet"),
+    ]
+    for args, message in cases:
+        done = pipesim(*args)
+        assert done.returncode == 2 and done.stderr.startswith(f"pipesim: error: {message}"), done.stderr
+        assert done.stderr.count("\n") == 1
+    assert (tmp_path / "afile").read_text() == "keep" and not (tmp_path / "r.json.parts").exists()

@@ -13,6 +13,9 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import click
 
 from pipesim.errors import ConfigError
 
@@ -65,15 +68,15 @@ def out_folder(path: str, field: str = "out") -> Path:
     return folder
 
 
-def out_file(path: str, suffixes: tuple[str, ...], field: str = "out") -> Path:
+def out_file(path: str, suffixes: tuple[str, ...] | None, field: str = "out") -> Path:
     """Check a file path a command will write (atomically) and create its folder.
 
     Raises:
-        ConfigError: a suffix not in ``suffixes``, an existing folder at ``path``, or a folder
-            that cannot be created or written.
+        ConfigError: a suffix not in ``suffixes`` (None: any), an existing folder at ``path``,
+            or a folder that cannot be created or written.
     """
     target = Path(path)
-    if target.suffix.lower() not in suffixes:
+    if suffixes is not None and target.suffix.lower() not in suffixes:
         raise ConfigError(field, path, f"must end in {', '.join(suffixes)}")
     if target.is_dir():
         raise ConfigError(field, path, "is a folder, expected a file name")
@@ -88,3 +91,14 @@ def writing(path: str | Path, field: str = "out") -> Iterator[None]:
         yield
     except OSError as exc:
         raise ConfigError(field, str(path), _reason(exc)) from None
+
+
+def out_file_option(suffixes: tuple[str, ...] | None) -> Any:
+    """A click callback that checks ``--out FILE`` (``out_file``) as the command line is parsed,
+    before the command does any work."""
+    def check(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            out_file(value, suffixes)
+        return value
+
+    return check

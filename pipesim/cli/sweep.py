@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from pipesim.cli.outputs import out_file_option
 from pipesim.sweep.runner import WORKER_TIMEOUT_S, run_sweep
 from pipesim.sweep.store import SweepFailedError
 
@@ -49,7 +50,8 @@ class _ProgressBar:
 
 @click.command("sweep")
 @click.argument("spec_path", metavar="SPEC.yaml", type=str)
-@click.option("--out", "out", type=str, required=True, help="Results table: FILE.parquet or FILE.csv.")
+@click.option("--out", "out", type=str, required=True, callback=out_file_option((".parquet", ".pq", ".csv")),
+              help="Results table: FILE.parquet or FILE.csv.")
 @click.option("--workers", type=int, default=None, help="Processes of the embedded Dask cluster (default: CPUs).")
 @click.option("--scheduler", type=str, default=None, help="Address of an existing Dask scheduler, tcp://HOST:PORT.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep from OUT.parts/, skipping finished points.")
