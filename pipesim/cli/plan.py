@@ -94,7 +94,7 @@ def plan_command(profile_path: str, num_devices: int, devices_per_server: int | 
         with writing(out):
             written = write_plan(checked, out, profile_path, rescaled=rescaled, run=run)
     if as_json:
-        click.echo(strict_dumps({**checked.to_dict(), "run": run}, indent=None).rstrip("\n"))
+        click.echo(strict_dumps({**checked.to_dict(), "run": run}, indent=None))
         return
     print_plan(checked)
     for line in written:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, cast
 
@@ -23,6 +22,7 @@ from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
 from pipesim.export.report import metrics_dict
+from pipesim.export.strict_json import strict_dumps
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.plan import Plan
@@ -168,7 +168,7 @@ def simulate_command(
         data = metrics_dict(result, run)
         if summary is not None:
             data["samples"] = summary.to_dict()
-        click.echo(json.dumps(data, sort_keys=True))
+        click.echo(strict_dumps(data, indent=None))
     else:
         print_table(result)
         if summary is not None:
