@@ -256,3 +256,10 @@ def test_file_outputs_are_checked_before_any_work(tmp_path: Path) -> None:
         assert done.returncode == 2 and done.stderr.startswith(f"pipesim: error: {message}"), done.stderr
         assert done.stderr.count("\n") == 1
     assert (tmp_path / "afile").read_text() == "keep" and not (tmp_path / "r.json.parts").exists()
+
+
+def test_a_run_that_fails_leaves_no_out_folder(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "report"
+    done = pipesim("simulate", *SMALL, "--stages", "50", "--schedule", "1f1b", "--out", str(out))
+    assert done.returncode == 2 and "num_stages=50" in done.stderr
+    assert list(tmp_path.iterdir()) == []

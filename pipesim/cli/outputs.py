@@ -1,9 +1,9 @@
 """Where commands write: ``--out`` checked before any work, so a bad path is one line and exit 2.
 
-A folder (``simulate --out``, ``plan --out``) is created up front, so the run is not wasted on a
-path that cannot take its files; a file (``report --out``, ``sweep --out``, figures) is written
-atomically by its writer, here only its folder is made. Errors the disk raises while writing
-become the same one-line ConfigError (``writing``).
+A folder (``simulate --out``, ``plan --out``) or a file's folder (``report``, ``sweep``, figures)
+is tried up front, so the run is not wasted on a path that cannot take its files, and removed
+again if it was new; the writers create it and write each file atomically. Errors the disk
+raises while writing become the same one-line ConfigError (``writing``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,11 @@ def _reason(exc: OSError) -> str:
     return f"cannot be created or written ({exc.strerror or exc})"
 
 
-def _make_folder(folder: Path, field: str, shown: str) -> None:
-    """Create ``folder`` and its parents, naming the first part of the path that is in the way."""
+def _probe_folder(folder: Path, field: str, shown: str) -> None:
+    """Check that ``folder`` can be created and written, naming the first part of the path in the
+    way; the folders this creates to find out are removed again, so a run that fails later leaves
+    nothing behind (the writers create them for real)."""
+    missing = []
     for ancestor in [folder, *folder.parents]:
         if ancestor.exists():
             if not ancestor.is_dir():
@@ -44,16 +47,22 @@ def _make_folder(folder: Path, field: str, shown: str) -> None:
                         else f"cannot be written: {ancestor} is a file, not a folder")
                 raise ConfigError(field, shown, rule)
             break
+        missing.append(ancestor)
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
     except OSError as exc:
         raise ConfigError(field, shown, _reason(exc)) from None
-    if not os.access(folder, os.W_OK | os.X_OK):
+    finally:
+        for created in missing:  # deepest first
+            with suppress(OSError):
+                created.rmdir()
+    if not writable:
         raise ConfigError(field, shown, "is not writable (permission denied)")
 
 
 def out_folder(path: str, field: str = "out") -> Path:
-    """Check and create the folder ``path`` that a command writes its files into.
+    """Check the folder ``path`` that a command writes its files into.
 
     Raises:
         ConfigError: the path names a file, looks like a file name (``result.json``), runs
@@ -64,12 +73,12 @@ def out_folder(path: str, field: str = "out") -> Path:
         raise ConfigError(field, path, "must name a folder")
     if folder.suffix.lower() in FILE_SUFFIXES and not folder.is_dir():
         raise ConfigError(field, path, f"must be a folder, not a file name ending in {folder.suffix}")
-    _make_folder(folder, field, path)
+    _probe_folder(folder, field, path)
     return folder
 
 
 def out_file(path: str, suffixes: tuple[str, ...] | None, field: str = "out") -> Path:
-    """Check a file path a command will write (atomically) and create its folder.
+    """Check a file path a command will write (atomically).
 
     Raises:
         ConfigError: a suffix not in ``suffixes`` (None: any), an existing folder at ``path``,
@@ -80,7 +89,7 @@ def out_file(path: str, suffixes: tuple[str, ...] | None, field: str = "out") ->
         raise ConfigError(field, path, f"must end in {', '.join(suffixes)}")
     if target.is_dir():
         raise ConfigError(field, path, "is a folder, expected a file name")
-    _make_folder(target.parent, field, path)
+    _probe_folder(target.parent, field, path)
     return target
 
 
