@@ -3,8 +3,10 @@ bad --out paths are one line and exit 2, JSON is strict, and Perfetto traces car
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html.parser
+import io
 import json
 import re
 import subprocess
@@ -14,12 +16,26 @@ from typing import Any
 
 import pytest
 
+from pipesim.cli import main
 from tests.test_cli import ROOT, VGG, pipesim
 
 RUN_KEYS = {"command", "pipesim_version", "profile", "bandwidth_bytes_per_s", "latency_s", "schedule", "num_stages",
             "num_microbatches", "num_minibatches", "stages_per_rank", "engine"}
 SMALL = ("--uniform", "layers=8,forward_ms=1,backward_ms=2,activation_bytes=1000,param_bytes=4000",
          "--microbatches", "4", "--bandwidth", "10GB/s", "--latency", "5us")
+
+
+def in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``pipesim ARGS`` through the CLI's entry point in this process (no interpreter start-up):
+    its exit status and what it printed. For commands whose checks do not read the command line."""
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(args))
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+    return subprocess.CompletedProcess(["pipesim", *args], code, out.getvalue(), err.getvalue())
 
 
 def strict_load(path: Path) -> Any:
@@ -69,7 +85,7 @@ def test_every_simulate_output_records_its_inputs(tmp_path: Path) -> None:
     assert perfetto["metadata"]["run"] == run
     assert perfetto["otherData"]["run.profile"] == json.dumps(run["profile"], sort_keys=True)
 
-    report = pipesim("report", str(out), "--out", str(out / "report.html"))
+    report = in_process("report", str(out), "--out", str(out / "report.html"))
     assert report.returncode == 0, report.stderr
     page = _Text()
     page.feed((out / "report.html").read_text(encoding="utf-8"))
@@ -81,7 +97,7 @@ def test_every_simulate_output_records_its_inputs(tmp_path: Path) -> None:
 def test_two_saved_runs_are_told_apart_by_their_records(tmp_path: Path) -> None:
     records = []
     for schedule, bandwidth in (("1f1b", "10GB/s"), ("gpipe", "1GB/s")):
-        done = pipesim("simulate", *SMALL[:-4], "--stages", "4", "--schedule", schedule, "--bandwidth", bandwidth,
+        done = in_process("simulate", *SMALL[:-4], "--stages", "4", "--schedule", schedule, "--bandwidth", bandwidth,
                        "--json")
         assert done.returncode == 0, done.stderr
         records.append(json.loads(done.stdout)["run"])
@@ -104,7 +120,7 @@ def test_two_saved_runs_are_told_apart_by_their_records(tmp_path: Path) -> None:
 def test_bad_out_folders_are_one_line_exit_2(tmp_path: Path, make: Any, out: str, rule: str) -> None:
     make(tmp_path)
     before = sorted(p.name for p in tmp_path.iterdir())
-    done = pipesim("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--out", str(tmp_path / out))
+    done = in_process("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--out", str(tmp_path / out))
     assert done.returncode == 2
     assert done.stderr == f"pipesim: error: {rule.format(d=tmp_path)}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -113,14 +129,14 @@ def test_bad_out_folders_are_one_line_exit_2(tmp_path: Path, make: Any, out: str
 
 
 def test_an_unwritable_out_is_one_line_exit_2(tmp_path: Path) -> None:
-    done = pipesim("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--out", "/proc/pipesim-out")
+    done = in_process("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--out", "/proc/pipesim-out")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("pipesim: error: out='/proc/pipesim-out': cannot be created or written")
     (tmp_path / "afile").write_text("keep")
     for command in (("plan", "--profile", VGG, "--devices", "2", "--bandwidth", "10GB/s", "--out",
                      str(tmp_path / "afile")),
                     ("report", str(ROOT / "no-such-folder"), "--out", str(tmp_path / "afile" / "r.html"))):
-        done = pipesim(*command)
+        done = in_process(*command)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
         assert done.stderr.startswith("pipesim: error: out=")
     assert (tmp_path / "afile").read_text() == "keep"
@@ -130,6 +146,7 @@ def test_plan_files_are_strict_json_and_read_back(tmp_path: Path) -> None:
     out = tmp_path / "plan"
     done = pipesim("plan", "--profile", VGG, "--devices", "4", "--bandwidth", "10GB/s", "--out", str(out))
     assert done.returncode == 0, done.stderr
+    assert "compute ms (1 replica)" in done.stdout and "compute ms/replica" not in done.stdout  # the table's header
     plan, topology = strict_load(out / "plan.json"), strict_load(out / "topology.json")
     assert plan["run"]["profile"]["name"] == "vgg16.json" and plan["run"]["planner"] == "pipedream"
     assert all("memory_bytes" not in device for device in topology["devices"])  # unlimited: left out
@@ -143,7 +160,7 @@ def test_plan_files_are_strict_json_and_read_back(tmp_path: Path) -> None:
 
 def test_perfetto_flows_follow_each_message_to_its_receiver(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = pipesim("simulate", *SMALL, "--stages", "3", "--schedule", "1f1b", "--out", str(out))
+    done = in_process("simulate", *SMALL, "--stages", "3", "--schedule", "1f1b", "--out", str(out))
     assert done.returncode == 0, done.stderr
     events = strict_load(out / "trace.perfetto.json")["traceEvents"]
     slices = [e for e in events if e["ph"] == "X" and e["tid"] == 1]
@@ -192,7 +209,7 @@ def test_check_reads_standard_input() -> None:
     ],
 )
 def test_schedule_and_partition_mistakes_are_named_briefly(args: list[str], expected: str) -> None:
-    done = pipesim("simulate", "--profile", VGG, "--stages", "2", "--microbatches", "2", *args)
+    done = in_process("simulate", "--profile", VGG, "--stages", "2", "--microbatches", "2", *args)
     assert done.returncode == 2
     assert done.stderr.startswith(f"pipesim: error: {expected}") and done.stderr.count("\n") == 1, done.stderr
     assert "{" not in done.stderr  # not the whole model dict
@@ -210,12 +227,6 @@ def test_top_level_help_shows_every_schedule_and_whole_summaries() -> None:
         " ".join(done.stdout.split())
 
 
-def test_plan_table_header_says_what_its_compute_column_holds() -> None:
-    done = pipesim("plan", "--profile", VGG, "--devices", "4", "--bandwidth", "10GB/s")
-    assert done.returncode == 0, done.stderr
-    assert "compute ms (1 replica)" in done.stdout and "compute ms/replica" not in done.stdout
-
-
 def test_sweep_progress_reads_as_elapsed_and_remaining(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
@@ -226,13 +237,13 @@ def test_sweep_progress_reads_as_elapsed_and_remaining(tmp_path: Path) -> None:
 
 
 def test_simulate_warns_when_the_profile_has_no_memory_figures() -> None:
-    bare = pipesim("simulate", "--uniform", "layers=4,forward_ms=1,backward_ms=2", "--stages", "2",
+    bare = in_process("simulate", "--uniform", "layers=4,forward_ms=1,backward_ms=2", "--stages", "2",
                    "--microbatches", "2", "--schedule", "1f1b", "--json")
     assert bare.returncode == 0
     assert json.loads(bare.stdout)["peak_memory_bytes"] == 0
     assert bare.stderr == ("pipesim: warning: profile 'uniform' has no memory figures (activation, stash and "
                            "parameter bytes are all 0), so peak memory reads 0 B\n")
-    sized = pipesim("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--json")
+    sized = in_process("simulate", *SMALL, "--stages", "2", "--schedule", "1f1b", "--json")
     assert sized.returncode == 0 and sized.stderr == ""
 
 
@@ -252,7 +263,7 @@ def test_file_outputs_are_checked_before_any_work(tmp_path: Path) -> None:
         (("sweep", str(spec), "--out", str(tmp_path / "r.json")), f"out='{tmp_path}/r.json': must end in .parquet"),
     ]
     for args, message in cases:
-        done = pipesim(*args)
+        done = in_process(*args)
         assert done.returncode == 2 and done.stderr.startswith(f"pipesim: error: {message}"), done.stderr
         assert done.stderr.count("\n") == 1
     assert (tmp_path / "afile").read_text() == "keep" and not (tmp_path / "r.json.parts").exists()
@@ -260,6 +271,6 @@ def test_file_outputs_are_checked_before_any_work(tmp_path: Path) -> None:
 
 def test_a_run_that_fails_leaves_no_out_folder(tmp_path: Path) -> None:
     out = tmp_path / "new" / "report"
-    done = pipesim("simulate", *SMALL, "--stages", "50", "--schedule", "1f1b", "--out", str(out))
+    done = in_process("simulate", *SMALL, "--stages", "50", "--schedule", "1f1b", "--out", str(out))
     assert done.returncode == 2 and "num_stages=50" in done.stderr
     assert list(tmp_path.iterdir()) == []
