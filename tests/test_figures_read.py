@@ -55,7 +55,7 @@ def faces(ax: Any, gid: str) -> list[str]:
     return [to_hex(color) for color in collection.get_facecolors()]
 
 
-def test_several_stages_per_rank_label_whole_ops_and_shade_later_stages(tmp_path: Path) -> None:
+def test_several_stages_per_rank_label_whole_ops_and_darken_later_stages(tmp_path: Path) -> None:
     out = simulated(tmp_path, "--ranks", "4", "--stages-per-rank", "2", "--microbatches", "4", "--schedule",
                     "interleaved-1f1b")
     ax = plots.timeline(load_trace(str(out)))
@@ -63,8 +63,8 @@ def test_several_stages_per_rank_label_whole_ops_and_shade_later_stages(tmp_path
     assert sorted(labels[0]) == sorted(f"{stage}{kind}{mb}" for stage in (0, 4) for kind in "FB" for mb in range(4))
     assert "7F3" in labels[3] and "3B0" in labels[3]
     forward = faces(ax, "compute:F")
-    assert len(set(forward)) == 2  # the device's first stages full, its later stages lighter
-    assert any("later stages" in text.get_text() for text in ax.get_legend().get_texts())
+    assert len(set(forward)) == 2  # the device's first stages full, its later stages darker
+    assert any("darker: device's later stages" == text.get_text() for text in ax.get_legend().get_texts())
 
 
 def test_p8_m32_labels_every_row_and_one_stage_per_rank_keeps_microbatch_numbers(tmp_path: Path) -> None:

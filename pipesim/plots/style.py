@@ -24,10 +24,10 @@ def schedule_color(name: str) -> str:
     return _EXTRA_COLORS[int(hashlib.sha256(name.encode("utf-8")).hexdigest(), 16) % len(_EXTRA_COLORS)]
 
 
-def lighten(color: str, amount: float) -> str:
-    """``color`` (``#RRGGBB``) mixed with white: ``amount`` 0 keeps it, 1 gives white."""
+def darken(color: str, amount: float) -> str:
+    """``color`` (``#RRGGBB``) mixed with black: ``amount`` 0 keeps it, 1 gives black."""
     channels = [int(color[i:i + 2], 16) for i in (1, 3, 5)]
-    return "#" + "".join(f"{round(c + (255 - c) * amount):02X}" for c in channels)
+    return "#" + "".join(f"{round(c * (1 - amount)):02X}" for c in channels)
 
 
 def time_unit(span_s: float) -> tuple[str, float]:

@@ -11,7 +11,7 @@ import numpy.typing as npt
 from pipesim.engine.trace import KINDS, STREAMS, Trace
 from pipesim.metrics import steady_window
 from pipesim.plots import style
-from pipesim.plots.style import IDLE_COLOR, KIND_COLORS, SEND_COLORS, lighten
+from pipesim.plots.style import IDLE_COLOR, KIND_COLORS, SEND_COLORS, darken
 
 # Vertical layout of a device's row (y grows downward once the axis is inverted).
 COMPUTE_TOP, COMPUTE_BOTTOM = -0.40, 0.14
@@ -19,8 +19,9 @@ SEND_ROWS = {"activations": (0.18, 0.28), "gradients": (0.30, 0.40)}
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
 # Text drawn per figure at most: beyond it every row keeps an evenly thinned share of its labels.
 MAX_LABELS = 3000
-# How much a device's later stages are lightened (the last one by this much), as torch's visualizer shades chunks.
-CHUNK_LIGHTEN = 0.45
+# How much a device's later stages are darkened (the last one by this much), as torch's visualizer shades
+# chunks; darker, not lighter, so that they cannot be taken for the pale send bars.
+CHUNK_DARKEN = 0.4
 _LABEL_PX_PER_CHAR, _LABEL_MARGIN_PX = 4.2, 2.0
 
 
@@ -71,7 +72,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     forward and gradients going back. Idle stretches of the compute row, the bubbles, are
     shaded grey. Bars carry their microbatch number, or with several stages on a device the
     whole op (``0F3``: stage, kind, microbatch), and the device's later stages are drawn
-    lighter, so its chunks tell apart. Labels go where they fit (``label_ops``: None decides
+    darker, so its chunks tell apart. Labels go where they fit (``label_ops``: None decides
     by bar width, True/False forces), at most ``MAX_LABELS``, thinned evenly on every row
     beyond that. Dashed lines (gid ``window``) bound the steady-state window the iteration
     time is measured over, when it is not the whole run. Every op is one polygon in a
@@ -112,7 +113,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
             ax.add_collection(gaps)
     kinds_drawn = []
     chunks, per_device = chunk_of_stage(trace)
-    shade = np.asarray(chunks, dtype=np.float64) * (CHUNK_LIGHTEN / max(per_device - 1, 1))
+    shade = np.asarray(chunks, dtype=np.float64) * (CHUNK_DARKEN / max(per_device - 1, 1))
     for code, kind in enumerate(KINDS):
         mask = (s["stream"] == _COMPUTE) & (s["kind"] == code)
         if not mask.any():
@@ -120,7 +121,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
         kinds_drawn.append(kind)
         is_update = kind == "U"
         edges = np.where(outlined[mask] & (not is_update), "white", KIND_COLORS[kind])
-        faces = [lighten(KIND_COLORS[kind], amount) for amount in shade[s["stage"][mask]].tolist()]
+        faces = [darken(KIND_COLORS[kind], amount) for amount in shade[s["stage"][mask]].tolist()]
         bars = PolyCollection(
             list(_rectangles(start[mask], end[mask], device[mask], COMPUTE_TOP, COMPUTE_BOTTOM)),
             facecolors=faces, edgecolors=list(edges),
@@ -140,7 +141,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
                               facecolors=SEND_COLORS[name], edgecolors=list(edges), linewidths=0.2, zorder=2)
         bars.set_gid(f"send:{name}")
         ax.add_collection(bars)
-    _label_bars(ax, trace, start, end, label_ops, whole_op=per_device > 1, shade=shade)
+    _label_bars(ax, trace, start, end, label_ops, whole_op=per_device > 1)
     window = _mark_window(ax, trace, scale)
     stage_to_rank = list(trace.meta["stage_to_rank"])
     ax.set_yticks(range(num_ranks))
@@ -152,7 +153,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     ax.set_ylabel("device")
     handles: list[Any] = [Patch(facecolor=KIND_COLORS[k], label=k) for k in kinds_drawn]
     if per_device > 1:
-        handles.append(Patch(facecolor=lighten(KIND_COLORS["F"], CHUNK_LIGHTEN), label="lighter: device's later stages"))
+        handles.append(Patch(facecolor=darken(KIND_COLORS["F"], CHUNK_DARKEN), label="darker: device's later stages"))
     handles += [Patch(facecolor=SEND_COLORS[n], label=f"send {n}") for n in sends_drawn]
     if show_idle:
         handles.append(Patch(facecolor=IDLE_COLOR, label="idle (bubble)"))
@@ -189,7 +190,7 @@ def _mark_window(ax: Any, trace: Trace, scale: float) -> str:
 
 
 def _label_bars(ax: Any, trace: Trace, start: npt.NDArray[np.float64], end: npt.NDArray[np.float64],
-                label_ops: bool | None, *, whole_op: bool, shade: npt.NDArray[np.float64]) -> None:
+                label_ops: bool | None, *, whole_op: bool) -> None:
     """Microbatch numbers (``whole_op``: the op, ``0F3``, where it fits) on F/B/I/W bars wide enough
     to hold them (all of them when forced), at most MAX_LABELS, each device's row thinned alike
     beyond that."""
@@ -220,7 +221,5 @@ def _label_bars(ax: Any, trace: Trace, start: npt.NDArray[np.float64], end: npt.
         texts = [text for text, kept in zip(texts, keep.tolist(), strict=True) if kept]
         indices = indices[keep]
     for row, text in zip(indices.tolist(), texts, strict=True):
-        # White reads on the full colors, dark on the lightened ones of a device's later stages.
-        color = "white" if shade[int(s["stage"][row])] < 0.2 else "#202020"
         ax.text((start[row] + end[row]) / 2, float(s["device"][row]) + (COMPUTE_TOP + COMPUTE_BOTTOM) / 2,
-                text, ha="center", va="center", fontsize=6, color=color, zorder=4, clip_on=True)
+                text, ha="center", va="center", fontsize=6, color="white", zorder=4, clip_on=True)
