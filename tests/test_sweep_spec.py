@@ -235,6 +235,8 @@ def test_cli_where_cannot_exhaust_memory(tmp_path: Path, where: str, fragment: s
          "builds a value too large"),
         ("'%0999999999d' % stages == 'b'", "% formats a string"),
         ("schedule % 2 == 'b'", "fails on point {'schedule': 'gpipe'}"),
+        ("[[stages] * 10000] * 10000 == [[stages] * 10000] * 10000", "builds a value too large"),
+        ("[['a' * 5000, 'b' * 5000, 'c']] == []", "builds a value too large"),
     ],
 )
 def test_where_bounds_every_value(where: str, fragment: str) -> None:

@@ -187,7 +187,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--weights-out", type=str, default="", help="Folder for each stage's final weights (stageS.pt).")
 @click.option("--run-dir", type=str, default=None, help="Keep the ranks' logs and records in this folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
-@click.option("--out", "out_path", required=True, callback=out_file_option(None), help="Trace JSON to write (partial if the run fails).")
+@click.option("--out", "out_path", required=True, callback=out_file_option(None),
+              help="Trace JSON to write (partial if the run fails).")
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
                 partition: str | None, num_ranks: int, backend: str, device: str, threads: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,

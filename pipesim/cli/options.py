@@ -97,7 +97,8 @@ def check_partition(ranges: tuple[tuple[int, int], ...], text: str, num_stages: 
         ConfigError: naming the option, its text and the rule.
     """
     if len(ranges) != num_stages:
-        raise ConfigError("partition", text, f"must give one range per stage ({len(ranges)} ranges, {num_stages} stages)")
+        raise ConfigError("partition", text,
+                          f"must give one range per stage ({len(ranges)} ranges, {num_stages} stages)")
     if ranges[-1][1] != num_layers:
         raise ConfigError("partition", text, f"must end at the profile's last layer ({num_layers}), "
                           f"ends at {ranges[-1][1]}")

@@ -15,7 +15,8 @@ Evaluator = Callable[[Mapping[str, Any]], Any]
 # ``'a' * 999999999`` or ``[stages] * 10**8`` is refused before it is built.
 MAX_ITEMS = 10_000
 MAX_INT_BITS = 256
-LIMITS = f"strings and lists up to {MAX_ITEMS:,} items, integers up to {MAX_INT_BITS} bits"
+LIMITS = (f"strings and lists up to {MAX_ITEMS:,} items (nested lists counted through), "
+          f"integers up to {MAX_INT_BITS} bits")
 
 
 class _TooLarge(Exception):
@@ -23,10 +24,12 @@ class _TooLarge(Exception):
 
 
 def _size(value: Any) -> int:
-    if isinstance(value, str | tuple):
+    """Characters of a string, or items of a list counted through its nested lists (a list of 100
+    lists of 100 is 10,100): every value that exists is within MAX_ITEMS, so this is cheap."""
+    if isinstance(value, str):
         return len(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return 0 if value.bit_length() <= MAX_INT_BITS else MAX_ITEMS + 1
+    if isinstance(value, tuple):
+        return len(value) + sum(_size(item) for item in value)
     return 0
 
 
@@ -38,7 +41,7 @@ def _bounded(value: Any) -> Any:
 
 def _multiply(left: Any, right: Any) -> Any:
     for sequence, count in ((left, right), (right, left)):
-        if isinstance(sequence, str | tuple) and isinstance(count, int) and len(sequence) * max(count, 0) > MAX_ITEMS:
+        if isinstance(sequence, str | tuple) and isinstance(count, int) and _size(sequence) * max(count, 0) > MAX_ITEMS:
             raise _TooLarge
     if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
         raise _TooLarge
@@ -116,7 +119,8 @@ class Expression:
         try:
             return bool(self._evaluate(point))
         except _TooLarge:
-            raise ConfigError(self.field, self.text, f"builds a value too large to compare; allowed: {LIMITS}") from None
+            raise ConfigError(self.field, self.text,
+                              f"builds a value too large to compare; allowed: {LIMITS}") from None
         except (ArithmeticError, TypeError) as exc:
             shown = {name: point[name] for name in sorted(self.names) if name in point}
             raise ConfigError(self.field, self.text, f"fails on point {shown}: {exc}") from None
@@ -138,7 +142,7 @@ class Expression:
             return lambda point: point[name]
         if isinstance(node, ast.List | ast.Tuple):
             items = [self._compile(item) for item in node.elts]
-            return lambda point: tuple(item(point) for item in items)
+            return lambda point: _bounded(tuple(item(point) for item in items))
         if isinstance(node, ast.BoolOp):
             parts = [self._compile(value) for value in node.values]
             if isinstance(node.op, ast.And):
