@@ -2,24 +2,36 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Two levels: the simulator alone (what make demo needs), and everything (torch, numba, test tools).
+CORE_STAMP := $(VENV)/.installed-pipesim-core
 STAMP := $(VENV)/.installed-pipesim
 DEMO_OUT ?= report
+TORCH ?= torch==2.13.0
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv harness clean
 
-# torch is installed first, pinned, so that the harness extra (pipesim[harness]) does not pull another build.
-$(STAMP): pyproject.toml
+$(CORE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e .
+	touch $(CORE_STAMP)
+
+# torch is installed first, pinned, so that the harness extra (pipesim[harness]) does not pull another build;
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" picks the CPU-only wheel.
+$(STAMP): $(CORE_STAMP)
+	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[test,harness,fast]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
+# The torch harness, numba and the test tools (what make test installs too).
+harness: $(STAMP)
+
 # The main job: simulate VGG-16 (PipeDream's measured profile) on 4 stages with 1F1B and write
 # a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png and report.html.
-demo: $(STAMP)
+# It needs only the simulator: no torch, no numba.
+demo: $(CORE_STAMP)
 	$(VENV)/bin/pipesim simulate --profile traces/vgg16.json --stages 4 --microbatches 8 \
 		--schedule 1f1b --bandwidth 25Gbit/s --latency 5us --out $(DEMO_OUT)
 	$(VENV)/bin/pipesim report $(DEMO_OUT) --out $(DEMO_OUT)/report.html

@@ -81,6 +81,24 @@ class Result:
     metrics: Metrics
     engine_wall_s: float
 
+    def __repr__(self) -> str:
+        m = self.metrics
+        return (f"<Result {m.schedule} p={m.num_stages} m={m.num_microbatches} K={m.num_minibatches}, {m.engine} "
+                f"engine: iteration time {m.iteration_time_s * 1e3:.4g} ms, {m.throughput_samples_per_s:.4g} "
+                f"samples/s, bubble {m.bubble_fraction:.1%}, peak memory {m.peak_memory_bytes / 1e9:.4g} GB>")
+
+    def _repr_html_(self) -> str:
+        """A summary table for notebooks; ``import pipesim.plots`` adds the timeline under it."""
+        m = self.metrics
+        rows = [("schedule", m.schedule), ("stages p / ranks", f"{m.num_stages} / {m.num_ranks}"),
+                ("microbatches m, minibatches K", f"{m.num_microbatches}, {m.num_minibatches}"),
+                ("engine", m.engine), ("iteration time", f"{m.iteration_time_s * 1e3:.4g} ms"),
+                ("throughput", f"{m.throughput_samples_per_s:.4g} samples/s"),
+                ("bubble fraction", f"{m.bubble_fraction:.1%}"),
+                ("peak memory", f"{m.peak_memory_bytes / 1e9:.4g} GB")]
+        cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        return f"<table>{cells}</table>"
+
     def to_dict(self) -> dict[str, Any]:
         """The ``simulate --json`` object: the metrics, the partition and the engine timing."""
         data = self.metrics.to_dict()

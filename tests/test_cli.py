@@ -59,8 +59,11 @@ def test_simulate_reads_pipedream_graph_txt(tmp_path: Path) -> None:
 def test_report_folder_and_byte_identical_reruns(tmp_path: Path) -> None:
     args = ("simulate", "--profile", VGG, "--stages", "4", "--microbatches", "8", "--schedule", "1f1b",
             "--bandwidth", "25Gbit/s", "--latency", "5us")
-    first = pipesim(*args, "--out", str(tmp_path / "a"))
-    second = pipesim(*args, "--out", str(tmp_path / "b"))
+    # The same command twice (the command line is part of every output's "run" record).
+    first = pipesim(*args, "--out", str(tmp_path / "out"))
+    (tmp_path / "out").rename(tmp_path / "a")
+    second = pipesim(*args, "--out", str(tmp_path / "out"))
+    (tmp_path / "out").rename(tmp_path / "b")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["metrics.json", "timeline.png", "trace.json", "trace.perfetto.json"]

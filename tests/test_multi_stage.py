@@ -19,7 +19,8 @@ TF, TB = 1.0e-3, 2.0e-3
 
 
 def rows(name: str, stages: int, m: int, ranks: int) -> list[str]:
-    schedule = validate(build_schedule(name, stages, m, num_ranks=ranks))
+    schedule = build_schedule(name, stages, m, num_ranks=ranks)
+    validate(schedule)
     return [" ".join(cell for cell in row if "U" not in cell) for row in schedule.to_text()]
 
 

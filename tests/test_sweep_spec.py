@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import pipesim
@@ -22,7 +24,9 @@ from pipesim.sweep import (
     load_spec,
     make_batches,
     parse_spec,
+    read_table,
 )
+from pipesim.sweep.store import read_run
 from pipesim.units import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,3 +206,77 @@ def test_cli_reports_a_bad_spec_in_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "where" in done.stderr and "not allowed" in done.stderr
     assert not (tmp_path / "r.parquet.parts").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "fragment"),
+    [
+        ("'a' * 999999999 * 999 == 'b'", "builds a value too large"),
+        ("[stages] * 99999999 * 99999999 == []", "builds a value too large"),
+    ],
+)
+def test_cli_where_cannot_exhaust_memory(tmp_path: Path, where: str, fragment: str) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\n"
+                    f"microbatches: [4]\nschedule: [gpipe]\nwhere: {json.dumps(where)}\n")
+    done = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(tmp_path / "r.parquet")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "where=" in done.stderr and fragment in done.stderr
+    assert not (tmp_path / "r.parquet").exists() and not (tmp_path / "r.parquet.parts").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "fragment"),
+    [
+        ("stages * 2**300 > 1", "not allowed"),
+        (f"stages * {10 ** 100} > 1", "has a number too large"),
+        ("stages * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 * 99999999999999999999 > 1",
+         "builds a value too large"),
+        ("'%0999999999d' % stages == 'b'", "% formats a string"),
+        ("schedule % 2 == 'b'", "fails on point {'schedule': 'gpipe'}"),
+        ("[[stages] * 10000] * 10000 == [[stages] * 10000] * 10000", "builds a value too large"),
+        ("[['a' * 5000, 'b' * 5000, 'c']] == []", "builds a value too large"),
+    ],
+)
+def test_where_bounds_every_value(where: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        Expression(where, ("stages", "schedule"))({"stages": 2, "schedule": "gpipe"})
+    assert caught.value.field == "where" and fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_where_bounds_keep_small_values_working() -> None:
+    fields = ("stages", "schedule")
+    check = Expression("'ab' * stages == 'abab' and [stages] * 3 == [2, 2, 2] and stages * 4611686018427387904 > 0 "
+                       "and stages % 2 == 0", fields)
+    assert check({"stages": 2, "schedule": "gpipe"})
+    assert not check({"stages": 3, "schedule": "gpipe"})
+    with pytest.raises(ConfigError, match="too large"):
+        Expression("'x' * stages == ''", fields)({"stages": 10_001, "schedule": "gpipe"})
+    assert not Expression("'x' * stages == ''", fields)({"stages": 10_000, "schedule": "gpipe"})
+
+
+def test_cli_sweep_sets_stages_per_rank_and_reads_profiles_beside_the_spec(tmp_path: Path) -> None:
+    folder = tmp_path / "study"
+    folder.mkdir()
+    (folder / "model.json").write_bytes((ROOT / "traces" / "vgg16.json").read_bytes())
+    (folder / "spec.yaml").write_text("profile: [model.json]\nstages: [4]\nstages_per_rank: [1, 2]\n"
+                                      "microbatches: [8]\nschedule: [1f1b, interleaved-1f1b]\n")
+    out = tmp_path / "rows.csv"
+    done = subprocess.run([sys.executable, "-m", "pipesim", "sweep", str(folder / "spec.yaml"), "--out", str(out),
+                           "--workers", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = {(row["schedule"], row["stages_per_rank"]): row for row in read_table(out).to_dict(orient="records")}
+    assert {row["profile"] for row in rows.values()} == {"model.json"}
+    assert "one stage per rank" in rows[("1f1b", 2)]["error"]
+    interleaved = rows[("interleaved-1f1b", 2)]
+    direct = pipesim.simulate(pipesim.load_profile(folder / "model.json"), pipesim.Topology.uniform(num_devices=2),
+                              schedule="interleaved-1f1b", num_stages=4, num_microbatches=8, stages_per_rank=2,
+                              engine="analytic")
+    assert pd.isna(interleaved["error"]) and interleaved["iteration_time_s"] == direct.metrics.iteration_time_s
+    assert pd.isna(rows[("1f1b", 1)]["error"])
+    run = read_run(out)  # what produced the table, kept beside a CSV (in a Parquet table's metadata)
+    assert run is not None and run["command"] == "pipesim sweep spec.yaml"
+    assert run["spec"]["sha256"] == hashlib.sha256((folder / "spec.yaml").read_bytes()).hexdigest()
+    assert run["profiles"] == [{"name": "model.json",
+                                "sha256": hashlib.sha256((folder / "model.json").read_bytes()).hexdigest()}]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
+import textwrap
 from typing import Any
 
 import click
@@ -12,6 +14,14 @@ from pipesim.errors import PipesimError, ScheduleError
 
 class PipesimGroup(click.Group):
     """A click group whose usage errors and PipesimErrors print one line and exit 2."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with its whole first sentence, wrapped (click cuts it at about 45 characters)."""
+        rows = [(name, command.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - click's entry point
         kwargs["standalone_mode"] = False
@@ -45,12 +55,17 @@ def cli() -> None:
     """Simulate and analyze pipeline-parallel training schedules.
 
     Inputs: a measured per-layer profile (our JSON or PipeDream's graph.txt), link bandwidth
-    and latency, and a schedule (gpipe, 1f1b, pipedream, 2bw, pipemare). Outputs: iteration
-    time, bubbles, per-stage memory and weight staleness, as tables, JSON, traces and plots.
+    and latency, and a schedule. Outputs: iteration time, bubbles, per-stage memory and weight
+    staleness, as tables, JSON, traces and plots.
     """
 
 
 def _register() -> None:
+    from pipesim.schedule.registry import SCHEDULES
+
+    # \b keeps click from rewrapping the list, which would break names such as looped-bfs at the hyphen.
+    names = textwrap.fill(f"Schedules: {', '.join(SCHEDULES)}.", width=76, break_on_hyphens=False)
+    cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n\b\n{names}"
     from pipesim.cli.check import check_command
     from pipesim.cli.harness import linkbench_command, profile_command, run_command
     from pipesim.cli.model import model_command

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import CsvSchedule, read_csv_schedule
 from pipesim.schedule.invariants import CheckResult, check_schedule
 from pipesim.schedule.validate import Violation
@@ -30,9 +31,12 @@ def check_command(path: str, stages_per_rank: int | None, num_microbatches: int 
     with --stages-per-rank the number of stages per rank. Communication cells (SEND/RECV,
     UNSHARD/RESHARD, REDUCE_GRAD) are skipped; OVERLAP_F_B pairs count as their two ops.
     Exit 0: valid; 1: violations (each with rank, position, op, and the grid with the cell
-    marked); 2: unreadable input.
+    marked); 2: unreadable input. FILE.csv "-" reads standard input.
     """
-    parsed = read_csv_schedule(read_text(path, "schedule"), num_microbatches=num_microbatches,
+    text = _read_stdin() if path == "-" else read_text(path, "schedule")
+    if path == "-":
+        path = "<stdin>"
+    parsed = read_csv_schedule(text, num_microbatches=num_microbatches,
                                num_minibatches=1 if num_microbatches else None, source=path, strict=False)
     result = check_schedule(parsed.schedule, stages_per_rank=stages_per_rank)
     if as_json:
@@ -43,6 +47,19 @@ def check_command(path: str, stages_per_rank: int | None, num_microbatches: int 
         # Not click's ctx.exit: the CLI group runs click without standalone mode, which returns
         # an Exit's code instead of exiting with it.
         sys.exit(1)
+
+
+def _read_stdin() -> str:
+    """Standard input as UTF-8 text.
+
+    Raises:
+        ConfigError: the bytes are not UTF-8.
+    """
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError("schedule", "<stdin>", f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _column(parsed: CsvSchedule, violation: Violation) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from pipesim.cli.outputs import out_file_option
 from pipesim.cli.options import parse_partition
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
@@ -76,7 +77,7 @@ def run_failed(error: Exception) -> None:
               help="Processes timing the layers at once (as many as the run's ranks).")
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="Measure the runtime's per-op overheads with a two-rank run of null layers.")
-@click.option("--out", "out_path", required=True, help="Profile JSON to write.")
+@click.option("--out", "out_path", required=True, callback=out_file_option(None), help="Profile JSON to write.")
 def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None, seed: int,
                     microbatch_size: int, device: str, threads: int, warmup: int, repeats: int, statistic: str,
                     processes: int, calibrate: bool, out_path: str) -> None:
@@ -116,7 +117,7 @@ def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int
 @click.option("--repeats", type=int, default=30, show_default=True, help="Round trips per size (median).")
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True,
               help="gloo on CPU tensors, or NCCL between GPUs.")
-@click.option("--out", "out_path", required=True, help="Topology JSON to write.")
+@click.option("--out", "out_path", required=True, callback=out_file_option(None), help="Topology JSON to write.")
 def linkbench_command(num_ranks: int, max_bytes: str | None, profile_path: str | None, repeats: int, backend: str,
                       out_path: str) -> None:
     """Measure point-to-point latency and bandwidth over gloo between local ranks; write a Topology."""
@@ -194,7 +195,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--weights-out", type=str, default="", help="Folder for each stage's final weights (stageS.pt).")
 @click.option("--run-dir", type=str, default=None, help="Keep the ranks' logs and records in this folder.")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
-@click.option("--out", "out_path", required=True, help="Trace JSON to write (partial if the run fails).")
+@click.option("--out", "out_path", required=True, callback=out_file_option(None),
+              help="Trace JSON to write (partial if the run fails).")
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
                 partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
                 learning_rate: float,

@@ -81,7 +81,27 @@ def parse_partition(text: str) -> tuple[tuple[int, int], ...]:
             ranges.append((int(start), int(end)))
         except ValueError:
             raise ConfigError("partition", item, "each stage must be START:END layer indices, e.g. 0:4,4:8") from None
+    expected_start = 0
+    for index, (first, last) in enumerate(ranges):
+        if first != expected_start or last <= first:
+            raise ConfigError("partition", text, f"must be contiguous non-empty ranges from layer 0; stage {index} "
+                              f"is {first}:{last} but should start at {expected_start}")
+        expected_start = last
     return tuple(ranges)
+
+
+def check_partition(ranges: tuple[tuple[int, int], ...], text: str, num_stages: int, num_layers: int) -> None:
+    """A parsed ``--partition`` must give one range per stage and end at the profile's last layer.
+
+    Raises:
+        ConfigError: naming the option, its text and the rule.
+    """
+    if len(ranges) != num_stages:
+        raise ConfigError("partition", text,
+                          f"must give one range per stage ({len(ranges)} ranges, {num_stages} stages)")
+    if ranges[-1][1] != num_layers:
+        raise ConfigError("partition", text, f"must end at the profile's last layer ({num_layers}), "
+                          f"ends at {ranges[-1][1]}")
 
 
 def build_topology(

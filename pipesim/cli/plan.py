@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from pipesim.cli.outputs import out_folder, writing
 from pipesim.errors import ConfigError
+from pipesim.export.strict_json import strict_dumps
 from pipesim.plan.check import PLANNERS, CheckedPlan, plan_and_check
 from pipesim.plan.costs import COST_MODELS
 from pipesim.plan.partition import format_bytes
+from pipesim import __version__
 from pipesim.simulation import EngineName
-from pipesim.spec.files import dumps, load_profile, model_to_json, write_text_atomic
+from pipesim.spec.files import load_profile, write_text_atomic
+from pipesim.spec.provenance import command_line, file_identity
 from pipesim.spec.topology import Topology
+from pipesim.spec.validation import FrozenModel
 from pipesim.units import parse_bandwidth, parse_size
 
 
@@ -79,6 +83,7 @@ def plan_command(profile_path: str, num_devices: int, devices_per_server: int | 
                  batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, engine: str,
                  as_json: bool, out_dir: str | None) -> None:
     """Find the fastest plan for a profile on N devices: the cost model proposes, the simulation decides."""
+    out = out_folder(out_dir) if out_dir else None
     topology = build_cluster(num_devices, devices_per_server, bandwidth, inter_server_bandwidth, memory)
     profile = load_profile(profile_path)
     checked = plan_and_check(
@@ -89,23 +94,39 @@ def plan_command(profile_path: str, num_devices: int, devices_per_server: int | 
         engine=cast(EngineName, engine),  # click.Choice checked it
     )
     rescaled = checked.profile is not profile
-    written = write_plan(checked, Path(out_dir), profile_path, rescaled=rescaled) if out_dir else []
+    run = {"command": command_line(), "pipesim_version": __version__, "profile": file_identity(profile_path),
+           "planner": checked.planner, "engine": engine}
+    written: list[str] = []
+    if out is not None:
+        with writing(out):
+            written = write_plan(checked, out, profile_path, rescaled=rescaled, run=run)
     if as_json:
-        click.echo(json.dumps(checked.to_dict(), sort_keys=True))
+        click.echo(strict_dumps({**checked.to_dict(), "run": run}, indent=None))
         return
     print_plan(checked)
     for line in written:
         click.echo(line)
 
 
-def write_plan(checked: CheckedPlan, out_dir: Path, profile_path: str, *, rescaled: bool) -> list[str]:
-    """Write plan.json, topology.json and (for a rescaled profile) profile.json; return lines to print."""
-    write_text_atomic(out_dir / "plan.json", dumps(checked.to_dict(timings=False)))
-    write_text_atomic(out_dir / "topology.json", model_to_json(checked.topology))
+def _model_json(model: FrozenModel) -> str:
+    """An input model as strict JSON: an infinite value (unlimited memory, free links) is left out,
+    so reading the file back gives the field's default, infinity."""
+    return strict_dumps(model.model_dump(mode="json", by_alias=True, exclude_none=True), drop=True)
+
+
+def write_plan(checked: CheckedPlan, out_dir: Path, profile_path: str, *, rescaled: bool,
+               run: dict[str, Any] | None = None) -> list[str]:
+    """Write plan.json (with the ``run`` record), topology.json and (for a rescaled profile)
+    profile.json, all strict JSON; return lines to print."""
+    plan = checked.to_dict(timings=False)
+    if run is not None:
+        plan["run"] = run
+    write_text_atomic(out_dir / "plan.json", strict_dumps(plan))
+    write_text_atomic(out_dir / "topology.json", _model_json(checked.topology))
     files = [out_dir / "plan.json", out_dir / "topology.json"]
     profile_arg = profile_path
     if rescaled:
-        write_text_atomic(out_dir / "profile.json", model_to_json(checked.profile))
+        write_text_atomic(out_dir / "profile.json", _model_json(checked.profile))
         files.append(out_dir / "profile.json")
         profile_arg = str(out_dir / "profile.json")
     command = ["pipesim", "simulate", "--plan", str(out_dir / "plan.json"), "--profile", profile_arg,
@@ -127,7 +148,7 @@ def print_plan(checked: CheckedPlan) -> None:
         f"({data['cost_model']['stage_time']})"
     )
     table = Table(show_edge=False)
-    for header in ("stage", "layers", "replicas", "devices", "time ms", "compute ms/replica", "all-reduce ms",
+    for header in ("stage", "layers", "replicas", "devices", "time ms", "compute ms (1 replica)", "all-reduce ms",
                    "transfer ms", "memory pred", "memory sim", "util sim"):
         table.add_column(header, justify="right")
     for index, stage in enumerate(data["stages"]):

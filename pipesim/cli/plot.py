@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from pipesim.cli.outputs import out_file_option, writing
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.spec.files import read_text
@@ -35,16 +36,15 @@ def load_table(source: str, where: str | None = None) -> Any:
 
 
 def _out_option(function: Any) -> Any:
-    return click.option("--out", "out", type=str, required=True, help="Figure file: FILE.png, FILE.svg or FILE.pdf.")(
-        function)
+    return click.option("--out", "out", type=str, required=True, callback=out_file_option(FIGURE_SUFFIXES),
+                        help="Figure file: FILE.png, FILE.svg or FILE.pdf.")(function)
 
 
 def _save(ax: Any, out: str) -> None:
     from pipesim.plots import save_figure
 
-    if Path(out).suffix.lower() not in FIGURE_SUFFIXES:
-        raise ConfigError("out", out, f"must end in {', '.join(FIGURE_SUFFIXES)}")
-    click.echo(f"wrote {save_figure(ax, out)}")
+    with writing(out):
+        click.echo(f"wrote {save_figure(ax, out)}")
 
 
 def _agg() -> None:
@@ -64,8 +64,6 @@ def plot_group() -> None:
 @click.option("--labels/--no-labels", default=None, help="Microbatch numbers on bars (default: where they fit).")
 def timeline_command(trace_path: str, out: str, labels: bool | None) -> None:
     """Gantt chart of TRACE (trace.json, or a folder written by simulate --out)."""
-    if Path(out).suffix.lower() not in FIGURE_SUFFIXES:
-        raise ConfigError("out", out, f"must end in {', '.join(FIGURE_SUFFIXES)}")
     _agg()
     from pipesim.plots import timeline
 

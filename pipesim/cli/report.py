@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
 from pipesim.cli.plot import load_table, load_trace
-from pipesim.errors import ConfigError
+from pipesim.cli.outputs import out_file, writing
 from pipesim.spec.files import read_text, write_text_atomic
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -26,8 +27,7 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
     SOURCE is a folder written by ``simulate --out`` (or its trace.json) for a simulation,
     or a sweep table (.parquet or .csv) for a sweep.
     """
-    if not out.lower().endswith((".html", ".htm")):
-        raise ConfigError("out", out, "must end in .html")
+    target = out_file(out, (".html", ".htm"))
     from pipesim import __version__
     from pipesim.export.html import simulation_html, sweep_html
     from pipesim.plots import use_headless_backend
@@ -37,10 +37,12 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
     if source.lower().endswith(TABLE_SUFFIXES):
         from pipesim.plots.report import sweep_figures
         from pipesim.sweep.analysis import pareto_front
+        from pipesim.sweep.store import read_run
 
         frame = load_table(source)
         front = pareto_front(frame) if {"peak_memory_bytes", "throughput_samples_per_s"} <= set(frame.columns) else None
-        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front)
+        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front,
+                          run=read_run(source))
     else:
         from pipesim.metrics import compute_metrics
         from pipesim.plots.report import simulation_figures
@@ -52,12 +54,26 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
         data["microbatch_size"] = trace.meta.get("microbatch_size", "")
         saved = Path(source) / "metrics.json" if Path(source).is_dir() else Path(source).with_name("metrics.json")
         notes = []
+        run = saved_run(source)
         if saved.is_file():
             data["partition"] = json.loads(read_text(saved, "metrics")).get("partition", [])
         perfetto = saved.with_name("trace.perfetto.json")
         if perfetto.is_file():
             notes.append(f"The timeline opens in ui.perfetto.dev from {perfetto.name} beside this report.")
         text = simulation_html(data, simulation_figures(trace, metrics, fmt=fmt), version=__version__, title=title,
-                               notes=notes)
-    write_text_atomic(out, text)
+                               notes=notes, run=run)
+    with writing(target):
+        write_text_atomic(target, text)
     click.echo(f"wrote {out}")
+
+
+def saved_run(source: str) -> dict[str, Any] | None:
+    """The ``run`` record saved with a simulation: in metrics.json (small), else in trace.json."""
+    path = Path(source)
+    trace_path = path / "trace.json" if path.is_dir() else path
+    for candidate in (trace_path.with_name("metrics.json"), trace_path):
+        if candidate.is_file():
+            run = json.loads(read_text(candidate, "trace")).get("run")
+            if isinstance(run, dict):
+                return run
+    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, cast
@@ -15,17 +14,23 @@ from pipesim.cli.capacity import capacity_fields, capacity_headline, capacity_op
 from pipesim.cli.compare import print_comparison, run_schedules, schedule_names, write_comparison
 from pipesim.cli.options import (
     build_topology,
+    check_partition,
     parse_partition,
     parse_recompute_stages,
     parse_uniform,
     resolve_stages,
 )
+from pipesim.cli.outputs import out_folder, writing
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
+from pipesim.export.report import metrics_dict
+from pipesim.export.strict_json import strict_dumps
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.plan import Plan
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
 from pipesim.simulation import (
     DEFAULT_MAX_OPS,
     EngineName,
@@ -111,6 +116,7 @@ def simulate_command(
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
+    out = out_folder(out_dir) if out_dir else None
     given: Schedule | None = None
     compared: tuple[list[Result], list[dict[str, str]]] | None = None
     chosen = cast(EngineName, engine)  # click.Choice checked it
@@ -141,8 +147,11 @@ def simulate_command(
             ranks = total // per_rank
         topology = load_topology(topology_path) if topology_path else build_topology(
             ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        ranges = parse_partition(partition) if partition else None
+        if ranges is not None and partition is not None:
+            check_partition(ranges, partition, total, profile.num_layers)
         options: dict[str, Any] = {
-            "partition": parse_partition(partition) if partition else None,
+            "partition": ranges,
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
         }
 
@@ -169,39 +178,46 @@ def simulate_command(
                     raise ConfigError("samples", num_samples, "runs one schedule; drop it when comparing schedules")
                 compared = run_schedules(names, is_all, per_rank, run)
     if compared is not None:
-        _report_comparison(*compared, capacity_of=lambda data: capacity_fields(data, capacity), as_json=as_json,
-                           out_dir=out_dir)
+        _report_comparison(
+            *compared, capacity_of=lambda data: capacity_fields(data, capacity), as_json=as_json, out=out,
+            run_of=lambda result: simulation_run(result, profile_path, uniform, topology, topology_path))
         return
     summary = None
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
-    if out_dir:
-        written = write_outputs(result, Path(out_dir))
-    data = result.to_dict()
+    warn_without_memory(profile)
+    provenance = simulation_run(result, profile_path, uniform, topology, topology_path)
+    if out is not None:
+        with writing(out):
+            written = write_outputs(result, out, provenance)
+    data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
     if as_json:
         if summary is not None:
             data["samples"] = summary.to_dict()
-        click.echo(json.dumps(data, sort_keys=True))
+        click.echo(strict_dumps(data, indent=None))
     else:
         print_table(result)
         if capacity_headline(data):
             click.echo(capacity_headline(data))
         if summary is not None:
             print_samples(summary)
-        if out_dir:
+        if out is not None:
             click.echo(f"wrote {', '.join(str(path) for path in written)}")
 
 
 def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
                        capacity_of: Callable[[dict[str, Any]], dict[str, Any]], as_json: bool,
-                       out_dir: str | None) -> None:
-    """Print (and with ``out_dir`` write) schedules compared side by side."""
-    runs = [data | capacity_of(data) for data in (result.to_dict() for result in results)]
-    written = write_comparison(results, runs, Path(out_dir)) if out_dir else []
+                       out: Path | None, run_of: Callable[[Result], dict[str, Any]]) -> None:
+    """Print (and with ``out`` write) schedules compared side by side; each run records its inputs."""
+    runs = [data | capacity_of(data) for data in (metrics_dict(result, run_of(result)) for result in results)]
+    written: list[Path] = []
+    if out is not None:
+        with writing(out):
+            written = write_comparison(results, runs, out)
     if as_json:
-        click.echo(json.dumps({"runs": runs, "skipped": skipped}, sort_keys=True))
+        click.echo(strict_dumps({"runs": runs, "skipped": skipped}, indent=None))
         return
     print_comparison(runs, skipped)
     if written:
@@ -224,15 +240,33 @@ def _check_plan_flags(context: click.Context) -> None:
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
-def write_outputs(result: Result, out_dir: Path) -> list[Path]:
+def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None) -> list[Path]:
     """The report folder: data files from pipesim.export, the timeline from pipesim.plots."""
     from pipesim.export.report import write_report
     from pipesim.plots import save_figure, timeline, use_headless_backend
 
     use_headless_backend()
-    written = write_report(result, out_dir)
+    written = write_report(result, out_dir, run=run)
     written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
     return written
+
+
+def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
+                   topology_path: str | None) -> dict[str, Any]:
+    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command."""
+    from pipesim.export.provenance import run_record
+    from pipesim.spec.provenance import file_identity, text_identity
+
+    profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
+    return run_record(result, profile=profile, topology=topology,
+                      topology_file=file_identity(topology_path) if topology_path else None)
+
+
+def warn_without_memory(profile: Profile) -> None:
+    """A profile without byte figures gives a peak memory of 0 B: say so on stderr, once."""
+    if not any(layer.activation_bytes or layer.param_bytes or layer.stash_bytes for layer in profile.layers):
+        click.echo(f"pipesim: warning: profile {profile.name!r} has no memory figures (activation, stash and "
+                   "parameter bytes are all 0), so peak memory reads 0 B", err=True)
 
 
 def _bytes(value: float) -> str:

@@ -9,7 +9,7 @@ import click
 
 from pipesim.cli.harness import COMPUTE_HELP, build_spec, build_training, model_options, run_failed, training_options
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES
+from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def parse_schedules(text: str) -> list[str]:
     names = list(SCHEDULES) if text == "all" else [name.strip() for name in text.split(",") if name.strip()]
     for name in names:
         if name not in SCHEDULES:
-            raise ConfigError("schedule", name, f"unknown schedule; known: {', '.join(SCHEDULES)}, or all")
+            raise ConfigError("schedule", name, f"{unknown_schedule_rule(name)}, or all")
     return names
 
 

@@ -109,6 +109,20 @@ class Trace:
     spans: dict[str, npt.NDArray[Any]]
     memory: dict[str, npt.NDArray[Any]]
 
+    def __repr__(self) -> str:
+        meta = self.meta
+        return (f"<Trace {meta.get('schedule', '?')} p={meta.get('num_stages', '?')} m={meta.get('num_microbatches', '?')} "
+                f"K={meta.get('num_minibatches', '?')}: {self.num_spans} spans, {len(self.memory['time_s'])} memory "
+                f"events, makespan {self.makespan_s * 1e3:.4g} ms>")
+
+    def _repr_html_(self) -> str:
+        """A summary table for notebooks; ``import pipesim.plots`` adds the timeline under it."""
+        rows = [(key, self.meta.get(key, "")) for key in ("schedule", "num_stages", "num_microbatches",
+                                                           "num_minibatches", "num_ranks", "engine")]
+        rows += [("spans", self.num_spans), ("makespan", f"{self.makespan_s * 1e3:.4g} ms")]
+        cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
+        return f"<table>{cells}</table>"
+
     @property
     def num_spans(self) -> int:
         """Number of spans."""

@@ -1,4 +1,5 @@
-"""Chrome/Perfetto trace export: a process per device, a thread per stream, memory counters."""
+"""Chrome/Perfetto trace export: a process per device, a thread per stream, memory counters, and
+flow arrows from each op that sends to the op that receives."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _ns(seconds: Any) -> Any:
     return np.rint(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64)
 
 
-def to_chrome(trace: Trace) -> dict[str, Any]:
+def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trace in Chrome's JSON trace-event format, as ui.perfetto.dev and chrome://tracing read it.
 
     Each device is a process ``device N`` (pid N+1); its compute stream is the thread
@@ -35,7 +36,11 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
     slices follow one another without overlapping (Perfetto drops slices that overlap without
     nesting). Times are microseconds with nanosecond resolution (whole nanoseconds, so an op
     that starts when another ends touches it exactly). Memory is a counter per stage, by
-    category and in total, stepping after all the events of one instant.
+    category and in total, stepping after all the events of one instant. Each message is a flow
+    (an arrow in Perfetto) from the op that sent it to the op that received it, so a microbatch
+    can be followed across devices. ``run`` (the inputs, ``pipesim.export.provenance``) goes in
+    the top-level ``metadata`` and, flattened to text, in ``otherData``, which Perfetto shows
+    under "Info and stats".
     """
     events: list[dict[str, Any]] = []
     s = trace.spans
@@ -75,11 +80,46 @@ def to_chrome(trace: Trace) -> dict[str, Any]:
             event.update(tid=_send_tid(peer), name=f"{op} {what}", cat="send", args={
                 "op": op, "to_device": peer, "bytes": float(s["bytes"][row]), "minibatch": int(s["minibatch"][row])})
         events.append(event)
+    events.extend(_flows(trace, (start_ns + end_ns) // 2))
     events.extend(_memory_counters(trace))
     meta = {key: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
             for key, value in sorted(trace.meta.items())}
+    for key, value in sorted((run or {}).items()):
+        meta[f"run.{key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     # traceEvents first: older Perfetto importers stop at the first top-level key they do not know.
-    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+    document: dict[str, Any] = {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+    if run is not None:
+        document["metadata"] = {"run": run}
+    return document
+
+
+def _flows(trace: Trace, middle_ns: Any) -> list[dict[str, Any]]:
+    """A flow per message: it starts inside the sending op's slice and ends bound to the receiving
+    op's slice (``bp: e``: the slice that encloses its timestamp); both at the slice's middle,
+    which no touching neighbour shares.
+
+    An F's activation goes to the same microbatch's F on the next stage; a B's or I's gradient
+    to the previous stage's B or I.
+    """
+    s = trace.spans
+    compute = np.flatnonzero(s["stream"] == _COMPUTE).tolist()
+    rows = {(int(s["stage"][row]), KINDS[int(s["kind"][row])], int(s["microbatch"][row])): row for row in compute}
+    events: list[dict[str, Any]] = []
+    for flow_id, row in enumerate(np.flatnonzero(s["stream"] == _SEND).tolist(), start=1):
+        stage, kind, microbatch = int(s["stage"][row]), KINDS[int(s["kind"][row])], int(s["microbatch"][row])
+        sender = rows.get((stage, kind, microbatch))
+        targets = [(stage + 1, "F")] if kind == "F" else [(stage - 1, "B"), (stage - 1, "I")]
+        receiver = next((rows[(t, k, microbatch)] for t, k in targets if (t, k, microbatch) in rows), None)
+        if sender is None or receiver is None:
+            continue
+        name = f"{stage}{kind}{microbatch} -> {stage + 1 if kind == 'F' else stage - 1}" \
+               f"{KINDS[int(s['kind'][receiver])]}{microbatch}"
+        common = {"name": name, "cat": "message", "id": flow_id, "tid": COMPUTE_TID}
+        events.append({**common, "ph": "s", "pid": _pid(int(s["device"][sender])),
+                       "ts": int(middle_ns[sender]) / 1000})
+        events.append({**common, "ph": "f", "bp": "e", "pid": _pid(int(s["device"][receiver])),
+                       "ts": int(middle_ns[receiver]) / 1000})
+    return events
 
 
 def _memory_counters(trace: Trace) -> list[dict[str, Any]]:
@@ -107,6 +147,6 @@ def _memory_counters(trace: Trace) -> list[dict[str, Any]]:
     return events
 
 
-def chrome_json(trace: Trace) -> str:
-    """Deterministic JSON text of ``to_chrome(trace)``."""
-    return json.dumps(to_chrome(trace), separators=(",", ":"), allow_nan=False) + "\n"
+def chrome_json(trace: Trace, *, run: dict[str, Any] | None = None) -> str:
+    """Deterministic JSON text of ``to_chrome(trace, run=run)``."""
+    return json.dumps(to_chrome(trace, run=run), separators=(",", ":"), allow_nan=False) + "\n"

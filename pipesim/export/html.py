@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipesim.engine.trace import CATEGORIES
+from pipesim.export.provenance import describe
 
 # (title, rendered bytes, format: "png" or "svg")
 Figure = tuple[str, bytes, str]
@@ -25,6 +27,7 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 figure { margin: 1.5em 0; } figure img, figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #555; } .note { color: #555; font-size: 0.85em; }
+.wide { overflow-x: auto; max-width: 100%; } .wide td { white-space: nowrap; }
 """
 
 
@@ -68,8 +71,12 @@ def _bytes(value: float) -> str:
 
 
 def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, version: str,
-                    title: str | None = None, notes: Sequence[str] = ()) -> str:
-    """The report of one simulation from its ``simulate --json`` object (``Result.to_dict()``)."""
+                    title: str | None = None, notes: Sequence[str] = (), run: dict[str, Any] | None = None) -> str:
+    """The report of one simulation from its ``simulate --json`` object (``Result.to_dict()``).
+
+    ``run`` (the inputs: ``pipesim.export.provenance.run_record``) is the first section, and its
+    profile and link settings are in the title, so two saved reports are told apart at a glance.
+    """
     m = metrics
     window = (f"minibatches {m['warmup_minibatches']}..{m['num_minibatches'] - m['cooldown_minibatches'] - 1}"
               if m["warmup_minibatches"] else "whole run")
@@ -99,19 +106,23 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
                *(f"at peak: {c}" for c in CATEGORIES), "versions", "in flight", "fwd delay max",
                "fwd delay mean", "discrepancy max"]
     sections = [
+        *(['<h2 id="run">Run</h2>', table(["input", "value"], describe(run), text_columns=2)] if run else []),
         "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2),
         "<h2>Per stage</h2>", table(headers, rows),
         *(f'<p class="note">{html.escape(note)}</p>' for note in notes),
         "<h2>Figures</h2>", *(figure(item) for item in figures),
     ]
     heading = title or f"pipesim: {m['schedule']}, p={m['num_stages']}, m={m['num_microbatches']}, K={m['num_minibatches']}"
+    if run and not title:
+        links = dict(describe(run))
+        heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
     return page(heading, sections, version=version)
 
 
 def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,
-               front: Any = None, max_rows: int = 25) -> str:
-    """The report of a sweep table: what it covers, the best point per schedule, the Pareto front,
-    the errors, and the figures."""
+               front: Any = None, max_rows: int = 25, run: dict[str, Any] | None = None) -> str:
+    """The report of a sweep table: what produced it (``run``, from the table's metadata), what it
+    covers, the best point per schedule, the Pareto front, the errors, and the figures."""
     ok = frame[frame["error"].fillna("") == ""] if "error" in frame.columns else frame
     summary: list[tuple[str, Any]] = [("points", len(frame)), ("with errors", len(frame) - len(ok))]
     for column in ("schedule", "engine", "profile"):
@@ -124,7 +135,8 @@ def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: st
                            "bandwidth_bytes_per_s", "recompute", "throughput_samples_per_s", "iteration_time_s",
                            "bubble_fraction", "peak_memory_bytes", "weight_versions_max", "forward_delay_steps_max")
                if c in frame.columns]
-    sections = ["<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
+    sections = [*(['<h2 id="run">Run</h2>', table(["input", "value"], describe(run), text_columns=2)] if run else []),
+                "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
     if len(ok) and "throughput_samples_per_s" in ok.columns and "schedule" in ok.columns:
         best = ok.sort_values(["throughput_samples_per_s", "point"], ascending=[False, True], kind="stable")
         best = best.drop_duplicates("schedule").sort_values("throughput_samples_per_s", ascending=False, kind="stable")
@@ -140,13 +152,32 @@ def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: st
     return page(title or f"pipesim sweep: {len(frame)} points", sections, version=version)
 
 
-def _frame_table(frame: Any, columns: Sequence[str]) -> str:
-    def show(column: str, value: Any) -> str:
-        if column.endswith("_bytes"):
-            return _bytes(float(value))
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return str(value)
+# Sweep columns as a reader wants them: (header, how a value is written).
+_COLUMN_LOOKS: dict[str, tuple[str, Any]] = {
+    "num_stages": ("p", str), "num_microbatches": ("m", str), "num_minibatches": ("K", str),
+    "bandwidth_bytes_per_s": ("bandwidth", lambda v: "free" if not math.isfinite(v) else f"{v / 1e9:.4g} GB/s"),
+    "latency_s": ("latency", lambda v: f"{v * 1e6:.4g} us"),
+    "throughput_samples_per_s": ("throughput", lambda v: f"{v:,.1f} samples/s"),
+    "iteration_time_s": ("iteration time", lambda v: f"{v * 1e3:,.3f} ms"),
+    "bubble_fraction": ("bubble", lambda v: f"{v:.1%}"),
+    "weight_versions_max": ("versions", str), "forward_delay_steps_max": ("fwd delay", str),
+}
 
-    rows = [[show(c, record[c]) for c in columns] for record in frame[list(columns)].to_dict(orient="records")]
-    return table(list(columns), rows, text_columns=2)
+
+def _show(column: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if column in _COLUMN_LOOKS:
+        return str(_COLUMN_LOOKS[column][1](value))
+    if column.endswith("_bytes"):
+        return _bytes(float(value))
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _frame_table(frame: Any, columns: Sequence[str]) -> str:
+    """Rows of a sweep table with readable headers and units; scrolls sideways rather than overflow."""
+    headers = [_COLUMN_LOOKS.get(c, (c.removesuffix("_bytes").replace("_", " "), None))[0] for c in columns]
+    rows = [[_show(c, record[c]) for c in columns] for record in frame[list(columns)].to_dict(orient="records")]
+    return f'<div class="wide">{table(headers, rows, text_columns=2)}</div>'

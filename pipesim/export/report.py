@@ -2,29 +2,49 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipesim.export.chrome import chrome_json
-from pipesim.spec.files import dumps, write_text_atomic
+from pipesim.export.strict_json import strict_dumps
+from pipesim.spec.files import write_text_atomic
 
 if TYPE_CHECKING:
     from pipesim.simulation import Result
 
 
-def write_report(result: Result, out_dir: str | Path) -> list[Path]:
+def metrics_dict(result: Result, run: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``simulate --json`` object: ``Result.to_dict()`` with the ``run`` record when given."""
+    data = result.to_dict()
+    if run is not None:
+        data["run"] = run
+    return data
+
+
+def trace_json(result: Result, run: dict[str, Any] | None) -> str:
+    """``Trace.to_json()`` with a top-level ``run`` record beside ``meta`` (``Trace.from_json`` reads
+    past it, so the round trip stays exact); strict JSON."""
+    data = result.trace.to_dict()
+    if run is not None:
+        data["run"] = run
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | None = None) -> list[Path]:
     """Write a Result's data files into ``out_dir``; return the paths written.
 
     Files: ``metrics.json`` (the ``simulate --json`` object), ``trace.json`` (exact round
-    trip through ``Trace.from_json``) and ``trace.perfetto.json`` (Chrome trace format).
-    Plots are drawn by the caller with ``pipesim.plots``.
+    trip through ``Trace.from_json``) and ``trace.perfetto.json`` (Chrome trace format), each
+    holding ``run`` (``pipesim.export.provenance.run_record``) when given. Plots are drawn by the
+    caller with ``pipesim.plots``.
     """
     out = Path(out_dir)
     written = []
     for name, text in (
-        ("metrics.json", dumps(result.to_dict())),
-        ("trace.json", result.trace.to_json()),
-        ("trace.perfetto.json", chrome_json(result.trace)),
+        ("metrics.json", strict_dumps(metrics_dict(result, run))),
+        ("trace.json", trace_json(result, run)),
+        ("trace.perfetto.json", chrome_json(result.trace, run=run)),
     ):
         write_text_atomic(out / name, text)
         written.append(out / name)

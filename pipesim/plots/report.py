@@ -53,7 +53,7 @@ def sweep_figures(frame: Any, *, fmt: str = "png") -> list[Figure]:
     x, across = ("m_per_stage", "m/p") if dense else ("num_microbatches", "m")
     for schedule in list(dict.fromkeys(rows["schedule"].tolist()))[:MAX_HEATMAPS]:
         ax = heatmap(rows[rows["schedule"] == schedule], x=x)
-        ax.set_title(f"{schedule}: best throughput (samples/s) by {across} and p", loc="left", fontsize=10)
+        ax.set_title(f"{schedule}: {ax.get_title(loc='left')}", loc="left", fontsize=10, wrap=True)
         figures.append((f"{schedule}: throughput by {across} and stages (best over the other inputs)",
                         figure_bytes(ax, fmt), fmt))
     figures.append(("Throughput against peak memory; the Pareto front in black",

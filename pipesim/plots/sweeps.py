@@ -8,7 +8,7 @@ import numpy as np
 
 from pipesim.errors import ConfigError
 from pipesim.plots.style import byte_unit, schedule_color
-from pipesim.sweep.analysis import closed_form_bubble, pareto_front, require_columns, successful
+from pipesim.sweep.analysis import closed_form_bubble, pareto_front, require_columns, successful, varying_inputs
 
 LABELS = {
     "num_stages": "stages p", "num_microbatches": "microbatches m", "num_minibatches": "minibatches K",
@@ -19,7 +19,29 @@ LABELS = {
 }
 
 
+def over_the_rest(frame: Any, how: str, *shown: str) -> str:
+    """``" (max over bandwidth, recompute)"``: what a figure did with the inputs it does not show,
+    or "" when every other input has one value."""
+    others = varying_inputs(frame, *shown)
+    return f" ({how} over {', '.join(label_of(column) for column in others)})" if others else ""
+
+
+def cell_format(values: Any) -> str:
+    """One format for every number in a figure's cells, fixed-point with as many decimals as the
+    largest value needs for three significant digits (``1,590`` beside ``933``, not ``1.59e+03``)."""
+    finite = np.abs(np.asarray(values, dtype=float))
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if not finite.size:
+        return ",.0f"
+    largest = float(finite.max())
+    if largest >= 1e7 or largest < 1e-4:
+        return ".2e"
+    return f",.{max(0, 2 - int(np.floor(np.log10(largest))))}f"
+
+
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+# Axes computed from inputs: a grid over m/p covers m once p is its other axis.
+_DERIVED = {"m_per_stage": ("num_microbatches",)}
 
 
 def label_of(column: str) -> str:
@@ -38,8 +60,8 @@ def default_stages(frame: Any) -> int:
 def bubble(frame: Any, *, num_stages: int | None = None, ax: Any = None) -> Any:
     """Bubble fraction against m at one p, a line per schedule, and the closed form (p-1)/(m+p-1).
 
-    Rows that differ in other inputs (bandwidth, ...) are averaged per (schedule, m); filter the
-    table first to show one setting. Each schedule's line has the schedule as its label and gid
+    Rows that differ in other inputs (bandwidth, ...) are averaged per (schedule, m), and the
+    title names those inputs; filter the table first (``--where``) to show one setting. Each schedule's line has the schedule as its label and gid
     ``bubble:<schedule>``; the closed form's gid is ``closed-form``.
 
     Raises:
@@ -62,7 +84,7 @@ def bubble(frame: Any, *, num_stages: int | None = None, ax: Any = None) -> Any:
         # falling size keep each one visible on top of the others.
         ax.plot(line["num_microbatches"], line["bubble_fraction"], marker=_MARKERS[index % len(_MARKERS)],
                 markersize=max(3.0, 8.0 - 1.2 * index), markerfacecolor="none", linestyle="-",
-                color=schedule_color(schedule, index), linewidth=1.2, label=schedule, gid=f"bubble:{schedule}")
+                color=schedule_color(schedule), linewidth=1.2, label=schedule, gid=f"bubble:{schedule}")
     low, high = int(rows["num_microbatches"].min()), int(rows["num_microbatches"].max())
     m = np.linspace(low, high, 200) if high > low else np.array([low, low + 1.0])
     ax.plot(m, closed_form_bubble(p, m), "--", color="black", linewidth=1.2, label="(p-1)/(m+p-1)",
@@ -73,7 +95,8 @@ def bubble(frame: Any, *, num_stages: int | None = None, ax: Any = None) -> Any:
     ax.set_ylim(-0.03, top * 1.1 + 0.02)
     ax.set_xlabel("microbatches m")
     ax.set_ylabel("bubble fraction")
-    ax.set_title(f"bubble fraction against m at p={p}", loc="left", fontsize=10)
+    ax.set_title(f"bubble fraction against m at p={p}"
+                 f"{over_the_rest(rows, 'mean', 'schedule', 'num_stages', 'num_microbatches')}", loc="left", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax
@@ -82,7 +105,8 @@ def bubble(frame: Any, *, num_stages: int | None = None, ax: Any = None) -> Any:
 def heatmap(frame: Any, *, x: str = "num_microbatches", y: str = "num_stages", value: str = "throughput_samples_per_s",
             aggregate: str = "max", ax: Any = None) -> Any:
     """``value`` over a grid of ``x`` by ``y`` (``aggregate`` over rows that share a cell; empty
-    cells blank) with a colorbar; cells carry their numbers when there are at most 150.
+    cells blank) with a colorbar; cells carry their numbers, in one format, when there are at most
+    150. The title names the inputs the aggregate ran over.
 
     Raises:
         ConfigError: missing columns, an unknown aggregate, or no row to draw.
@@ -109,14 +133,17 @@ def heatmap(frame: Any, *, x: str = "num_microbatches", y: str = "num_stages", v
         setter(positions)
         getattr(ax, f"set_{labels}ticklabels")([_short(axis[i]) for i in positions], fontsize=7)
     if data.size <= 150:
-        middle = float(np.nanmean(grid.to_numpy(dtype=float)))
-        for (row, column), cell in np.ndenumerate(grid.to_numpy(dtype=float)):
+        values = grid.to_numpy(dtype=float)
+        middle, fmt = float(np.nanmean(values)), cell_format(values)
+        for (row, column), cell in np.ndenumerate(values):
             if np.isfinite(cell):
-                ax.text(column, row, f"{cell:.3g}", ha="center", va="center", fontsize=6,
+                ax.text(column, row, format(cell, fmt), ha="center", va="center", fontsize=6,
                         color="black" if cell > middle else "white")
     ax.set_xlabel(label_of(x))
     ax.set_ylabel(label_of(y))
-    ax.set_title(f"{label_of(value)} by {label_of(x)} and {label_of(y)}", loc="left", fontsize=10)
+    title = (f"{label_of(value)} by {label_of(x)} and {label_of(y)}"
+             f"{over_the_rest(rows, aggregate, x, y, *_DERIVED.get(x, ()), *_DERIVED.get(y, ()))}")
+    ax.set_title(title, loc="left", fontsize=10, wrap=True)
     return ax
 
 
@@ -149,9 +176,9 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     if x.endswith("_bytes"):
         unit, divisor = byte_unit(float(rows[x].max()))
         x_label = f"{x_label} ({unit})"
-    for index, group in enumerate(dict.fromkeys(rows[hue].tolist())):
+    for group in dict.fromkeys(rows[hue].tolist()):
         part = rows[rows[hue] == group]
-        ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=schedule_color(str(group), index),
+        ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=schedule_color(str(group)),
                    label=str(group), gid=f"points:{group}", linewidths=0)
     front = pareto_front(rows, x=x, y=y)
     # The staircase runs on to the largest x: nothing to its right does better.

@@ -1,4 +1,5 @@
-"""Gantt timeline of a trace: one row per device, ops colored by kind, microbatch numbers on bars."""
+"""Gantt timeline of a trace: one row per device, ops colored by kind, labels on the bars that fit them,
+and the steady-state window the iteration time is measured over."""
 
 from __future__ import annotations
 
@@ -8,13 +9,31 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.trace import KINDS, STREAMS, Trace
+from pipesim.metrics import steady_window
 from pipesim.plots import style
-from pipesim.plots.style import IDLE_COLOR, KIND_COLORS, SEND_COLORS
+from pipesim.plots.style import IDLE_COLOR, KIND_COLORS, SEND_COLORS, darken
 
 # Vertical layout of a device's row (y grows downward once the axis is inverted).
 COMPUTE_TOP, COMPUTE_BOTTOM = -0.40, 0.14
 SEND_ROWS = {"activations": (0.18, 0.28), "gradients": (0.30, 0.40)}
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
+# Text drawn per figure at most: beyond it every row keeps an evenly thinned share of its labels.
+MAX_LABELS = 3000
+# How much a device's later stages are darkened (the last one by this much), as torch's visualizer shades
+# chunks; darker, not lighter, so that they cannot be taken for the pale send bars.
+CHUNK_DARKEN = 0.4
+_LABEL_PX_PER_CHAR, _LABEL_MARGIN_PX = 4.2, 2.0
+
+
+def chunk_of_stage(trace: Trace) -> tuple[list[int], int]:
+    """Each stage's index among its device's stages (0 for the first), and the most stages on one device."""
+    stage_to_rank = [int(rank) for rank in trace.meta["stage_to_rank"]]
+    seen: dict[int, int] = {}
+    chunks = []
+    for rank in stage_to_rank:
+        chunks.append(seen.get(rank, 0))
+        seen[rank] = seen.get(rank, 0) + 1
+    return chunks, max(seen.values(), default=1)
 
 
 def _rectangles(x0: npt.NDArray[np.float64], x1: npt.NDArray[np.float64], y: npt.NDArray[np.float64],
@@ -51,9 +70,14 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     Each device has a compute row (F, B, I, W bars colored by kind; an update U is a green
     mark, a zero-length one a line) and beneath it two thin send rows: activations going
     forward and gradients going back. Idle stretches of the compute row, the bubbles, are
-    shaded grey. Bars carry their microbatch number where it fits (``label_ops``: None
-    decides by bar width, True/False forces). Every op is one polygon in a collection whose
-    gid is ``compute:<kind>``, ``send:activations``, ``send:gradients`` or ``idle``.
+    shaded grey. Bars carry their microbatch number, or with several stages on a device the
+    whole op (``0F3``: stage, kind, microbatch), and the device's later stages are drawn
+    darker, so its chunks tell apart. Labels go where they fit (``label_ops``: None decides
+    by bar width, True/False forces), at most ``MAX_LABELS``, thinned evenly on every row
+    beyond that. Dashed lines (gid ``window``) bound the steady-state window the iteration
+    time is measured over, when it is not the whole run. Every op is one polygon in a
+    collection whose gid is ``compute:<kind>``, ``send:activations``, ``send:gradients`` or
+    ``idle``.
 
     Args:
         trace: what an engine recorded.
@@ -63,6 +87,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     """
     import matplotlib.pyplot as plt
     from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     num_ranks = int(trace.meta["num_ranks"])
@@ -87,6 +112,8 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
             gaps.set_gid("idle")
             ax.add_collection(gaps)
     kinds_drawn = []
+    chunks, per_device = chunk_of_stage(trace)
+    shade = np.asarray(chunks, dtype=np.float64) * (CHUNK_DARKEN / max(per_device - 1, 1))
     for code, kind in enumerate(KINDS):
         mask = (s["stream"] == _COMPUTE) & (s["kind"] == code)
         if not mask.any():
@@ -94,9 +121,10 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
         kinds_drawn.append(kind)
         is_update = kind == "U"
         edges = np.where(outlined[mask] & (not is_update), "white", KIND_COLORS[kind])
+        faces = [darken(KIND_COLORS[kind], amount) for amount in shade[s["stage"][mask]].tolist()]
         bars = PolyCollection(
             list(_rectangles(start[mask], end[mask], device[mask], COMPUTE_TOP, COMPUTE_BOTTOM)),
-            facecolors=KIND_COLORS[kind], edgecolors=list(edges),
+            facecolors=faces, edgecolors=list(edges),
             linewidths=1.2 if is_update else 0.3, zorder=3 if is_update else 2,
         )
         bars.set_gid(f"compute:{kind}")
@@ -113,7 +141,8 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
                               facecolors=SEND_COLORS[name], edgecolors=list(edges), linewidths=0.2, zorder=2)
         bars.set_gid(f"send:{name}")
         ax.add_collection(bars)
-    _label_bars(ax, trace, start, end, label_ops)
+    _label_bars(ax, trace, start, end, label_ops, whole_op=per_device > 1)
+    window = _mark_window(ax, trace, scale)
     stage_to_rank = list(trace.meta["stage_to_rank"])
     ax.set_yticks(range(num_ranks))
     ax.set_yticklabels([
@@ -122,15 +151,20 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     ], fontsize=8 if num_ranks <= 16 else 5)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("device")
-    ax.set_title(f"{trace.meta['schedule']}: p={trace.meta['num_stages']}, m={trace.meta['num_microbatches']}, "
-                 f"K={trace.meta['num_minibatches']} ({trace.meta.get('engine', '?')} engine)", loc="left",
-                 fontsize=10)
-    handles = [Patch(facecolor=KIND_COLORS[k], label=k) for k in kinds_drawn]
+    handles: list[Any] = [Patch(facecolor=KIND_COLORS[k], label=k) for k in kinds_drawn]
+    if per_device > 1:
+        handles.append(Patch(facecolor=darken(KIND_COLORS["F"], CHUNK_DARKEN), label="darker: device's later stages"))
     handles += [Patch(facecolor=SEND_COLORS[n], label=f"send {n}") for n in sends_drawn]
     if show_idle:
         handles.append(Patch(facecolor=IDLE_COLOR, label="idle (bubble)"))
+    if window:
+        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9, label=window))
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=len(handles),
               frameon=False, borderaxespad=0.2, handlelength=1.2, columnspacing=1.0)
+    # A long legend takes the whole width above the axes: the title then goes on a line above it.
+    ax.set_title(f"{trace.meta['schedule']}: p={trace.meta['num_stages']}, m={trace.meta['num_microbatches']}, "
+                 f"K={trace.meta['num_minibatches']} ({trace.meta.get('engine', '?')} engine)", loc="left",
+                 fontsize=10, pad=18 if len(handles) > 6 else 6)
     return ax
 
 
@@ -144,22 +178,48 @@ def _px_per_unit(ax: Any) -> float:
     return float(figure.get_figwidth() * figure.dpi * ax.get_position().width / (high - low))
 
 
+def _mark_window(ax: Any, trace: Trace, scale: float) -> str:
+    """Dashed lines at the steady-state window's ends; its legend label, or "" for the whole run."""
+    low, high, warmup, cooldown = steady_window(trace)
+    if not (warmup or cooldown):
+        return ""
+    for x in (low * scale, high * scale):
+        ax.axvline(x, color="black", linestyle="--", linewidth=0.9, zorder=5, gid="window")
+    last = int(trace.meta["num_minibatches"]) - cooldown - 1
+    return f"iteration time window (minibatches {warmup}..{last})"
+
+
 def _label_bars(ax: Any, trace: Trace, start: npt.NDArray[np.float64], end: npt.NDArray[np.float64],
-                label_ops: bool | None) -> None:
-    """Microbatch numbers on F/B/I/W bars wide enough to hold them (all of them when forced)."""
+                label_ops: bool | None, *, whole_op: bool) -> None:
+    """Microbatch numbers (``whole_op``: the op, ``0F3``, where it fits) on F/B/I/W bars wide enough
+    to hold them (all of them when forced), at most MAX_LABELS, each device's row thinned alike
+    beyond that."""
     if label_ops is False:
         return
     s = trace.spans
-    px_per_unit = _px_per_unit(ax)
     mask = (s["stream"] == _COMPUTE) & (s["kind"] != KINDS.index("U"))
     indices = np.flatnonzero(mask)
+    stages, kinds, microbatches = (s[c][indices].tolist() for c in ("stage", "kind", "microbatch"))
+    short = [str(mb) for mb in microbatches]
+    texts = [f"{st}{KINDS[k]}{mb}" for st, k, mb in zip(stages, kinds, microbatches, strict=True)] if whole_op \
+        else short
     if label_ops is None:
-        digits = np.floor(np.log10(np.maximum(s["microbatch"][indices], 1))) + 1
-        wide = (end[indices] - start[indices]) * px_per_unit >= 5.0 * digits + 2
+        # The whole op where it fits, else its microbatch number (the shade still tells the stage), else nothing.
+        room = (end[indices] - start[indices]) * _px_per_unit(ax) - _LABEL_MARGIN_PX
+        texts = [text if len(text) * _LABEL_PX_PER_CHAR <= width else
+                 number if len(number) * _LABEL_PX_PER_CHAR <= width else ""
+                 for text, number, width in zip(texts, short, room.tolist(), strict=True)]
+        wide = np.asarray([bool(text) for text in texts], dtype=bool)
+        texts = [text for text in texts if text]
         indices = indices[wide]
-        if indices.size > 2000:
-            return
-    for row in indices.tolist():
+    if indices.size > MAX_LABELS:
+        stride = -(-indices.size // MAX_LABELS)
+        keep = np.zeros(indices.size, dtype=bool)
+        for row in np.unique(s["device"][indices]).tolist():
+            mine = np.flatnonzero(s["device"][indices] == row)
+            keep[mine[::stride]] = True
+        texts = [text for text, kept in zip(texts, keep.tolist(), strict=True) if kept]
+        indices = indices[keep]
+    for row, text in zip(indices.tolist(), texts, strict=True):
         ax.text((start[row] + end[row]) / 2, float(s["device"][row]) + (COMPUTE_TOP + COMPUTE_BOTTOM) / 2,
-                str(int(s["microbatch"][row])), ha="center", va="center", fontsize=6, color="white", zorder=4,
-                clip_on=True)
+                text, ha="center", va="center", fontsize=6, color="white", zorder=4, clip_on=True)

@@ -242,6 +242,10 @@ class Schedule:
         """Number of ranks (devices)."""
         return self.table.num_ranks
 
+    def __repr__(self) -> str:
+        return (f"<Schedule {self.name}: {self.num_stages} stages on {self.num_ranks} ranks, m={self.num_microbatches}, "
+                f"K={self.num_minibatches}, {self.weights.value} weights>")
+
     @property
     def total_microbatches(self) -> int:
         """Microbatches over all minibatches."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,7 @@ def build_schedule(
         ConfigError: an unknown name, a count below 1, or a combination the schedule forbids.
     """
     if name not in SCHEDULES:
-        raise ConfigError("schedule", name, f"unknown schedule; known: {', '.join(SCHEDULES)}")
+        raise ConfigError("schedule", name, unknown_schedule_rule(name))
     if num_minibatches is None:
         num_minibatches = default_num_minibatches(name)
     for field, value in (
@@ -88,3 +89,10 @@ def build_schedule(
         raise ConfigError("num_ranks", num_ranks, f"{name} runs one stage per rank; num_ranks must equal "
                           f"num_stages ({num_stages})")
     return SCHEDULES[name](num_stages, num_microbatches, num_minibatches=num_minibatches, **options)
+
+
+def unknown_schedule_rule(name: str) -> str:
+    """The rule an unknown schedule name breaks, with the closest known names ("did you mean")."""
+    close = difflib.get_close_matches(name.lower(), SCHEDULES, n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return f"unknown schedule; {hint}known: {', '.join(SCHEDULES)}"

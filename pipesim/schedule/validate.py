@@ -31,8 +31,8 @@ def find_violations(schedule: Schedule) -> list[Violation]:
     return violations
 
 
-def validate(schedule: Schedule) -> Schedule:
-    """Return ``schedule`` if it is valid.
+def validate(schedule: Schedule) -> None:
+    """Check ``schedule``; return nothing when it is valid (so the REPL echoes nothing).
 
     Raises:
         ScheduleError: naming the first violation, with the grid and the failing cell marked.
@@ -43,7 +43,6 @@ def validate(schedule: Schedule) -> Schedule:
         first = violations[0]
         more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
         raise ScheduleError(f"invalid schedule {schedule.name!r}: {first}{more}", grid(schedule.ranks, marked))
-    return schedule
 
 
 def find_completeness_violations(schedule: Schedule) -> list[Violation]:

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from pipesim.errors import ConfigError
+from pipesim.sweep.spec import AXES
 from pipesim.sweep.where import Expression
 
 
@@ -22,6 +23,23 @@ def successful(frame: Any) -> Any:
     if "error" not in frame.columns:
         return frame
     return frame[frame["error"].fillna("") == ""]
+
+
+def varying_inputs(frame: Any, *shown: str) -> list[str]:
+    """Input columns (the spec's axes) other than ``shown`` that take more than one value among
+    rows equal in ``shown``: what a figure with ``shown`` as its axes (and lines) aggregates
+    over, and should say so. An input that only changes with a shown one (K with the schedule)
+    is not aggregated over and is left out."""
+    keys = [column for column in shown if column in frame.columns]
+    found = []
+    for column in AXES.values():
+        if column not in frame.columns or column in shown or not len(frame):
+            continue
+        counts = frame.groupby(keys, dropna=False)[column].nunique(dropna=False) if keys else \
+            frame[column].nunique(dropna=False)
+        if int(counts.max() if keys else counts) > 1:
+            found.append(column)
+    return found
 
 
 def filter_rows(frame: Any, where: str | None) -> Any:

@@ -31,8 +31,8 @@ COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error",
 # The axes that decide a point's schedule and stage costs, outermost first: points equal in these
 # (differing in bandwidth, latency, topology or recomputation, say) reuse each other's work when
 # they run one after another (``shared_work_order``).
-SHARED_WORK = ("profile", "num_stages", "partition_strategy", "schedule", "pipemare_update", "num_minibatches",
-               "num_microbatches")
+SHARED_WORK = ("profile", "num_stages", "stages_per_rank", "partition_strategy", "schedule", "pipemare_update",
+               "num_minibatches", "num_microbatches")
 
 
 def shared_work_order(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -99,7 +99,7 @@ class PointRunner:
             num_microbatches=point["num_microbatches"], num_minibatches=point["num_minibatches"],
             partition=self._partitions[key], recompute=point["recompute"],
             optimizer_state_multiplier=point["optimizer_state_multiplier"],
-            pipemare_update=point["pipemare_update"],
+            pipemare_update=point["pipemare_update"], stages_per_rank=point["stages_per_rank"],
         )
         topology = self._topology(point)
         result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
+from pipesim.spec.provenance import command_line, file_identity
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
@@ -153,9 +154,13 @@ def run_sweep(
         SweepFailedError: the scheduler was lost, no worker came for ``worker_timeout_s``, a batch
             killed its workers, or the disk refused a write; finished points stay in ``OUT.parts/``.
     """
+    from pipesim import __version__
+
     started = time.perf_counter()
+    spec_file = None
     if isinstance(spec, str | Path):
         base_dir = base_dir or Path(spec).resolve().parent
+        spec_file = file_identity(spec)
         spec = load_spec(spec)
     if batch_size is not None and batch_size < 1:
         raise ConfigError("batch_size", batch_size, "must be >= 1")
@@ -167,9 +172,13 @@ def run_sweep(
         frame = read_table(target)
         if progress:
             progress(len(points), len(points))
-        return SweepSummary(target, len(points), 0, len(points), int((frame["error"] != "").sum()), 0,
+        return SweepSummary(target, len(points), 0, len(points), int((frame["error"].fillna("") != "").sum()), 0,
                             time.perf_counter() - started)
-    store = ResultStore(target, digest, len(points), COLUMNS, resume=resume)
+    # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
+    # table must be byte for byte the uninterrupted one.
+    command = command_line(["sweep", spec_file["name"]]) if spec_file else None
+    run = {"command": command, "pipesim_version": __version__, "spec": spec_file, "digest": digest, **resolved.inputs}
+    store = ResultStore(target, digest, len(points), COLUMNS, resume=resume, run=run)
     resumed = len(store.done)
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
     todo = shared_work_order([point for point in points if point["point"] not in store.done])
@@ -191,7 +200,7 @@ def run_sweep(
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
-        num_errors=int((frame["error"] != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
+        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
         startup_s=startup,
     )
 

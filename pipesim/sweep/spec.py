@@ -13,8 +13,9 @@ import yaml
 from pydantic import BeforeValidator, Field, model_validator
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES, default_num_minibatches
+from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology, read_text
+from pipesim.spec.provenance import file_identity, text_identity
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import FrozenModel, build
@@ -41,6 +42,7 @@ AXES: dict[str, str] = {
     "pipemare_update": "pipemare_update",
     "jitter": "jitter",
     "seed": "seed",
+    "stages_per_rank": "stages_per_rank",
 }
 
 
@@ -164,6 +166,8 @@ class SweepSpec(FrozenModel):
         topology: topology files; exclusive with bandwidth and latency.
         bandwidth, latency: of a uniform topology with one device per stage (default: free links).
         stages, microbatches: p and m (required).
+        stages_per_rank: model stages V on each device (default 1); p must be a multiple of V,
+            and schedules with several stages per device (interleaved-1f1b, zbv, ...) need V > 1.
         minibatches: K; default: 1 for flush schedules, 4 for asynchronous ones.
         schedule: registry keys.
         partition: ``balanced`` (compute-balanced, the default) or ``even`` (equal layer counts).
@@ -182,6 +186,7 @@ class SweepSpec(FrozenModel):
     latency: Quantities = ()
     stages: PositiveInts
     microbatches: PositiveInts
+    stages_per_rank: PositiveInts = (1,)
     minibatches: Annotated[tuple[Annotated[int, Field(ge=1, strict=True)] | None, ...], BeforeValidator(_axis)] = (None,)
     schedule: Annotated[tuple[str, ...], BeforeValidator(_axis)]
     partition: Annotated[tuple[Literal["balanced", "even"], ...], BeforeValidator(_axis)] = ("balanced",)
@@ -232,7 +237,7 @@ def _check(spec: SweepSpec) -> None:
     """The rules pydantic's field types do not state."""
     for index, name in enumerate(spec.schedule):
         if name not in SCHEDULES:
-            raise ConfigError(f"schedule[{index}]", name, f"unknown schedule; known: {', '.join(SCHEDULES)}")
+            raise ConfigError(f"schedule[{index}]", name, unknown_schedule_rule(name))
     if spec.topology and (spec.bandwidth or spec.latency):
         raise ConfigError("topology", list(spec.topology), "give either topology or bandwidth/latency, not both")
     for index, bandwidth in enumerate(spec.bandwidth):
@@ -273,6 +278,8 @@ class Resolved:
 
     Attributes:
         spec: the spec; profiles: (label, Profile) per profile item; topologies: (label, Topology).
+        inputs: ``{"profiles": [...], "topologies": [...]}``, each input's name and SHA-256
+            (``pipesim.spec.provenance``), for the table's ``run`` record.
         bandwidths, latencies, memory_limits: values in bytes/s, seconds and bytes (None: no limit).
     """
 
@@ -280,15 +287,20 @@ class Resolved:
         self.spec = spec
         base = base_dir or Path.cwd()
         self.profiles: list[tuple[str, Profile]] = []
+        self.inputs: dict[str, list[dict[str, str]]] = {"profiles": [], "topologies": []}
         for item in spec.profile:
             if isinstance(item, str):
                 path = Path(item) if Path(item).is_absolute() else base / item
                 self.profiles.append((item, load_profile(path)))
+                self.inputs["profiles"].append(file_identity(path))
             else:
                 self.profiles.append((item.entry.label(), item.entry.build()))
+                self.inputs["profiles"].append(text_identity(item.entry.label(), item.entry.label()))
         self.topologies: list[tuple[str, Topology | None]] = [
             (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
         ] or [("", None)]
+        self.inputs["topologies"] = [file_identity(Path(item) if Path(item).is_absolute() else base / item)
+                                     for item in spec.topology]
         self.bandwidths = [_quantity(b, parse_bandwidth, "bandwidth") for b in spec.bandwidth] or [math.inf]
         self.latencies = [_quantity(x, parse_duration, "latency") for x in spec.latency] or [0.0]
         self.memory_limits: list[float | None] = [
@@ -322,7 +334,7 @@ class Resolved:
             tuple(range(len(self.profiles))), tuple(range(len(self.topologies))), tuple(self.bandwidths),
             tuple(self.latencies), spec.stages, spec.microbatches, spec.minibatches, spec.schedule,
             spec.partition, spec.recompute, tuple(self.memory_limits), spec.optimizer_state,
-            spec.pipemare_update, spec.jitter, spec.seed,
+            spec.pipemare_update, spec.jitter, spec.seed, spec.stages_per_rank,
         ]
         total = math.prod(len(axis) for axis in axes)
         if total > MAX_POINTS:

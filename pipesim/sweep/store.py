@@ -12,6 +12,7 @@ a finished Parquet table (which holds the digest in its metadata), does nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import uuid
@@ -26,6 +27,7 @@ from pipesim.spec.files import dumps, read_json, write_text_atomic
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
 CSV_DIGEST_SCHEMA = "pipesim.sweep-csv-digest/1"
 DIGEST_KEY = b"pipesim.sweep.digest"
+RUN_KEY = b"pipesim.run"
 FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
@@ -93,26 +95,40 @@ def rows_frame(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
     return pd.DataFrame.from_records(list(rows), columns=list(columns))
 
 
-def write_table(frame: Any, path: Path, *, digest: str | None = None) -> None:
-    """Write a results table atomically as Parquet or CSV (by suffix); deterministic bytes."""
+def write_table(frame: Any, path: Path, *, digest: str | None = None, run: dict[str, Any] | None = None) -> None:
+    """Write a results table atomically as Parquet or CSV (by suffix); deterministic bytes.
+
+    In a finished Parquet table (``digest`` given) the ``error`` of a point without one is null;
+    in CSV it is the empty field, which is CSV's null. ``run`` (what produced the table: command,
+    version, spec and inputs by name and SHA-256) goes in the Parquet key-value metadata under
+    ``pipesim.run`` as JSON, or for CSV into ``OUT.digest``.
+    """
     kind = table_format(path)
     if kind == "csv":
+        if "error" in frame.columns:  # null errors as empty fields, not na_rep's "nan"
+            frame = frame.assign(error=frame["error"].fillna(""))
         write_atomic(path, lambda temporary: frame.to_csv(temporary, index=False, lineterminator="\n", na_rep="nan"))
         if digest is not None:
             write_text_atomic(csv_digest_path(path), dumps({"schema": CSV_DIGEST_SCHEMA, "digest": digest,
-                                                            "sha256": _sha256(path)}))
+                                                            "sha256": _sha256(path), **({"run": run} if run else {})}))
         return
     import pyarrow as pa  # type: ignore[import-untyped]
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+    if digest is not None and "error" in frame.columns:
+        # The finished table: no error is null, as Parquet readers (pandas, DuckDB, Spark) expect.
+        frame = frame.assign(error=frame["error"].where(frame["error"].fillna("") != "", None))
     table = pa.Table.from_pandas(frame, preserve_index=False)
     if digest is not None:
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), DIGEST_KEY: digest.encode()})
+        extra = {DIGEST_KEY: digest.encode()}
+        if run is not None:
+            extra[RUN_KEY] = json.dumps(run, sort_keys=True, allow_nan=False).encode()
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **extra})
     write_atomic(path, lambda temporary: pq.write_table(table, temporary))
 
 
 def read_table(path: str | Path) -> Any:
-    """Read a sweep table (Parquet or CSV) as a DataFrame.
+    """Read a sweep table (Parquet or CSV) as a DataFrame; ``error`` is null where a point had none.
 
     Raises:
         ConfigError: a missing file or an unknown suffix.
@@ -124,8 +140,25 @@ def read_table(path: str | Path) -> Any:
     if not target.is_file():
         raise ConfigError("table", str(target), "file does not exist")
     if kind == "csv":
-        return pd.read_csv(target, keep_default_na=False, na_values=["nan"])
+        frame = pd.read_csv(target, keep_default_na=False, na_values=["nan"])
+        if "error" in frame.columns:  # the empty field is CSV's null: read it as Parquet's null reads
+            frame["error"] = frame["error"].where(frame["error"] != "")
+        return frame
     return pd.read_parquet(target)
+
+
+def read_run(path: str | Path) -> dict[str, Any] | None:
+    """The ``run`` record a finished table was written with (``write_table``), or None."""
+    target = Path(path)
+    if table_format(target) == "csv":
+        digest_file = csv_digest_path(target)
+        run = read_json(digest_file, "digest").get("run") if digest_file.is_file() else None
+    else:
+        import pyarrow.parquet as pq
+
+        raw = (pq.read_schema(target).metadata or {}).get(RUN_KEY)
+        run = json.loads(raw) if raw else None
+    return run if isinstance(run, dict) else None
 
 
 class ResultStore:
@@ -137,14 +170,17 @@ class ResultStore:
         num_points: points in the sweep.
         columns: row columns, in order.
         resume: continue an interrupted sweep; without it, existing chunks are an error.
+        run: what produced the table, written into its metadata (``write_table``).
 
     Raises:
         ConfigError: chunks exist without ``resume``, or belong to another spec.
         SweepFailedError: the folder or its manifest cannot be written.
     """
 
-    def __init__(self, out: Path, digest: str, num_points: int, columns: Sequence[str], *, resume: bool) -> None:
+    def __init__(self, out: Path, digest: str, num_points: int, columns: Sequence[str], *, resume: bool,
+                 run: dict[str, Any] | None = None) -> None:
         table_format(out)
+        self.run = run
         self.out = out
         self.parts = out.parent / f"{out.name}.parts"
         self.digest = digest
@@ -214,7 +250,7 @@ class ResultStore:
         if points != list(range(self.num_points)):
             raise ConfigError("parts", str(self.parts), f"hold {len(points)} rows for {self.num_points} points")
         with writing(self.out, self.parts, len(points)):
-            write_table(frame, self.out, digest=self.digest)
+            write_table(frame, self.out, digest=self.digest, run=self.run)
         shutil.rmtree(self.parts)
         return frame
 

@@ -11,13 +11,56 @@ from pipesim.errors import ConfigError
 
 Evaluator = Callable[[Mapping[str, Any]], Any]
 
+# Bounds on every intermediate value, so that no expression can exhaust memory or time:
+# ``'a' * 999999999`` or ``[stages] * 10**8`` is refused before it is built.
+MAX_ITEMS = 10_000
+MAX_INT_BITS = 256
+LIMITS = (f"strings and lists up to {MAX_ITEMS:,} items (nested lists counted through), "
+          f"integers up to {MAX_INT_BITS} bits")
+
+
+class _TooLarge(Exception):
+    """An operation would build a value over the bounds."""
+
+
+def _size(value: Any) -> int:
+    """Characters of a string, or items of a list counted through its nested lists (a list of 100
+    lists of 100 is 10,100): every value that exists is within MAX_ITEMS, so this is cheap."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, tuple):
+        return len(value) + sum(_size(item) for item in value)
+    return 0
+
+
+def _bounded(value: Any) -> Any:
+    if _size(value) > MAX_ITEMS or (isinstance(value, int) and value.bit_length() > MAX_INT_BITS):
+        raise _TooLarge
+    return value
+
+
+def _multiply(left: Any, right: Any) -> Any:
+    for sequence, count in ((left, right), (right, left)):
+        if isinstance(sequence, str | tuple) and isinstance(count, int) and _size(sequence) * max(count, 0) > MAX_ITEMS:
+            raise _TooLarge
+    if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS + 1:
+        raise _TooLarge
+    return _bounded(operator.mul(left, right))
+
+
+def _modulo(left: Any, right: Any) -> Any:
+    if isinstance(left, str):  # printf-style formatting: '%0999999999d' % 1 builds a gigabyte
+        raise TypeError("% of a string (formatting) is not supported")
+    return operator.mod(left, right)
+
+
 _BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
+    ast.Add: lambda left, right: _bounded(operator.add(left, right)),
+    ast.Sub: lambda left, right: _bounded(operator.sub(left, right)),
+    ast.Mult: _multiply,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
+    ast.Mod: _modulo,
 }
 _COMPARE: dict[type[ast.cmpop], Callable[[Any, Any], bool]] = {
     ast.Eq: operator.eq,
@@ -43,7 +86,8 @@ class Expression:
     Only names of known fields, constants (numbers, strings, booleans), comparisons
     (``== != < <= > >= in not in``), ``and``/``or``/``not``, arithmetic ``+ - * / // %`` and
     literal lists or tuples are accepted: no calls, attributes, subscripts or lambdas, so no
-    code runs but the comparison itself.
+    code runs but the comparison itself. Every intermediate value is bounded (``LIMITS``): an
+    expression that would build a larger one is refused, not left to exhaust memory.
 
     Args:
         text: the expression, e.g. ``"microbatches >= stages and microbatches <= 8 * stages"``.
@@ -69,17 +113,23 @@ class Expression:
         """True when ``point`` passes the filter.
 
         Raises:
-            ConfigError: the expression fails on this point (division by zero, a type mismatch).
+            ConfigError: the expression fails on this point (division by zero, a type mismatch,
+                a value over the bounds).
         """
         try:
             return bool(self._evaluate(point))
+        except _TooLarge:
+            raise ConfigError(self.field, self.text,
+                              f"builds a value too large to compare; allowed: {LIMITS}") from None
         except (ArithmeticError, TypeError) as exc:
-            shown = {name: point[name] for name in sorted(self._fields) if name in point}
+            shown = {name: point[name] for name in sorted(self.names) if name in point}
             raise ConfigError(self.field, self.text, f"fails on point {shown}: {exc}") from None
 
     def _compile(self, node: ast.expr) -> Evaluator:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float | str | bool):
             value = node.value
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+                raise ConfigError(self.field, self.text, f"has a number too large; allowed: {LIMITS}")
             return lambda point: value
         if isinstance(node, ast.Name):
             if node.id in ("true", "false", "True", "False"):
@@ -92,7 +142,7 @@ class Expression:
             return lambda point: point[name]
         if isinstance(node, ast.List | ast.Tuple):
             items = [self._compile(item) for item in node.elts]
-            return lambda point: tuple(item(point) for item in items)
+            return lambda point: _bounded(tuple(item(point) for item in items))
         if isinstance(node, ast.BoolOp):
             parts = [self._compile(value) for value in node.values]
             if isinstance(node.op, ast.And):
@@ -101,6 +151,9 @@ class Expression:
         if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
             unary, operand = _UNARY[type(node.op)], self._compile(node.operand)
             return lambda point: unary(operand(point))
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str):
+            raise ConfigError(self.field, ast.unparse(node), "is not allowed: % formats a string")
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             binary = _BINARY[type(node.op)]
             left, right = self._compile(node.left), self._compile(node.right)

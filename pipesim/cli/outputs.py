@@ -1,0 +1,113 @@
+"""Where commands write: ``--out`` checked before any work, so a bad path is one line and exit 2.
+
+A folder (``simulate --out``, ``plan --out``) or a file's folder (``report``, ``sweep``, figures)
+is tried up front, so the run is not wasted on a path that cannot take its files, and removed
+again if it was new; the writers create it and write each file atomically. Errors the disk
+raises while writing become the same one-line ConfigError (``writing``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pipesim.errors import ConfigError
+
+# Suffixes that name a file, not a folder: ``--out result.json`` for a report folder is a mistake.
+FILE_SUFFIXES = (".json", ".html", ".htm", ".png", ".svg", ".pdf", ".csv", ".parquet", ".pq", ".txt", ".yaml")
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.EEXIST or isinstance(exc, FileExistsError):
+        return "exists and is a file"
+    if exc.errno == errno.ENOTDIR:
+        return "has a file where a folder should be"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return "is not writable (permission denied)"
+    if exc.errno == errno.ENOSPC:
+        return "cannot be written: no space left on the device"
+    return f"cannot be created or written ({exc.strerror or exc})"
+
+
+def _probe_folder(folder: Path, field: str, shown: str) -> None:
+    """Check that ``folder`` can be created and written, naming the first part of the path in the
+    way; the folders this creates to find out are removed again, so a run that fails later leaves
+    nothing behind (the writers create them for real)."""
+    missing = []
+    for ancestor in [folder, *folder.parents]:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                rule = ("must be a folder, but it is a file" if ancestor == Path(shown)
+                        else f"cannot be written: {ancestor} is a file, not a folder")
+                raise ConfigError(field, shown, rule)
+            break
+        missing.append(ancestor)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        writable = os.access(folder, os.W_OK | os.X_OK)
+    except OSError as exc:
+        raise ConfigError(field, shown, _reason(exc)) from None
+    finally:
+        for created in missing:  # deepest first
+            with suppress(OSError):
+                created.rmdir()
+    if not writable:
+        raise ConfigError(field, shown, "is not writable (permission denied)")
+
+
+def out_folder(path: str, field: str = "out") -> Path:
+    """Check the folder ``path`` that a command writes its files into.
+
+    Raises:
+        ConfigError: the path names a file, looks like a file name (``result.json``), runs
+            through a file, or cannot be created or written.
+    """
+    folder = Path(path)
+    if not path.strip():
+        raise ConfigError(field, path, "must name a folder")
+    if folder.suffix.lower() in FILE_SUFFIXES and not folder.is_dir():
+        raise ConfigError(field, path, f"must be a folder, not a file name ending in {folder.suffix}")
+    _probe_folder(folder, field, path)
+    return folder
+
+
+def out_file(path: str, suffixes: tuple[str, ...] | None, field: str = "out") -> Path:
+    """Check a file path a command will write (atomically).
+
+    Raises:
+        ConfigError: a suffix not in ``suffixes`` (None: any), an existing folder at ``path``,
+            or a folder that cannot be created or written.
+    """
+    target = Path(path)
+    if suffixes is not None and target.suffix.lower() not in suffixes:
+        raise ConfigError(field, path, f"must end in {', '.join(suffixes)}")
+    if target.is_dir():
+        raise ConfigError(field, path, "is a folder, expected a file name")
+    _probe_folder(target.parent, field, path)
+    return target
+
+
+@contextmanager
+def writing(path: str | Path, field: str = "out") -> Iterator[None]:
+    """Turn an OSError raised while writing under ``path`` into a one-line ConfigError."""
+    try:
+        yield
+    except OSError as exc:
+        raise ConfigError(field, str(path), _reason(exc)) from None
+
+
+def out_file_option(suffixes: tuple[str, ...] | None) -> Any:
+    """A click callback that checks ``--out FILE`` (``out_file``) as the command line is parsed,
+    before the command does any work."""
+    def check(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            out_file(value, suffixes)
+        return value
+
+    return check

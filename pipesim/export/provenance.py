@@ -1,0 +1,77 @@
+"""The ``run`` record every output carries: which inputs, which settings, which pipesim, which command.
+
+Two saved reports are told apart by reading them: the profile is named by its file name and the
+SHA-256 of its bytes (a ``--uniform`` profile by its spec text), the topology likewise, and the
+settings and command line are those the outputs came from.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from pipesim.spec.provenance import command_line
+
+if TYPE_CHECKING:
+    from pipesim.simulation import Result
+    from pipesim.spec.topology import Topology
+
+# The keys of the record, in the order the report shows them.
+RUN_KEYS = ("command", "pipesim_version", "profile", "topology", "bandwidth_bytes_per_s", "latency_s", "schedule",
+            "num_stages", "num_microbatches", "num_minibatches", "stages_per_rank", "engine")
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def run_record(result: Result, *, profile: dict[str, str], topology: Topology,
+               topology_file: dict[str, str] | None = None, command: str | None = None) -> dict[str, Any]:
+    """The ``run`` object of ``simulate``'s outputs (metrics.json, ``--json``, traces, report).
+
+    ``bandwidth_bytes_per_s`` and ``latency_s`` are the topology's default link (null when
+    communication is free); ``topology`` names its file, or says it was built from the flags.
+    """
+    from pipesim import __version__
+
+    m = result.metrics
+    return {
+        "command": command_line() if command is None else command,
+        "pipesim_version": __version__,
+        "profile": profile,
+        "topology": topology_file or {"name": f"uniform, {topology.num_devices} devices (from the command line)",
+                                      "sha256": ""},
+        "bandwidth_bytes_per_s": _finite(topology.bandwidth_bytes_per_s),
+        "latency_s": topology.latency_s,
+        "schedule": m.schedule,
+        "num_stages": m.num_stages,
+        "num_microbatches": m.num_microbatches,
+        "num_minibatches": m.num_minibatches,
+        "stages_per_rank": result.plan.stages_per_rank,
+        "engine": m.engine,
+    }
+
+
+def _identity(value: dict[str, Any]) -> str:
+    digest = value.get("sha256") or ""
+    return f"{value.get('name', '')} (sha256 {digest})" if digest else str(value.get("name", ""))
+
+
+def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """The record as (label, text) rows for a report: ``RUN_KEYS`` first, in order, then any other
+    keys (a sweep's spec, digest, profiles), inputs as ``name (sha256 ...)``, units written out."""
+    rows = []
+    for key in [*(k for k in RUN_KEYS if k in run), *sorted(set(run) - set(RUN_KEYS))]:
+        value = run[key]
+        if isinstance(value, dict):
+            text = _identity(value)
+        elif isinstance(value, list):
+            text = "; ".join(_identity(item) if isinstance(item, dict) else str(item) for item in value) or "none"
+        elif key == "bandwidth_bytes_per_s":
+            text = "unlimited (free communication)" if value is None else f"{value / 1e9:.4g} GB/s"
+        elif key == "latency_s":
+            text = f"{value * 1e6:.4g} us"
+        else:
+            text = "" if value is None else str(value)
+        rows.append((key, text))
+    return rows

@@ -1,0 +1,25 @@
+"""How outputs name their inputs: a file by its name and the SHA-256 of its bytes, and the command line."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as typed, ``pipesim ARGS``, quoted so that a shell reruns it."""
+    return shlex.join(["pipesim", *(sys.argv[1:] if argv is None else argv)])
+
+
+def file_identity(path: str | Path) -> dict[str, str]:
+    """``{"name": file name, "sha256": hex digest of its bytes}``."""
+    target = Path(path)
+    return {"name": target.name, "sha256": hashlib.sha256(target.read_bytes()).hexdigest()}
+
+
+def text_identity(name: str, text: str) -> dict[str, str]:
+    """The identity of an input given as text rather than a file (``--uniform``, a spec's uniform profile)."""
+    return {"name": name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
