@@ -88,7 +88,7 @@ class Result:
         data["num_ops"] = self.metrics.num_ops
         data["engine_wall_s"] = self.engine_wall_s
         data["partition"] = [list(r) for r in self.plan.partition]
-        data["microbatch_size"] = int(self.trace.meta["microbatch_size"])
+        data["microbatch_size"] = self.trace.info.microbatch_size
         return data
 
 

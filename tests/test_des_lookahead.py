@@ -40,7 +40,7 @@ def assert_bit_equal(a: Trace, b: Trace) -> None:
         assert np.array_equal(a.spans[column], b.spans[column]), column
     for column in MEMORY_COLUMNS:
         assert np.array_equal(a.memory[column], b.memory[column]), column
-    assert a.meta == b.meta
+    assert a.info == b.info
 
 
 def events_of(run: DesRun) -> int:

@@ -34,7 +34,7 @@ def shuffled(trace: Trace, seed: int) -> Trace:
     """The same spans and memory events in another stored order."""
     rng = np.random.default_rng(seed)
     spans, memory = rng.permutation(trace.num_spans), rng.permutation(trace.memory["time_s"].size)
-    return Trace(meta=trace.meta, spans={c: v[spans] for c, v in trace.spans.items()},
+    return Trace(info=trace.info, spans={c: v[spans] for c, v in trace.spans.items()},
                  memory={c: v[memory] for c, v in trace.memory.items()})
 
 
@@ -137,7 +137,7 @@ def test_a_trace_with_a_stage_out_of_range_is_refused_by_name() -> None:
     trace = pipesim.simulate(profile, schedule="1f1b", num_stages=2, num_microbatches=2).trace
     stage = trace.spans["stage"].copy()
     stage[0] = 5
-    broken = Trace(meta=trace.meta, spans={**trace.spans, "stage": stage}, memory=trace.memory)
+    broken = Trace(info=trace.info, spans={**trace.spans, "stage": stage}, memory=trace.memory)
     with pytest.raises(ConfigError, match=r"spans.stage.*5.*must be in 0..1"):
         compute_metrics(broken, compiled=False)
     assert minibatch_ends(trace, compiled=False).tolist() == [trace.makespan_s]

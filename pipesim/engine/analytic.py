@@ -66,7 +66,7 @@ def run_analytic(program: Program, *, method: Method = "auto") -> Trace:
     if method == "auto":
         fallback: Method = "rounds" if ops.num_ranks >= _ROUNDS_FROM_RANKS else "loop"
         method = "kernel" if kernels_pay_off(ops.num_ops) else fallback
-    meta = {**program.meta, "engine": "analytic", "jitter": 0.0}
+    meta = program.info.ran("analytic", jitter=0.0)
     if method == "kernel":
         spans, arrival, remote, stuck = solve_in_span_order(ops)
         if stuck:

@@ -9,6 +9,7 @@ import numpy.typing as npt
 
 from pipesim.engine.lowering import Program
 from pipesim.engine.memory import MemoryMethod, memory_columns
+from pipesim.engine.run_info import RunInfo
 from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -37,7 +38,7 @@ def build_trace(
     program: Program,
     end_s: FloatArray,
     arrival_s: FloatArray,
-    meta: dict[str, Any],
+    info: RunInfo,
     *,
     start_s: FloatArray | None = None,
     send_start_s: FloatArray | None = None,
@@ -53,7 +54,7 @@ def build_trace(
         end_s: per op (OpTable order), when it ended.
         arrival_s: per op, when its output reached the receiving rank (its send's end; the
             op's end when it sends nothing or sends to its own rank).
-        meta: the Trace's meta.
+        info: the Trace's run info.
         start_s, send_start_s: starts as the engine saw them; by default implied by the ends.
         memory_method: how to compute the memory events (``memory.memory_columns``).
     """
@@ -66,7 +67,7 @@ def build_trace(
     start[:n], end[:n] = start_s, end_s
     np.take(np.asarray(send_start_s, dtype=np.float64), remote, out=start[n:], mode="clip")
     np.take(np.asarray(arrival_s, dtype=np.float64), remote, out=end[n:], mode="clip")
-    return trace_from_times(program, spans, meta, remote=remote, memory_method=memory_method)
+    return trace_from_times(program, spans, info, remote=remote, memory_method=memory_method)
 
 
 def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
@@ -78,7 +79,7 @@ def span_block(num_spans: int) -> dict[str, npt.NDArray[Any]]:
             for i, column in enumerate(SPAN_COLUMNS)}
 
 
-def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
+def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info: RunInfo, *,
                      remote: npt.NDArray[np.int64] | None = None, memory_method: MemoryMethod = "auto") -> Trace:
     """The Trace of a run whose span times are already in place (see ``build_trace``).
 
@@ -96,7 +97,7 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
         fill_span_columns(program, spans, remote)
     else:
         spans.update(shared)
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
+    return Trace(info=info, spans=spans, memory=memory_columns(program, spans["end_s"][:n], method=memory_method))
 
 
 def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:

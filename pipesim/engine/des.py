@@ -120,7 +120,7 @@ class DesRun:
             raise ConfigError("jitter", jitter, "must be 0 when durations are given")
         self.program = program
         self.env = simpy.Environment()
-        self._meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
+        self._meta = program.info.ran("des", jitter=jitter, seed=seed)
         chosen = (_durations(program, jitter, seed) if durations is None
                   else np.asarray(_given_durations(program, durations), np.float64))
         self.lookahead = lookahead and not program.shared_paths

@@ -51,7 +51,7 @@ def memory_columns(program: Program, end_s: FloatArray, *,
             np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
             np.asarray(costs.stash_bytes, dtype=np.float64),
             np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
-            np.asarray(costs.param_bytes, dtype=np.float64), float(program.meta["optimizer_state_multiplier"]),
+            np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
             program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64))
         return dict(zip(MEMORY_COLUMNS, columns, strict=True))
     return _memory_columns_numpy(program, end_s)
@@ -65,7 +65,7 @@ def _memory_columns_numpy(program: Program, end_s: FloatArray) -> Columns:
     params = np.asarray(program.costs.param_bytes, dtype=np.float64)
     stash = np.asarray(program.costs.stash_bytes, dtype=np.float64)
     kept = np.asarray(program.costs.weight_stash_bytes or program.costs.stash_bytes, dtype=np.float64)
-    multiplier = float(program.meta["optimizer_state_multiplier"])
+    multiplier = float(program.info.optimizer_state_multiplier)
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
 
     # Per op, its events in flat order (op by op; within an op: activations, then the version

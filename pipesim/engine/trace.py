@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.run_info import RunInfo
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import KIND_ORDER
 
@@ -61,7 +62,7 @@ class Span:
 class TraceBuilder:
     """Collects spans and memory events row by row; ``build()`` freezes them into a Trace."""
 
-    meta: dict[str, Any]
+    info: RunInfo
     spans: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in SPAN_COLUMNS})
     memory: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MEMORY_COLUMNS})
 
@@ -84,7 +85,7 @@ class TraceBuilder:
     def build(self) -> Trace:
         """The finished Trace, rows in the order they were added."""
         return Trace(
-            meta=dict(self.meta),
+            info=self.info,
             spans={c: _column(c, v) for c, v in self.spans.items()},
             memory={c: _column(c, v) for c, v in self.memory.items()},
         )
@@ -99,13 +100,12 @@ class Trace:
     """Spans and memory events of one run, by column, plus what produced them.
 
     Attributes:
-        meta: schedule, num_stages, num_microbatches, num_minibatches, num_ranks,
-            stage_to_rank, microbatch_size, engine, and the per-stage sizes metrics need.
+        info: the run it records (schedule, counts, sizes, engine), the JSON's ``meta``.
         spans: SPAN_COLUMNS to numpy arrays (kind and stream as integer codes).
         memory: MEMORY_COLUMNS to numpy arrays (category as integer code).
     """
 
-    meta: dict[str, Any]
+    info: RunInfo
     spans: dict[str, npt.NDArray[Any]]
     memory: dict[str, npt.NDArray[Any]]
 
@@ -168,10 +168,10 @@ class Trace:
         })
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: schema, meta, and columns as lists."""
+        """The JSON form: schema, meta (the run info), and columns as lists."""
         return {
             "schema": TRACE_SCHEMA,
-            "meta": self.meta,
+            "meta": self.info.to_dict(),
             "spans": {c: self.spans[c].tolist() for c in SPAN_COLUMNS},
             "memory": {c: self.memory[c].tolist() for c in MEMORY_COLUMNS},
         }
@@ -185,7 +185,8 @@ class Trace:
         """Parse the JSON written by ``to_json``.
 
         Raises:
-            ConfigError: not a pipesim trace, or a column missing or of the wrong length.
+            ConfigError: not a pipesim trace, a column missing or of the wrong length, or a
+                meta key missing or of the wrong type.
         """
         try:
             data = json.loads(text)
@@ -210,10 +211,10 @@ class Trace:
         meta = data.get("meta")
         if not isinstance(meta, dict):
             raise ConfigError("meta", meta, "must be an object", source=source)
-        return cls(meta=meta, spans=tables["spans"], memory=tables["memory"])
+        return cls(info=RunInfo.from_dict(meta, source=source), spans=tables["spans"], memory=tables["memory"])
 
     def equals(self, other: Trace) -> bool:
-        """True when meta and every column are identical."""
-        return self.meta == other.meta and all(
+        """True when the run info and every column are identical."""
+        return self.info == other.info and all(
             np.array_equal(self.spans[c], other.spans[c]) for c in SPAN_COLUMNS
         ) and all(np.array_equal(self.memory[c], other.memory[c]) for c in MEMORY_COLUMNS)

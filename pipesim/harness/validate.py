@@ -68,9 +68,9 @@ def replay(program: Program, measured: Trace) -> Trace:
 def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
     """Per stage and kind ("0F", "1B", ...), the mean compute span in the steady-state minibatches
     (all but the first and the last); with ``cpu``, the mean thread CPU time of the same spans
-    from the meta ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
-    last = int(trace.meta.get("num_minibatches", 0)) - 1
-    cpu_s = trace.meta.get("compute_cpu_s") if cpu else None
+    from the run info's ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
+    last = trace.info.num_minibatches - 1
+    cpu_s = trace.info.compute_cpu_s if cpu else None
     if cpu and not cpu_s:
         return {}
     samples: dict[str, list[float]] = {}
@@ -78,7 +78,8 @@ def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
         if span.stream != "compute" or not 1 <= span.minibatch < last:
             continue
         if cpu_s is not None:
-            seconds = cpu_s[span.device][span.position] if cpu_s[span.device] is not None else -1.0
+            rank_cpu_s = cpu_s[span.device]
+            seconds = rank_cpu_s[span.position] if rank_cpu_s is not None else -1.0
             if seconds < 0:
                 continue
         else:
@@ -360,11 +361,11 @@ def validate_schedule(profile: Profile | ProfileSource, topology: Topology, spec
                                    num_ranks=num_ranks).with_outputs(trace_out=trace_path)
             launch(config, op_timeout_s=op_timeout_s)
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
-            peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()
+            peaks = trace.info.cuda_max_memory_allocated_bytes or ()
             runs.append(RunComparison(
                 predicted=predicted, measured=compute_metrics(trace),
                 replayed=compute_metrics(replay(program, trace)),
-                versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
+                versions=compare_versions(result.trace, trace), cpu_share=trace.info.cpu_share or (),
                 profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
                 layer_predicted=None if layer_result is None else layer_result.metrics,
                 calibration_cpu_share=calibration_share, mean_ops_iteration_time_s=mean_ops,

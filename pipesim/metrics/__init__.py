@@ -109,7 +109,7 @@ def minibatch_ends(trace: Trace, *, compiled: bool | None = None) -> npt.NDArray
             the same bits either way. None: ``use_compiled`` decides.
     """
     s = trace.spans
-    return kernels.minibatch_ends(s["stream"], s["minibatch"], s["end_s"], int(trace.meta["num_minibatches"]),
+    return kernels.minibatch_ends(s["stream"], s["minibatch"], s["end_s"], trace.info.num_minibatches,
                                   compiled=use_compiled(trace, compiled))
 
 
@@ -140,12 +140,12 @@ def _exposed_communication(trace: Trace, device: int, low: float, high: float, s
                            compiled: bool | None = None) -> float:
     """Idle time on ``device`` before an op (of ``stage``, when given), overlapping the arrival of
     the send it waited for: an activation for F, a gradient (from B or I) for B or I."""
-    num_devices, num_stages = int(trace.meta["num_ranks"]), int(trace.meta["num_stages"])
+    num_devices, num_stages = trace.info.num_ranks, trace.info.num_stages
     chosen = use_compiled(trace, compiled)
     if stage is None:
         return kernels.exposed_communication(trace, num_devices, num_stages, low, high, per_stage=False,
                                              compiled=chosen)[device]
-    if int(trace.meta["stage_to_rank"][stage]) != device:
+    if trace.info.stage_to_rank[stage] != device:
         return 0.0
     return kernels.exposed_communication(trace, num_devices, num_stages, low, high, compiled=chosen)[stage]
 
@@ -158,7 +158,7 @@ def stage_staleness(trace: Trace, *, compiled: bool | None = None) -> Staleness:
 
     They depend on each rank's order of ops and their weight versions alone, so every trace
     of one schedule has the same (``pipesim.reuse`` keeps them for a sweep's points)."""
-    return kernels.staleness_all(trace, trace.spans["stage"], len(trace.meta["stage_to_rank"]),
+    return kernels.staleness_all(trace, trace.spans["stage"], len(trace.info.stage_to_rank),
                                  compiled=use_compiled(trace, compiled))
 
 
@@ -185,17 +185,17 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compile
         compiled: run the numba-compiled kernels (True) or their plain-Python form (False);
             the same bits either way. None: ``use_compiled`` decides.
     """
-    meta = trace.meta
+    info = trace.info
     s = trace.spans
     compiled = use_compiled(trace, compiled)
     low, high, warmup, cooldown = steady_window(trace, compiled=compiled)
-    steady = max(1, int(meta["num_minibatches"]) - warmup - cooldown)
+    steady = max(1, info.num_minibatches - warmup - cooldown)
     iteration = (high - low) / steady
     width = high - low
     compute_rows = np.flatnonzero(s["stream"] == _COMPUTE)
-    stage_to_rank = list(meta["stage_to_rank"])
+    stage_to_rank = list(info.stage_to_rank)
     num_stages = len(stage_to_rank)
-    num_ranks = int(meta["num_ranks"])
+    num_ranks = info.num_ranks
     # Busy time per device: each device's clipped spans in stored order, summed as numpy sums them.
     # The engines store the compute spans first: then a slice reads them without copying.
     mine: slice | npt.NDArray[np.intp] = compute_rows
@@ -235,13 +235,13 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compile
             discrepancy_max=discrepancy_list[stage],
         ))
     device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages, compiled)
-    samples = int(meta["num_microbatches"]) * int(meta.get("microbatch_size", 1))
+    samples = info.num_microbatches * info.microbatch_size
     return Metrics(
-        schedule=str(meta["schedule"]),
-        engine=str(meta.get("engine", "unknown")),
-        num_stages=int(meta["num_stages"]),
-        num_microbatches=int(meta["num_microbatches"]),
-        num_minibatches=int(meta["num_minibatches"]),
+        schedule=info.schedule,
+        engine=info.engine if info.engine is not None else "unknown",
+        num_stages=info.num_stages,
+        num_microbatches=info.num_microbatches,
+        num_minibatches=info.num_minibatches,
         num_ops=int(compute_rows.size),
         iteration_time_s=iteration,
         makespan_s=trace.makespan_s,

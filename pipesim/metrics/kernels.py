@@ -322,9 +322,9 @@ def staleness_all(trace: Trace, key: IntArray, num_groups: int, *, compiled: boo
         ConfigError: an F, B, I or W with a microbatch outside 0..K*m-1.
     """
     s = trace.spans
-    total = trace.meta["num_minibatches"] * trace.meta["num_microbatches"]
+    total = trace.info.num_minibatches * trace.info.num_microbatches
     delay_max, delay_mean, discrepancy_max, ok = _form(_staleness, compiled)(
-        s["stream"], key, s["kind"], s["microbatch"], s["weight_version"], s["position"], num_groups, int(total))
+        s["stream"], key, s["kind"], s["microbatch"], s["weight_version"], s["position"], num_groups, total)
     if not ok:
         micro = s["microbatch"]
         bad = micro[(s["stream"] == _COMPUTE) & (s["kind"] != _U) & ((micro < 0) | (micro >= total))]

@@ -65,7 +65,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
-    num_ranks = int(trace.meta["num_ranks"])
+    num_ranks = trace.info.num_ranks
     makespan = trace.makespan_s
     unit, scale = style.time_unit(makespan) if time_unit is None else (time_unit, _SCALES[time_unit])
     if ax is None:
@@ -114,7 +114,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
         bars.set_gid(f"send:{name}")
         ax.add_collection(bars)
     _label_bars(ax, trace, start, end, label_ops)
-    stage_to_rank = list(trace.meta["stage_to_rank"])
+    stage_to_rank = list(trace.info.stage_to_rank)
     ax.set_yticks(range(num_ranks))
     ax.set_yticklabels([
         f"device {d}\n" + "stage " + ",".join(str(st) for st, r in enumerate(stage_to_rank) if r == d)
@@ -122,8 +122,9 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     ], fontsize=8 if num_ranks <= 16 else 5)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("device")
-    ax.set_title(f"{trace.meta['schedule']}: p={trace.meta['num_stages']}, m={trace.meta['num_microbatches']}, "
-                 f"K={trace.meta['num_minibatches']} ({trace.meta.get('engine', '?')} engine)", loc="left",
+    info = trace.info
+    ax.set_title(f"{info.schedule}: p={info.num_stages}, m={info.num_microbatches}, "
+                 f"K={info.num_minibatches} ({info.engine or '?'} engine)", loc="left",
                  fontsize=10)
     handles = [Patch(facecolor=KIND_COLORS[k], label=k) for k in kinds_drawn]
     handles += [Patch(facecolor=SEND_COLORS[n], label=f"send {n}") for n in sends_drawn]
