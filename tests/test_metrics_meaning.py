@@ -141,3 +141,19 @@ def test_a_trace_with_a_stage_out_of_range_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"spans.stage.*5.*must be in 0..1"):
         compute_metrics(broken, compiled=False)
     assert minibatch_ends(trace, compiled=False).tolist() == [trace.makespan_s]
+
+
+def test_a_wait_table_too_large_renumbers_the_microbatches(monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = pipesim.uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e3)
+    topology = pipesim.Topology.uniform(num_devices=4, bandwidth="1MB/s", latency="5us")
+    trace = pipesim.simulate(profile, topology, schedule="1f1b", num_stages=4, num_microbatches=4).trace
+    expected = kernels.exposed_communication(trace, 4, 4, 0.0, trace.makespan_s, compiled=False)
+    assert any(expected)
+    # Sparse microbatch indices (only their equality matters here) need a table of 6 x 5 x 3001 cells.
+    sparse = Trace(info=trace.info, spans={**trace.spans, "microbatch": trace.spans["microbatch"] * 1000},
+                   memory=trace.memory)
+    monkeypatch.setattr(kernels, "MAX_TABLE", 1000)  # read at call time by the plain-Python form
+    assert kernels.exposed_communication(sparse, 4, 4, 0.0, trace.makespan_s, compiled=False) == expected
+    monkeypatch.setattr(kernels, "MAX_TABLE", 100)
+    with pytest.raises(ConfigError, match="table cells"):
+        kernels.exposed_communication(sparse, 4, 4, 0.0, trace.makespan_s, compiled=False)

@@ -59,17 +59,16 @@ def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray
     num_slots = num_stages + 2
     if num_slots * _NUM_KINDS * total > MAX_TABLE:
         return sums, _TOO_LARGE
-    for j in range(1, rows.size):
-        r, q = rows[j], rows[j - 1]
-        if device[r] < device[q] or (device[r] == device[q] and position[r] <= position[q]):
-            return sums, _UNSORTED
     table = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
-    earlier = np.full(rows.size, -1, dtype=np.int64)  # the gap before j with the same key
-    gap_start = np.zeros(rows.size)
+    # Per gap j (written and read for gaps only): where it starts, and the gap before it with its key.
+    gap_start = np.empty(rows.size)
+    earlier = np.empty(rows.size, dtype=np.int64)
     previous = 0.0
     last_device = -1
     for j in range(rows.size):
         r = rows[j]
+        if j > 0 and (device[r] < last_device or (device[r] == last_device and position[r] <= position[rows[j - 1]])):
+            return sums, _UNSORTED
         if j == 0 or device[r] != last_device:
             previous = 0.0
             last_device = device[r]
