@@ -83,5 +83,5 @@ def busy_fraction(result: pipesim.Result) -> float:
     frame = result.trace.to_frame()
     compute = frame[frame["stream"] == "compute"]
     work = float((compute["end_s"] - compute["start_s"]).sum()) / result.metrics.num_minibatches
-    devices = int(result.trace.meta["num_ranks"])
+    devices = result.trace.info.num_ranks
     return work / (devices * result.metrics.iteration_time_s)

@@ -73,7 +73,7 @@ def main() -> int:
             measured = compute_metrics(traces["run"]).iteration_time_s
             wall, cpu = op_means(traces["run"]), op_means(traces["run"], cpu=True)
             report: dict[str, object] = {"round": round_index, "measured_ms": measured * 1e3,
-                                         "run_cpu_share": traces["run"].meta.get("cpu_share")}
+                                         "run_cpu_share": traces["run"].info.cpu_share}
             for label, *_ in runs[:-1]:
                 trace = traces[label]
                 times = scaled(profile, cuts, measured_op_times(trace, 2, "mean"))
@@ -83,7 +83,7 @@ def main() -> int:
                 cal_wall, cal_cpu = op_means(trace), op_means(trace, cpu=True)
                 report[label] = {
                     "error": round(relative_error(predicted, measured), 4),
-                    "cpu_share": trace.meta.get("cpu_share"),
+                    "cpu_share": trace.info.cpu_share,
                     "wall_ratio": {key: round(wall[key] / cal_wall[key], 3) for key in wall},
                     "cpu_ratio": {key: round(cpu[key] / cal_cpu[key], 3) for key in cpu if cal_cpu.get(key)},
                 }

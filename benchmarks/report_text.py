@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipesim.engine.kernel_policy import KERNELS_FROM_OPS
+from pipesim.jit import COMPILED_FROM_OPS as KERNELS_FROM_OPS
 
 LOOKAHEAD = """\
 Then (2026-11-22, the DES with one event per op at 0.40-0.66x the bare loop): an event with a plain
@@ -165,7 +165,7 @@ def render(engines: list[dict[str, Any]], e2e: list[dict[str, Any]], rss: list[d
                      f"{row['spans_s'] * 1e3:.1f} | {row['memory_s'] * 1e3:.1f} | {row['total_s'] * 1e3:.1f} | "
                      f"{row['ops'] / row['total_s'] / 1e6:.2f} M |")
     lines += ["", "A fresh process's first `simulate()` (analytic engine, 1f1b): \"auto\" uses the compiled kernels "
-              f"only once a process has run {KERNELS_FROM_OPS:,} ops (`engine/kernel_policy.py`), so a single small "
+              f"for runs of at least {KERNELS_FROM_OPS:,} ops (`pipesim/jit.py`), so a single small "
               "run never starts numba; \"kernels forced\" uses them from the first op (numba's start-up, loading "
               "the kernels cached on disk); PIPESIM_NO_JIT=1 does not import numba at all.", "",
               "| mode | p | m | ops | process wall s | first simulate() s | its engine s |", "|---|---|---|---|---|---|---|"]

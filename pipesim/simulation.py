@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from pipesim import jit
+from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
@@ -105,7 +107,7 @@ class Result:
         data["num_ops"] = self.metrics.num_ops
         data["engine_wall_s"] = self.engine_wall_s
         data["partition"] = [list(r) for r in self.plan.partition]
-        data["microbatch_size"] = int(self.trace.meta["microbatch_size"])
+        data["microbatch_size"] = self.trace.info.microbatch_size
         return data
 
 
@@ -222,11 +224,14 @@ def simulate_plan(
     schedule: Schedule | None = None,
     max_ops: int = DEFAULT_MAX_OPS,
     reuse: Reuse | None = None,
+    kernels: JitSetting | None = None,
 ) -> Result:
     """Simulate a complete Plan (with ``schedule`` in place of the registry's, when given).
 
     ``max_ops`` bounds the run's size (see ``check_size``). ``reuse`` carries schedules,
     stage costs and staleness over to later calls (``pipesim.reuse``; a sweep's points share them).
+    ``kernels`` (auto, always or never; default ``PIPESIM_JIT``) chooses numba's kernels or their
+    plain-Python form for the engine and the metrics (``pipesim.jit.use_compiled``).
 
     Raises:
         ConfigError: an input breaks a rule; ScheduleError: the schedule cannot run.
@@ -235,23 +240,25 @@ def simulate_plan(
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
     program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
     started = time.perf_counter()
-    trace = _run(program, engine, jitter, seed)
+    compiled = jit.use_compiled(program.ops.num_ops, kernels)
+    trace = _run(program, engine, jitter, seed, compiled)
     wall = time.perf_counter() - started
     known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
-    return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=compute_metrics(trace, staleness=known),
+    metrics = compute_metrics(trace, staleness=known, compiled=compiled)
+    return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall)
 
 
-def _run(program: Program, engine: EngineName, jitter: float, seed: int) -> Trace:
+def _run(program: Program, engine: EngineName, jitter: float, seed: int, compiled: bool) -> Trace:
     """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
     if engine == "des":
-        return run_des(program, jitter=jitter, seed=seed)
+        return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
     reason = analytic_unsupported(program)
     if engine == "analytic" and reason is not None:
         raise ConfigError("engine", engine, reason)
     if engine == "analytic" or (reason is None and jitter == 0):
-        return run_analytic(program, jitter=jitter, seed=seed)
-    return run_des(program, jitter=jitter, seed=seed)
+        return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+    return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
 
 
 def simulate(
@@ -267,6 +274,7 @@ def simulate(
     jitter: float = 0.0,
     seed: int = 0,
     max_ops: int = DEFAULT_MAX_OPS,
+    kernels: JitSetting | None = None,
     **plan_options: Any,
 ) -> Result:
     """Simulate ``schedule`` on ``profile`` cut into ``num_stages`` stages.
@@ -282,6 +290,8 @@ def simulate(
         engine: ``"des"`` (SimPy), ``"analytic"`` or ``"auto"``.
         jitter, seed: per-op duration noise for the DES engine (coefficient of variation).
         max_ops: refuse runs estimated to have more ops than this (see ``check_size``).
+        kernels: ``"auto"``, ``"always"`` or ``"never"``: numba's kernels or their plain-Python
+            form (default ``PIPESIM_JIT``, else auto: by the run's size; ``pipesim.jit``).
         plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
             replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
 
@@ -297,7 +307,8 @@ def simulate(
         num_minibatches=num_minibatches, partition=partition, **plan_options,
     )
     topology = topology or Topology.uniform(num_devices=plan.num_ranks)
-    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, max_ops=max_ops)
+    return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, max_ops=max_ops,
+                         kernels=kernels)
 
 
 def simulate_schedule(

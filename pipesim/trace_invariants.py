@@ -202,7 +202,7 @@ def find_stash_mismatches(trace: Trace) -> list[Violation]:
     found = []
     compute = s["stream"] == _COMPUTE
     frees = (s["kind"] == KINDS.index("B")) | (s["kind"] == KINDS.index("W"))
-    for stage in range(int(trace.meta["num_stages"])):
+    for stage in range(trace.info.num_stages):
         mine = compute & (s["stage"] == stage)
         forward_ends = np.sort(s["end_s"][mine & (s["kind"] == KINDS.index("F"))])
         backward_ends = np.sort(s["end_s"][mine & frees])
@@ -219,7 +219,7 @@ def find_stash_mismatches(trace: Trace) -> list[Violation]:
                     - np.searchsorted(backward_ends, instants, side="right"))
         for instant, got, want in zip(instants.tolist(), recorded.tolist(), expected.tolist(), strict=True):
             if got != want:
-                device = int(trace.meta["stage_to_rank"][stage])
+                device = trace.info.stage_to_rank[stage]
                 found.append(Violation(device, -1, f"stage {stage}",
                                        f"holds {got} stashed activations at {instant!r} s, but F done minus "
                                        f"B done is {want}"))
@@ -229,10 +229,10 @@ def find_stash_mismatches(trace: Trace) -> list[Violation]:
 
 def find_memory_floor_violations(trace: Trace) -> list[Violation]:
     """No stage's peak memory is below its weights plus its optimizer state."""
-    multiplier = float(trace.meta["optimizer_state_multiplier"])
+    multiplier = float(trace.info.optimizer_state_multiplier)
     found = []
     for stage in compute_metrics(trace).stages:
-        params = float(trace.meta["param_bytes"][stage.stage])
+        params = float(trace.info.param_bytes[stage.stage])
         floor = params * (1.0 + multiplier)
         if stage.peak_memory_bytes < floor:
             found.append(Violation(stage.device, -1, f"stage {stage.stage}",

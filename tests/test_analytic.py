@@ -71,7 +71,7 @@ def test_both_engines_give_the_same_spans_and_metrics(case: Case) -> None:
     program = program_of(case)
     des = run_des(program)
     analytic = run_analytic(program)
-    assert analytic.meta["engine"] == "analytic"
+    assert analytic.info.engine == "analytic"
     assert_traces_agree(des, analytic)
     metrics_des = compute_metrics(des).to_dict()
     metrics_analytic = compute_metrics(analytic).to_dict()
@@ -157,7 +157,7 @@ def reference_memory(program, end_s: list[list[float]]) -> list[tuple[float, int
         device = schedule.stage_to_rank[stage]
         params = costs.param_bytes[stage]
         rows += [(0.0, device, stage, 0, params, 1), (0.0, device, stage, 1, params, 1),
-                 (0.0, device, stage, 2, params * program.meta["optimizer_state_multiplier"], 1)]
+                 (0.0, device, stage, 2, params * program.info.optimizer_state_multiplier, 1)]
     order = sorted((end, r, j) for r, ends in enumerate(end_s) for j, end in enumerate(ends))
     kept = costs.weight_stash_bytes or costs.stash_bytes
     last_use = program.versions.last_use

@@ -65,7 +65,7 @@ def assert_same_program(fast: Program, reference: Program) -> None:
         got, want = getattr(fast.ops, name), getattr(reference.ops, name)
         assert got.dtype == want.dtype and got.shape == want.shape, name
         assert np.array_equal(got, want), name
-    assert fast.meta == reference.meta
+    assert fast.info == reference.info
     assert (fast.keeps_versions, fast.has_link_contention) == (reference.keeps_versions, reference.has_link_contention)
     assert fast.shared_paths == reference.shared_paths
     assert fast.nic_bandwidth_bytes_per_s == reference.nic_bandwidth_bytes_per_s

@@ -41,7 +41,7 @@ def assert_bit_equal(a: Trace, b: Trace, *, meta: bool = True) -> None:
     for column in MEMORY_COLUMNS:
         assert np.array_equal(a.memory[column], b.memory[column]), column
     if meta:
-        assert a.meta == b.meta
+        assert a.info == b.info
 
 
 def events_of(run: DesRun) -> int:
@@ -62,7 +62,7 @@ def test_des_and_analytic_give_the_same_trace_bit_for_bit(case: Case, jitter: fl
         assert_bit_equal(des, DesRun(program, jitter=jitter, seed=seed, compiled=compiled).finish())
         analytic = run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
         assert_bit_equal(des, analytic, meta=False)
-        assert analytic.meta["engine"] == "analytic" and des.meta["engine"] == "des"
+        assert analytic.info.engine == "analytic" and des.info.engine == "des"
 
 
 @settings(max_examples=60)

@@ -50,7 +50,7 @@ def test_a_rank_that_raises_ends_the_run_naming_rank_and_op(tmp_path: Path) -> N
     assert (error.rank, error.op) == (1, "1F2")
     assert "injected failure" in str(error) and "rank 1 at 1F2" in str(error)
     trace = Trace.from_json((tmp_path / "trace.json").read_text())
-    assert trace.meta["partial"] and trace.meta["failure"]["op"] == "1F2"
+    assert trace.info.partial and trace.info.failure is not None and trace.info.failure.op == "1F2"
     ops = {span.op for span in trace.iter_spans() if span.stream == "compute"}
     assert {"0F0", "0F1", "1F0", "1F1"} <= ops and "1F2" not in ops
     for rank in range(2):
@@ -65,7 +65,7 @@ def test_a_rank_that_hangs_ends_the_run_within_the_op_timeout(tmp_path: Path) ->
     assert time.perf_counter() - started < 60
     assert (caught.value.rank, caught.value.op) == (1, "1F2")
     assert "no progress" in caught.value.reason and "computing" in caught.value.reason
-    assert Trace.from_json((tmp_path / "trace.json").read_text()).meta["partial"]
+    assert Trace.from_json((tmp_path / "trace.json").read_text()).info.partial
 
 
 def test_killing_a_rank_mid_run_ends_the_command_within_30_s(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_killing_a_rank_mid_run_ends_the_command_within_30_s(tmp_path: Path) -> 
     assert "rank 1 at 1" in stderr and "killed by SIGKILL" in stderr, stderr
     assert len(stderr.strip().splitlines()) == 1
     trace = Trace.from_json(out.read_text())
-    assert trace.meta["partial"] and trace.num_spans > 20
+    assert trace.info.partial and trace.num_spans > 20
     time.sleep(0.5)
     assert not alive(survivor), "rank 0 outlived the run"
     assert int(header_of(run_dir / "rank0.npy")[PHASE]) != 3  # it never finished

@@ -40,7 +40,7 @@ def test_flush_schedule_on_nccl_equals_non_pipelined_training(tmp_path: Path) ->
     worst = max(float((a - b).abs().max()) for a, b in zip(got, want, strict=True))
     assert worst <= 1e-5
     trace = Trace.from_json((tmp_path / "trace.json").read_text())
-    assert trace.meta["device"] == "cuda" and len(trace.meta["cuda_max_memory_allocated_bytes"]) == 2
+    assert trace.info.device == "cuda" and len(trace.info.cuda_max_memory_allocated_bytes or ()) == 2
     assert all(span.end_s >= span.start_s for span in trace.iter_spans())
 
 

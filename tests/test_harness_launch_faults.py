@@ -110,7 +110,7 @@ def test_a_rendezvous_port_taken_under_the_launcher_fails_rank_0_naming_the_port
     assert f"the rendezvous port {busy_port} on 127.0.0.1 is already in use" in str(caught.value)
     assert len(str(caught.value).splitlines()) == 1
     trace = Trace.from_json((tmp_path / "trace.json").read_text())
-    assert trace.meta["partial"] and trace.meta["failure"]["rank"] == 0
+    assert trace.info.partial and trace.info.failure is not None and trace.info.failure.rank == 0
     server = psutil.Process(shared_zygote().process.pid)
     assert server.children(recursive=True) == [], "a rank outlived the run"
 

@@ -99,7 +99,7 @@ def comm_bound_case(bandwidth: str) -> Trace:
 
 def test_a_span_that_does_not_scale_is_caught() -> None:
     base = comm_bound_case("1GB/s")
-    scaled = Trace(meta=base.meta, spans={c: a * 2 if c in ("start_s", "end_s") else a for c, a in base.spans.items()},
+    scaled = Trace(info=base.info, spans={c: a * 2 if c in ("start_s", "end_s") else a for c, a in base.spans.items()},
                    memory=base.memory)
     assert find_scaling_violations(base, scaled, 2.0) == []
     scaled.spans["end_s"][3] += 1e-6

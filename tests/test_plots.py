@@ -82,7 +82,7 @@ def test_timeline_draws_one_bar_per_op(trace: Trace) -> None:
     not_update = compute & (s["kind"] != KINDS.index("U"))
     assert labelled == sorted(s["microbatch"][not_update].tolist())
     assert ax.get_xlabel() == "time (ms)" and ax.get_ylabel() == "device"
-    assert len(ax.get_yticklabels()) == int(trace.meta["num_ranks"])
+    assert len(ax.get_yticklabels()) == trace.info.num_ranks
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert legend[:3] == ["F", "B", "U"] and "idle (bubble)" in legend
     assert "2bw" in ax.get_title(loc="left")
@@ -92,9 +92,9 @@ def test_timeline_idle_shading_is_the_bubble(trace: Trace) -> None:
     ax = plots.timeline(trace, label_ops=False)
     assert not ax.texts
     idle = collection(ax, "idle").get_paths()
-    assert len(idle) == sum(len(idle_gaps(trace, d)) for d in range(int(trace.meta["num_ranks"])))
+    assert len(idle) == sum(len(idle_gaps(trace, d)) for d in range(trace.info.num_ranks))
     s = trace.spans
-    for device in range(int(trace.meta["num_ranks"])):
+    for device in range(trace.info.num_ranks):
         busy = s["end_s"][(s["stream"] == 0) & (s["device"] == device)] - s["start_s"][(s["stream"] == 0) &
                                                                                     (s["device"] == device)]
         gaps = sum(end - start for start, end in idle_gaps(trace, device))

@@ -73,12 +73,12 @@ def with_spans(trace: Trace, row: int, **values: float) -> Trace:
     spans = {column: array.copy() for column, array in trace.spans.items()}
     for column, value in values.items():
         spans[column][row] = value
-    return Trace(meta=trace.meta, spans=spans, memory=trace.memory)
+    return Trace(info=trace.info, spans=spans, memory=trace.memory)
 
 
 def without_row(trace: Trace, table: str, row: int) -> Trace:
     data = {column: np.delete(array, row) for column, array in getattr(trace, table).items()}
-    return Trace(meta=trace.meta, spans=data if table == "spans" else trace.spans,
+    return Trace(info=trace.info, spans=data if table == "spans" else trace.spans,
                  memory=data if table == "memory" else trace.memory)
 
 

@@ -78,7 +78,7 @@ def timeline_command(trace_path: str, out: str, labels: bool | None) -> None:
 def memory_command(trace_path: str, out: str, stage: int | None, peaks: bool) -> None:
     """Memory of a stage over time stacked by kind, or every stage's peak (--peaks)."""
     trace = load_trace(trace_path)
-    num_stages = int(trace.meta["num_stages"])
+    num_stages = trace.info.num_stages
     if stage is not None and not 0 <= stage < num_stages:
         raise ConfigError("stage", stage, f"must be in 0..{num_stages - 1}")
     _agg()

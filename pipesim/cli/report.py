@@ -51,7 +51,7 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
         metrics = compute_metrics(trace)
         data = metrics.to_dict()
         data["num_ops"] = metrics.num_ops
-        data["microbatch_size"] = trace.meta.get("microbatch_size", "")
+        data["microbatch_size"] = trace.info.microbatch_size
         saved = Path(source) / "metrics.json" if Path(source).is_dir() else Path(source).with_name("metrics.json")
         notes = []
         run = saved_run(source)

@@ -60,7 +60,5 @@ def run_analytic(
     if jit.pick(solve, use)(state.ints, state.floats):
         raise deadlock_error(program, state.stuck(program), state.arrival_s())
     spans = state.span_columns()
-    meta = {**program.meta, "engine": "analytic", "jitter": jitter}
-    if jitter or durations is not None:
-        meta["seed"] = seed
-    return trace_from_times(program, spans, meta, compiled=use)
+    info = program.info.ran("analytic", jitter=jitter, seed=seed if jitter or durations is not None else None)
+    return trace_from_times(program, spans, info, compiled=use)

@@ -14,6 +14,7 @@ import numpy.typing as npt
 
 from pipesim.engine.lowering import Program
 from pipesim.engine.memory import memory_columns
+from pipesim.engine.run_info import RunInfo
 from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -32,7 +33,7 @@ def span_block(num_spans: int, buffer: FloatArray | None = None) -> dict[str, np
             for i, column in enumerate(SPAN_COLUMNS)}
 
 
-def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta: dict[str, Any], *,
+def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info: RunInfo, *,
                      remote: npt.NDArray[np.int64] | None = None, compiled: bool | None = None) -> Trace:
     """The Trace of a run whose span times are already in place (in the module's span order).
 
@@ -50,7 +51,7 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], meta:
         fill_span_columns(program, spans, remote)
     else:
         spans.update(shared)
-    return Trace(meta=meta, spans=spans, memory=memory_columns(program, spans["end_s"][:n], compiled=compiled))
+    return Trace(info=info, spans=spans, memory=memory_columns(program, spans["end_s"][:n], compiled=compiled))
 
 
 def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:

@@ -91,7 +91,7 @@ class DesRun:
         self.program = program
         self.compiled = jit.use_compiled(program.ops.num_ops) if compiled is None else compiled
         self.env = simpy.Environment()
-        self._meta = {**program.meta, "engine": "des", "jitter": jitter, "seed": seed}
+        self._info = program.info.ran("des", jitter=jitter, seed=seed)
         self.shared = SharedLinks(self.env, program, self._arrived) if program.shared_paths else None
         link = self.shared.link if self.shared is not None else None
         self.state = KernelState.build(program, chosen, link=link, compiled=self.compiled)
@@ -190,7 +190,7 @@ class DesRun:
             if stuck:
                 raise deadlock_error(self.program, stuck, self.state.arrival_s())
             spans = self.state.span_columns()
-            self._trace = trace_from_times(self.program, spans, self._meta, compiled=self.compiled)
+            self._trace = trace_from_times(self.program, spans, self._info, compiled=self.compiled)
         return self._trace
 
 

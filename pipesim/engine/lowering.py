@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.run_info import RunInfo
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import KIND_CODES, KIND_ORDER, Op, OpKind, Schedule, WeightPolicy
@@ -114,7 +115,7 @@ class Program:
         schedule: the schedule; costs: its stage costs; rank_devices: topology device per rank.
         ops: the OpTable both engines run.
         keeps_versions: True when old versions outlive an update (STASH, DOUBLE_BUFFER).
-        meta: what the Trace records about the run.
+        info: what the Trace records about the run (no engine yet).
         has_link_contention: True when sends of different links share bandwidth: some rank
             pair's path crosses shared NICs (``shared_paths`` is not empty). Only the DES
             engine models that; the analytic engine applies only where it is False.
@@ -131,7 +132,7 @@ class Program:
     rank_devices: tuple[int, ...]
     ops: OpTable
     keeps_versions: bool
-    meta: dict[str, Any]
+    info: RunInfo
     has_link_contention: bool = field(default=False)
     shared_paths: dict[tuple[int, int], SharedPath] = field(default_factory=dict)
     nic_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
@@ -252,33 +253,27 @@ def _program(
     schedule: Schedule, costs: StageCosts, topology: Topology, devices: tuple[int, ...], ops: OpTable, *,
     microbatch_size: int, optimizer_state_multiplier: float,
 ) -> Program:
-    """The Program around an OpTable: sizes for memory, the run's meta, shared paths."""
+    """The Program around an OpTable: sizes for memory, the run's info, shared paths."""
     paths, nic_bandwidth = shared_paths(topology, devices, ops.rank, ops.send_rank, ops.is_remote_send)
-    meta = {
-        "schedule": schedule.name,
-        "weights": schedule.weights.value,
-        "num_stages": schedule.num_stages,
-        "num_microbatches": schedule.num_microbatches,
-        "num_minibatches": schedule.num_minibatches,
-        "num_ranks": schedule.num_ranks,
-        "stage_to_rank": list(schedule.stage_to_rank),
-        "rank_devices": list(devices),
-        "microbatch_size": microbatch_size,
-        "param_bytes": list(costs.param_bytes),
-        "stash_bytes": list(costs.stash_bytes),
-        "optimizer_state_multiplier": optimizer_state_multiplier,
-        "device_memory_bytes": [
+    info = RunInfo.of(
+        schedule,
+        rank_devices=tuple(devices),
+        microbatch_size=microbatch_size,
+        param_bytes=tuple(costs.param_bytes),
+        stash_bytes=tuple(costs.stash_bytes),
+        optimizer_state_multiplier=optimizer_state_multiplier,
+        device_memory_bytes=tuple(
             None if math.isinf(topology.devices[d].memory_bytes) else topology.devices[d].memory_bytes
             for d in devices
-        ],
-    }
+        ),
+    )
     return Program(
         schedule=schedule,
         costs=costs,
         rank_devices=devices,
         ops=ops,
         keeps_versions=schedule.weights in (WeightPolicy.STASH, WeightPolicy.DOUBLE_BUFFER),
-        meta=meta,
+        info=info,
         has_link_contention=bool(paths),
         shared_paths=paths,
         nic_bandwidth_bytes_per_s=nic_bandwidth,

@@ -42,7 +42,7 @@ def memory_columns(program: Program, end_s: FloatArray, *, compiled: bool | None
         np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
-        np.asarray(costs.param_bytes, dtype=np.float64), float(program.meta["optimizer_state_multiplier"]),
+        np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
         program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64))
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.run_info import RunInfo
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import KIND_ORDER
 
@@ -61,7 +62,7 @@ class Span:
 class TraceBuilder:
     """Collects spans and memory events row by row; ``build()`` freezes them into a Trace."""
 
-    meta: dict[str, Any]
+    info: RunInfo
     spans: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in SPAN_COLUMNS})
     memory: dict[str, list[float]] = field(default_factory=lambda: {c: [] for c in MEMORY_COLUMNS})
 
@@ -84,7 +85,7 @@ class TraceBuilder:
     def build(self) -> Trace:
         """The finished Trace, rows in the order they were added."""
         return Trace(
-            meta=dict(self.meta),
+            info=self.info,
             spans={c: _column(c, v) for c, v in self.spans.items()},
             memory={c: _column(c, v) for c, v in self.memory.items()},
         )
@@ -99,25 +100,24 @@ class Trace:
     """Spans and memory events of one run, by column, plus what produced them.
 
     Attributes:
-        meta: schedule, num_stages, num_microbatches, num_minibatches, num_ranks,
-            stage_to_rank, microbatch_size, engine, and the per-stage sizes metrics need.
+        info: the run it records (schedule, counts, sizes, engine), the JSON's ``meta``.
         spans: SPAN_COLUMNS to numpy arrays (kind and stream as integer codes).
         memory: MEMORY_COLUMNS to numpy arrays (category as integer code).
     """
 
-    meta: dict[str, Any]
+    info: RunInfo
     spans: dict[str, npt.NDArray[Any]]
     memory: dict[str, npt.NDArray[Any]]
 
     def __repr__(self) -> str:
-        meta = self.meta
+        meta = self.info.to_dict()
         return (f"<Trace {meta.get('schedule', '?')} p={meta.get('num_stages', '?')} m={meta.get('num_microbatches', '?')} "
                 f"K={meta.get('num_minibatches', '?')}: {self.num_spans} spans, {len(self.memory['time_s'])} memory "
                 f"events, makespan {self.makespan_s * 1e3:.4g} ms>")
 
     def _repr_html_(self) -> str:
         """A summary table for notebooks; ``import pipesim.plots`` adds the timeline under it."""
-        rows = [(key, self.meta.get(key, "")) for key in ("schedule", "num_stages", "num_microbatches",
+        rows = [(key, self.info.to_dict().get(key, "")) for key in ("schedule", "num_stages", "num_microbatches",
                                                            "num_minibatches", "num_ranks", "engine")]
         rows += [("spans", self.num_spans), ("makespan", f"{self.makespan_s * 1e3:.4g} ms")]
         cells = "".join(f"<tr><th style='text-align:left'>{k}</th><td>{v}</td></tr>" for k, v in rows)
@@ -182,10 +182,10 @@ class Trace:
         })
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: schema, meta, and columns as lists."""
+        """The JSON form: schema, meta (the run info), and columns as lists."""
         return {
             "schema": TRACE_SCHEMA,
-            "meta": self.meta,
+            "meta": self.info.to_dict(),
             "spans": {c: self.spans[c].tolist() for c in SPAN_COLUMNS},
             "memory": {c: self.memory[c].tolist() for c in MEMORY_COLUMNS},
         }
@@ -199,7 +199,8 @@ class Trace:
         """Parse the JSON written by ``to_json``.
 
         Raises:
-            ConfigError: not a pipesim trace, or a column missing or of the wrong length.
+            ConfigError: not a pipesim trace, a column missing or of the wrong length, or a
+                meta key missing or of the wrong type.
         """
         try:
             data = json.loads(text)
@@ -224,10 +225,10 @@ class Trace:
         meta = data.get("meta")
         if not isinstance(meta, dict):
             raise ConfigError("meta", meta, "must be an object", source=source)
-        return cls(meta=meta, spans=tables["spans"], memory=tables["memory"])
+        return cls(info=RunInfo.from_dict(meta, source=source), spans=tables["spans"], memory=tables["memory"])
 
     def equals(self, other: Trace) -> bool:
-        """True when meta and every column are identical."""
-        return self.meta == other.meta and all(
+        """True when the run info and every column are identical."""
+        return self.info == other.info and all(
             np.array_equal(self.spans[c], other.spans[c]) for c in SPAN_COLUMNS
         ) and all(np.array_equal(self.memory[c], other.memory[c]) for c in MEMORY_COLUMNS)

@@ -44,8 +44,8 @@ def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, A
     """
     events: list[dict[str, Any]] = []
     s = trace.spans
-    num_ranks = int(trace.meta["num_ranks"])
-    stage_to_rank = list(trace.meta["stage_to_rank"])
+    num_ranks = trace.info.num_ranks
+    stage_to_rank = list(trace.info.stage_to_rank)
     send = s["stream"] == _SEND
     for device in range(num_ranks):
         stages = ",".join(str(stage) for stage, rank in enumerate(stage_to_rank) if rank == device)
@@ -83,7 +83,7 @@ def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, A
     events.extend(_flows(trace, (start_ns + end_ns) // 2))
     events.extend(_memory_counters(trace))
     meta = {key: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-            for key, value in sorted(trace.meta.items())}
+            for key, value in sorted(trace.info.to_dict().items())}
     for key, value in sorted((run or {}).items()):
         meta[f"run.{key}"] = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     # traceEvents first: older Perfetto importers stop at the first top-level key they do not know.

@@ -97,7 +97,7 @@ def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> 
 
 def _steady_spans(trace: Trace, num_stages: int) -> dict[tuple[int, str], list[float]]:
     """Per (stage, kind), the durations of its compute spans in the steady-state minibatches."""
-    last = int(trace.meta.get("num_minibatches", 0)) - 1
+    last = trace.info.num_minibatches - 1
     spans: dict[tuple[int, str], list[float]] = {}
     for span in trace.iter_spans():
         if span.stream == "compute" and 1 <= span.minibatch < last:
@@ -177,7 +177,7 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
     calibrated = scaled(profile, partition, targets).model_copy(update={
         "device": f"{profile.device}; op times per stage from {run.describe()}, "
                   f"partition {[list(r) for r in partition]}"})
-    shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
+    shares = [share for share in trace.info.cpu_share or () if share is not None]
     return Calibrated(profile=calibrated, partition=partition, op_times=targets,
                       layer_op_times=stage_op_times(profile, partition),
                       cpu_share=min(shares, default=1.0), op_spread=measured_op_spread(trace, num_stages))

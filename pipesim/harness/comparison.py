@@ -40,9 +40,9 @@ def compare_versions(predicted: Trace, measured: Trace) -> VersionCheck:
 def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
     """Per stage and kind ("0F", "1B", ...), the mean compute span in the steady-state minibatches
     (all but the first and the last); with ``cpu``, the mean thread CPU time of the same spans
-    from the meta ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
-    last = int(trace.meta.get("num_minibatches", 0)) - 1
-    cpu_s = trace.meta.get("compute_cpu_s") if cpu else None
+    from the run info's ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
+    last = trace.info.num_minibatches - 1
+    cpu_s = trace.info.compute_cpu_s if cpu else None
     if cpu and not cpu_s:
         return {}
     samples: dict[str, list[float]] = {}
@@ -50,7 +50,8 @@ def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
         if span.stream != "compute" or not 1 <= span.minibatch < last:
             continue
         if cpu_s is not None:
-            seconds = cpu_s[span.device][span.position] if cpu_s[span.device] is not None else -1.0
+            per_op = cpu_s[span.device]
+            seconds = per_op[span.position] if per_op is not None else -1.0
             if seconds < 0:
                 continue
         else:

@@ -19,10 +19,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from pipesim.engine.run_info import RunFailure
 from pipesim.errors import ConfigError
 from pipesim.harness import RunFailedError
 from pipesim.harness.config import RunConfig
@@ -298,8 +299,7 @@ def _write_partial(config: RunConfig, schedule: Schedule, folder: Path, failure:
     if not config.trace_out:
         return None
     ranks = [read_rank(folder / f"rank{rank}.npy") for rank in range(schedule.num_ranks)]
-    meta = trace_meta(config, schedule, [0.0] * schedule.num_stages, [0.0] * schedule.num_stages)
-    meta["partial"] = True
-    meta["failure"] = {"rank": failure.rank, "op": failure.op, "reason": failure.reason}
-    write_text_atomic(config.trace_out, merge(schedule, ranks, meta).to_json())
+    info = replace(trace_meta(config, schedule, [0.0] * schedule.num_stages, [0.0] * schedule.num_stages),
+                   partial=True, failure=RunFailure(rank=failure.rank, op=failure.op, reason=failure.reason))
+    write_text_atomic(config.trace_out, merge(schedule, ranks, info).to_json())
     return config.trace_out

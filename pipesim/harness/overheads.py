@@ -80,5 +80,5 @@ def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], 
     for kind in KINDS:
         per_rank = [summarize(spans[(rank, kind)], statistic) - stage_net[rank].of(kind) for rank in (0, 1)]
         costs.append(max(0.0, statistics.fmean(per_rank)))
-    shares = [share for share in trace.meta.get("cpu_share", []) if share is not None]
+    shares = [share for share in trace.info.cpu_share or () if share is not None]
     return OpCosts(*costs), min(shares, default=1.0)

@@ -7,13 +7,13 @@ killed mid-run still leaves everything it recorded, and the launcher can read a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.run_info import RunInfo
 from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace, TraceBuilder
 from pipesim.harness.config import RunConfig
 from pipesim.schedule.ir import Op, OpKind, Schedule
@@ -159,48 +159,33 @@ def header_of(path: Path) -> npt.NDArray[np.float64] | None:
 
 
 def trace_meta(config: RunConfig, schedule: Schedule, param_bytes: list[float],
-               stash_bytes: list[float]) -> dict[str, Any]:
-    """The measured trace's meta: the simulator's keys, with sizes as measured."""
-    return {
-        "schedule": schedule.name,
-        "weights": schedule.weights.value,
-        "num_stages": schedule.num_stages,
-        "num_microbatches": schedule.num_microbatches,
-        "num_minibatches": schedule.num_minibatches,
-        "num_ranks": schedule.num_ranks,
-        "stage_to_rank": list(schedule.stage_to_rank),
-        "rank_devices": list(range(schedule.num_ranks)),
-        "microbatch_size": config.microbatch_size,
-        "param_bytes": param_bytes,
-        "stash_bytes": stash_bytes,
-        "optimizer_state_multiplier": 0.0,
-        "device_memory_bytes": [None] * schedule.num_ranks,
-        "engine": "torch",
-        "backend": config.backend,
-        "device": config.device,
-        "partition": [list(r) for r in config.partition],
-    }
+               stash_bytes: list[float]) -> RunInfo:
+    """The measured trace's run info: the simulator's fields, with sizes as measured."""
+    simulated = RunInfo.of(schedule, rank_devices=tuple(range(schedule.num_ranks)),
+                           microbatch_size=config.microbatch_size, param_bytes=tuple(param_bytes),
+                           stash_bytes=tuple(stash_bytes), optimizer_state_multiplier=0.0,
+                           device_memory_bytes=(None,) * schedule.num_ranks)
+    return replace(simulated, engine="torch", backend=config.backend, device=config.device,
+                   partition=tuple((start, end) for start, end in config.partition))
 
 
 def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | None],
-          meta: dict[str, Any]) -> Trace:
+          info: RunInfo) -> Trace:
     """One Trace from the ranks' records, times relative to the run's origin (rank 0's, else the first).
 
     A send span runs from the sender handing the output over to the receiver getting it; a send
     whose arrival was not recorded (a failed run) ends where it started.
     """
-    meta = dict(meta)
     # How much of its compute spans each rank actually ran for: below 1 when the OS gave its core to
     # someone else mid-op (a loaded machine), which no profile can predict.
-    meta["cpu_share"] = [None if r is None or r["header"][WALL_S] <= 0 else
-                         float(r["header"][CPU_S] / r["header"][WALL_S]) for r in ranks]
+    cpu_share = tuple(None if r is None or r["header"][WALL_S] <= 0 else
+                      float(r["header"][CPU_S] / r["header"][WALL_S]) for r in ranks)
     # Per rank and op position, the thread CPU seconds of its compute span (-1: not recorded or not measured).
-    cpu_s: list[list[float] | None] = []
+    cpu_s: list[tuple[float, ...] | None] = []
     for rank_index, r in enumerate(ranks):
         row_of = {} if r is None else {int(row[0]): float(row[5]) for row in r["compute"].tolist()}
-        cpu_s.append(None if r is None else [row_of.get(p, -1.0) for p in range(len(schedule.ranks[rank_index]))])
-    meta["compute_cpu_s"] = cpu_s
-    builder = TraceBuilder(meta=meta)
+        cpu_s.append(None if r is None else tuple(row_of.get(p, -1.0) for p in range(len(schedule.ranks[rank_index]))))
+    builder = TraceBuilder(info=replace(info, cpu_share=cpu_share, compute_cpu_s=tuple(cpu_s)))
     origin = next((float(r["header"][ORIGIN]) for r in ranks if r is not None and r["header"][ORIGIN] > 0), 0.0)
     compute_code, send_code = STREAMS.index("compute"), STREAMS.index("send")
     arrivals: dict[tuple[int, int, int], float] = {}

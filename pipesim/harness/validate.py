@@ -183,10 +183,10 @@ class ScheduleValidation:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
-        peaks = trace.meta.get("cuda_max_memory_allocated_bytes") or ()
+        peaks = trace.info.cuda_max_memory_allocated_bytes or ()
         run = RunComparison(
             predicted=predicted, measured=compute_metrics(trace), replayed=compute_metrics(replay(program, trace)),
-            versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.meta.get("cpu_share") or ()),
+            versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.info.cpu_share or ()),
             profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
             layer_predicted=None if layer_result is None else layer_result.metrics,
             calibration_cpu_share=calibration_share, mean_ops_iteration_time_s=mean_ops,

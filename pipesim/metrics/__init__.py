@@ -9,12 +9,9 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
-from pipesim.metrics import grouped, kernels
 
-#: Whether compute_metrics runs the single-pass kernels (pipesim/metrics/kernels.py) where they
-#: apply; by default when numba compiles them. Both paths give the same bits.
-USE_KERNELS: bool = jit.ENABLED
+from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
+from pipesim.metrics import kernels
 
 _COMPUTE = STREAMS.index("compute")
 
@@ -97,23 +94,29 @@ class Metrics:
         return data
 
 
-def minibatch_ends(trace: Trace) -> npt.NDArray[np.float64]:
-    """End time of each minibatch: the end of its last compute op (its update included)."""
+def use_compiled(trace: Trace, compiled: bool | None) -> bool:
+    """Whether the metrics of ``trace`` run the compiled kernels: ``compiled`` when given, else
+    as ``jit.use_compiled`` decides for its number of compute spans."""
+    if compiled is not None:
+        return compiled
+    return jit.use_compiled(int(np.count_nonzero(trace.spans["stream"] == _COMPUTE)))
+
+
+def minibatch_ends(trace: Trace, *, compiled: bool | None = None) -> npt.NDArray[np.float64]:
+    """End time of each minibatch: the end of its last compute op (its update included).
+
+    Args:
+        compiled: run the numba-compiled kernel (True) or its plain-Python form (False);
+            the same bits either way. None: ``use_compiled`` decides.
+    """
     s = trace.spans
-    num = int(trace.meta["num_minibatches"])
-    if USE_KERNELS:
-        found = kernels.minibatch_ends(s["stream"], s["minibatch"], s["end_s"], num)
-        if found is not None:
-            return found
-    compute = s["stream"] == _COMPUTE
-    ends = np.zeros(num)
-    np.maximum.at(ends, s["minibatch"][compute], s["end_s"][compute])
-    return ends
+    return kernels.minibatch_ends(s["stream"], s["minibatch"], s["end_s"], trace.info.num_minibatches,
+                                  compiled=use_compiled(trace, compiled))
 
 
-def steady_window(trace: Trace) -> tuple[float, float, int, int]:
+def steady_window(trace: Trace, *, compiled: bool | None = None) -> tuple[float, float, int, int]:
     """``(start_s, end_s, warmup, cooldown)`` of the steady-state window (see Metrics)."""
-    ends = minibatch_ends(trace)
+    ends = minibatch_ends(trace, compiled=compiled)
     k = len(ends)
     if k >= 3:
         return float(ends[0]), float(ends[k - 2]), 1, 1
@@ -122,7 +125,7 @@ def steady_window(trace: Trace) -> tuple[float, float, int, int]:
     return 0.0, trace.makespan_s, 0, 0
 
 
-def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
+def staleness(trace: Trace, stage: int, *, compiled: bool | None = None) -> tuple[int, float, int]:
     """``(forward_delay_max, forward_delay_mean, discrepancy_max)`` of a stage, from versions.
 
     The update that consumes microbatch i's gradient is the first U of the stage after i's
@@ -130,92 +133,88 @@ def staleness(trace: Trace, stage: int) -> tuple[int, float, int]:
     version i's F ran on. Discrepancy = version of i's B (or I) minus version of its F.
     """
     key = np.where(trace.spans["stage"] == stage, 0, -1)
-    delay_max, delay_mean, discrepancy = _staleness_all(trace, key, 1)
+    delay_max, delay_mean, discrepancy = kernels.staleness_all(trace, key, 1, compiled=use_compiled(trace, compiled))
     return int(delay_max[0]), float(delay_mean[0]), int(discrepancy[0])
 
 
-def _exposed_communication(trace: Trace, device: int, low: float, high: float, stage: int | None = None) -> float:
+def _exposed_communication(trace: Trace, device: int, low: float, high: float, stage: int | None = None, *,
+                           compiled: bool | None = None) -> float:
     """Idle time on ``device`` before an op (of ``stage``, when given), overlapping the arrival of
     the send it waited for: an activation for F, a gradient (from B or I) for B or I."""
-    num_devices, num_stages = int(trace.meta["num_ranks"]), int(trace.meta["num_stages"])
+    num_devices, num_stages = trace.info.num_ranks, trace.info.num_stages
+    chosen = use_compiled(trace, compiled)
     if stage is None:
-        return _exposed_all(trace, num_devices, num_stages, low, high, per_stage=False)[device]
-    if int(trace.meta["stage_to_rank"][stage]) != device:
+        return kernels.exposed_communication(trace, num_devices, num_stages, low, high, per_stage=False,
+                                             compiled=chosen)[device]
+    if trace.info.stage_to_rank[stage] != device:
         return 0.0
-    return _exposed_all(trace, num_devices, num_stages, low, high)[stage]
-
-
-def _exposed_all(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
-                 per_stage: bool = True, compute_rows: npt.NDArray[np.intp] | None = None) -> list[float]:
-    """Exposed communication per stage (or device), by kernel where it applies."""
-    if USE_KERNELS:
-        sums = kernels.exposed_communication(trace, num_devices, num_stages, low, high, per_stage=per_stage)
-        if sums is not None:
-            return sums
-    return grouped.exposed_communication_all(trace, num_devices, num_stages, low, high, per_stage=per_stage,
-                                             compute_rows=compute_rows)
-
-
-def _level_peaks(trace: Trace, keys: npt.NDArray[np.int64], num_groups: int) -> tuple[
-        npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Memory peaks per group of events (see grouped.level_peaks), by kernel where it applies."""
-    if USE_KERNELS:
-        found = kernels.level_peaks(trace, keys, num_groups)
-        if found is not None:
-            return found
-    return grouped.level_peaks(trace, keys, num_groups)
-
-
-def _staleness_all(trace: Trace, key: npt.NDArray[np.int64], num_groups: int) -> tuple[
-        npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """Staleness per group of compute spans (``key`` per span: its group, or outside
-    0..num_groups-1 for none; see grouped.staleness_all), by kernel where it applies."""
-    if USE_KERNELS:
-        found = kernels.staleness_all(trace, key, num_groups)
-        if found is not None:
-            return found
-    rows = np.flatnonzero((trace.spans["stream"] == _COMPUTE) & (key >= 0) & (key < num_groups))
-    return grouped.staleness_all(trace, rows, key[rows], num_groups)
+    return kernels.exposed_communication(trace, num_devices, num_stages, low, high, compiled=chosen)[stage]
 
 
 Staleness = tuple[npt.NDArray[np.int64], npt.NDArray[np.float64], npt.NDArray[np.int64]]
 
 
-def stage_staleness(trace: Trace) -> Staleness:
+def stage_staleness(trace: Trace, *, compiled: bool | None = None) -> Staleness:
     """Per stage: forward delay (max, mean) and discrepancy (max), as ``staleness`` gives them.
 
     They depend on each rank's order of ops and their weight versions alone, so every trace
     of one schedule has the same (``pipesim.reuse`` keeps them for a sweep's points)."""
-    return _staleness_all(trace, trace.spans["stage"], len(trace.meta["stage_to_rank"]))
+    return kernels.staleness_all(trace, trace.spans["stage"], len(trace.info.stage_to_rank),
+                                 compiled=use_compiled(trace, compiled))
 
 
-def compute_metrics(trace: Trace, *, staleness: Staleness | None = None) -> Metrics:
-    """All metrics of a trace; ``staleness``, when given, is ``stage_staleness`` of a trace of
-    the same schedule."""
-    meta = trace.meta
+def _device_segments(devices: npt.NDArray[np.int64], num_devices: int) -> tuple[npt.NDArray[np.intp] | None,
+                                                                                  npt.NDArray[np.intp]]:
+    """Rows grouped by device 0..num_devices-1, each group in stored order: the stable sorting
+    permutation (None when the rows are already in order, as an engine writes them) and the
+    bounds of each group in it (rows of other devices fall outside every group)."""
+    if devices.size > 1 and not bool((devices[1:] >= devices[:-1]).all()):
+        # int16 keys, where they fit, sort stably by radix in linear time.
+        fits = num_devices < 2**15 and int(devices.min()) >= -(2**15) and int(devices.max()) < 2**15
+        order = np.argsort(devices.astype(np.int16) if fits else devices, kind="stable")
+        ordered = devices[order]
+    else:
+        order, ordered = None, devices
+    return order, np.searchsorted(ordered, np.arange(num_devices + 1), side="left")
+
+
+def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compiled: bool | None = None) -> Metrics:
+    """All metrics of a trace.
+
+    Args:
+        staleness: ``stage_staleness`` of a trace of the same schedule, when known.
+        compiled: run the numba-compiled kernels (True) or their plain-Python form (False);
+            the same bits either way. None: ``use_compiled`` decides.
+    """
+    info = trace.info
     s = trace.spans
-    low, high, warmup, cooldown = steady_window(trace)
-    steady = max(1, int(meta["num_minibatches"]) - warmup - cooldown)
+    compiled = use_compiled(trace, compiled)
+    low, high, warmup, cooldown = steady_window(trace, compiled=compiled)
+    steady = max(1, info.num_minibatches - warmup - cooldown)
     iteration = (high - low) / steady
     width = high - low
     compute_rows = np.flatnonzero(s["stream"] == _COMPUTE)
-    stage_to_rank = list(meta["stage_to_rank"])
+    stage_to_rank = list(info.stage_to_rank)
     num_stages = len(stage_to_rank)
-    num_ranks = int(meta["num_ranks"])
+    num_ranks = info.num_ranks
     # Busy time per device: each device's clipped spans in stored order, summed as numpy sums them.
     # The engines store the compute spans first: then a slice reads them without copying.
     mine: slice | npt.NDArray[np.intp] = compute_rows
     if compute_rows.size and int(compute_rows[-1]) - int(compute_rows[0]) + 1 == compute_rows.size:
         mine = slice(int(compute_rows[0]), int(compute_rows[-1]) + 1)
-    order, bounds = grouped.segments(s["device"][mine], num_ranks)
+    order, bounds = _device_segments(s["device"][mine], num_ranks)
     if order is not None:
         mine = compute_rows[order]
     busy = np.clip(np.minimum(s["end_s"][mine], high) - np.maximum(s["start_s"][mine], low), 0.0, None)
     utilization_by_device = [float(busy[bounds[d]:bounds[d + 1]].sum()) / width if width > 0 else 1.0
                              for d in range(num_ranks)]
-    exposed = _exposed_all(trace, num_ranks, num_stages, low, high, compute_rows=compute_rows)
-    peaks, breakdowns, versions, inflight = _level_peaks(trace, trace.memory["stage"], num_stages)
-    delay_max, delay_mean, discrepancy = stage_staleness(trace) if staleness is None else staleness
+    exposed = kernels.exposed_communication(trace, num_ranks, num_stages, low, high, compiled=compiled,
+                                            compute_rows=compute_rows)
+    peaks, breakdowns, versions, inflight = kernels.level_peaks(trace, trace.memory["stage"], num_stages,
+                                                                compiled=compiled)
+    if staleness is None:
+        staleness = stage_staleness(trace, compiled=compiled)
+    delay_max, delay_mean, discrepancy = staleness
     stages = []
     peak_list, breakdown_list = peaks.tolist(), breakdowns.tolist()
     versions_list, inflight_list = versions.tolist(), inflight.tolist()
@@ -236,14 +235,14 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None) -> Metr
             forward_delay_mean=delay_mean_list[stage],
             discrepancy_max=discrepancy_list[stage],
         ))
-    device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages)
-    samples = int(meta["num_microbatches"]) * int(meta.get("microbatch_size", 1))
+    device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages, compiled)
+    samples = info.num_microbatches * info.microbatch_size
     return Metrics(
-        schedule=str(meta["schedule"]),
-        engine=str(meta.get("engine", "unknown")),
-        num_stages=int(meta["num_stages"]),
-        num_microbatches=int(meta["num_microbatches"]),
-        num_minibatches=int(meta["num_minibatches"]),
+        schedule=info.schedule,
+        engine=info.engine if info.engine is not None else "unknown",
+        num_stages=info.num_stages,
+        num_microbatches=info.num_microbatches,
+        num_minibatches=info.num_minibatches,
         num_ops=int(compute_rows.size),
         iteration_time_s=iteration,
         makespan_s=trace.makespan_s,
@@ -261,15 +260,16 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None) -> Metr
     )
 
 
-def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int,
-                  stages: list[StageMetrics]) -> tuple[float, ...]:
+def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int, stages: list[StageMetrics],
+                  compiled: bool) -> tuple[float, ...]:
     """Per device, the peak of the summed levels of its stages (its one stage's peak when it
     holds one)."""
     held: list[list[int]] = [[] for _ in range(num_ranks)]
     for stage, rank in enumerate(stage_to_rank):
         held[rank].append(stage)
     several = any(len(stages_held) > 1 for stages_held in held)
-    device_peaks = _level_peaks(trace, trace.memory["device"], num_ranks)[0].tolist() if several else []
+    device_peaks = (kernels.level_peaks(trace, trace.memory["device"], num_ranks, compiled=compiled)[0].tolist()
+                    if several else [])
     return tuple(
         stages[held[device][0]].peak_memory_bytes if len(held[device]) == 1
         else device_peaks[device] if held[device] else 0.0

@@ -1,71 +1,80 @@
 """Metrics as single passes over a trace's columns, compiled by numba when installed (pipesim.jit).
 
-Each kernel gives the grouped numpy code's results bit for bit (the same floating-point
-operations in the same order) or reports that its shortcut does not apply (rows not in an
-engine's order, two waits with one key), and the caller then uses the numpy code.
+Each public function takes ``compiled``: True calls the numba-compiled kernel (the kernel
+itself where numba is absent), False its plain-Python form (``py_func``); both give the same
+bits. Rows in any stored order are accepted: a function puts them in the order its kernel
+reads (a stable sort) only when they are not in it already, as the engines write them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+from pipesim.errors import ConfigError
 from pipesim.jit import jit
 
 _F, _B, _I, _W, _U = range(len(KINDS))
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
 _ACTIVATIONS, _WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
 _NUM_KINDS, _NUM_CATEGORIES = len(KINDS), len(CATEGORIES)
-# Largest table of waits (stages x kinds x microbatches) the exposure kernel allocates.
+# Largest table of waits (stages x kinds x microbatches) the exposure kernel allocates; past it,
+# microbatch indices are renumbered densely (only their equality matters there).
 MAX_TABLE = 1 << 26
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+Kernel = TypeVar("Kernel", bound=Callable[..., Any])
+
+
+# What _exposed found: the sums are done, or the caller must first sort the compute rows,
+# renumber the microbatches, or reject the trace.
+_DONE, _UNSORTED, _TOO_LARGE, _OUT_OF_RANGE = range(4)
 
 
 @jit
 def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
-             start: FloatArray, end: FloatArray, peer: IntArray, position: IntArray, low: float, high: float,
-             num_devices: int, num_stages: int, per_stage: bool) -> tuple[FloatArray, bool]:
-    """Exposed communication per stage (or device); not applicable (False) unless the compute
-    spans are stored in (device, position) order, as the engines write them."""
+             start: FloatArray, end: FloatArray, peer: IntArray, position: IntArray, rows: IntArray,
+             low: float, high: float, num_devices: int, num_stages: int, per_stage: bool) -> tuple[FloatArray, int]:
+    """Exposed communication per stage (or device) from the compute spans ``rows``, which must
+    be in (device, position) order (else _UNSORTED); see ``exposed_communication``.
+
+    A gap is the idle time before a compute op after the previous op of its device (from 0 for
+    the device's first). A send is matched to the gap of the op it feeds on its peer (an
+    activation to the F of the next stage, a gradient to the B, then the I, of the one before;
+    of several gaps with that op's key there, the last), and their overlap inside
+    [low, high] is added, in send order, to that op's stage (or the peer device)."""
     num_groups = num_stages if per_stage else num_devices
     sums = np.zeros(num_groups)
-    num_compute = 0
-    total, num_slots = 1, 2
+    total = 1
     for r in range(stream.size):
+        if stage[r] < 0 or stage[r] >= num_stages or micro[r] < 0 or kind[r] < 0 or kind[r] >= _NUM_KINDS:
+            return sums, _OUT_OF_RANGE
         total = max(total, micro[r] + 1)
-        num_slots = max(num_slots, stage[r] + 2)
-        if stream[r] == _COMPUTE:
-            num_compute += 1
+    # Slots for target stages -1..num_stages (a gradient from stage 0, an activation from the last).
+    num_slots = num_stages + 2
     if num_slots * _NUM_KINDS * total > MAX_TABLE:
-        return sums, False
-    rows = np.empty(num_compute, dtype=np.int64)
-    j = 0
-    for r in range(stream.size):
-        if stream[r] == _COMPUTE:
-            if j > 0 and (device[r] < device[rows[j - 1]]
-                          or (device[r] == device[rows[j - 1]] and position[r] <= position[rows[j - 1]])):
-                return sums, False
-            rows[j] = r
-            j += 1
-    sums = np.zeros(num_groups)
+        return sums, _TOO_LARGE
     table = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
-    gap_start = np.zeros(rows.size)
+    # Per gap j (written and read for gaps only): where it starts, and the gap before it with its key.
+    gap_start = np.empty(rows.size)
+    earlier = np.empty(rows.size, dtype=np.int64)
     previous = 0.0
     last_device = -1
     for j in range(rows.size):
         r = rows[j]
+        if j > 0 and (device[r] < last_device or (device[r] == last_device and position[r] <= position[rows[j - 1]])):
+            return sums, _UNSORTED
         if j == 0 or device[r] != last_device:
             previous = 0.0
             last_device = device[r]
         if start[r] > previous:
-            if stage[r] < -1 or micro[r] < 0 or stage[r] + 1 >= num_slots or kind[r] >= _NUM_KINDS:
-                return sums, False
             key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
-            if table[key] != -1:
-                return sums, False
+            earlier[j] = table[key]
             table[key] = j
             gap_start[j] = previous
         previous = end[r]
@@ -78,11 +87,10 @@ def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray
                 target, target_kind = stage[s] + 1, _F
             else:
                 target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
-            slot = target + 1
-            if slot < 0 or slot >= num_slots or micro[s] < 0 or micro[s] >= total:
-                continue
-            j = table[(slot * _NUM_KINDS + target_kind) * total + micro[s]]
-            if j < 0 or device[rows[j]] != peer[s]:
+            j = table[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
+            while j >= 0 and device[rows[j]] != peer[s]:
+                j = earlier[j]
+            if j < 0:
                 continue
             low_edge = max(max(gap_start[j], start[s]), low)
             high_edge = min(min(start[rows[j]], end[s]), high)
@@ -90,7 +98,7 @@ def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray
             if overlap > 0.0:
                 group = min(max(target, 0), max(num_stages - 1, 0)) if per_stage else peer[s]
                 sums[group] += overlap
-    return sums, True
+    return sums, _DONE
 
 
 @jit
@@ -220,38 +228,105 @@ def _minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num:
     return ends, True
 
 
-def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int) -> FloatArray | None:
-    """pipesim.metrics.minibatch_ends, or None for a minibatch index out of range (numpy's
-    ``maximum.at`` then raises or wraps as it does)."""
-    ends, ok = _minibatch_ends(stream, minibatch, end, num)
-    return ends if ok else None
+def _form(kernel: Kernel, compiled: bool) -> Kernel:
+    """``kernel`` as numba compiled it (the kernel itself without numba), or its plain-Python form."""
+    return kernel if compiled else cast(Kernel, getattr(kernel, "py_func", kernel))
+
+
+def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int, *, compiled: bool) -> FloatArray:
+    """Per minibatch 0..num-1, the largest end of its compute spans (0 without any).
+
+    Raises:
+        ConfigError: a compute span's minibatch index outside 0..num-1.
+    """
+    ends, ok = _form(_minibatch_ends, compiled)(stream, minibatch, end, num)
+    if not ok:
+        bad = minibatch[(stream == _COMPUTE) & ((minibatch < 0) | (minibatch >= num))]
+        raise ConfigError("spans.minibatch", int(bad[0]), f"must be in 0..{num - 1} (num_minibatches {num})")
+    result: FloatArray = ends
+    return result
 
 
 def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
-                          per_stage: bool = True) -> list[float] | None:
-    """Per stage (or device) exposed communication (pipesim.metrics.grouped), or None where the
-    kernel does not apply: compute rows not in (device, position) order, or ambiguous waits."""
+                          per_stage: bool = True, compiled: bool,
+                          compute_rows: npt.NDArray[np.intp] | None = None) -> list[float]:
+    """Per stage (or, with ``per_stage=False``, per device) the idle time before an op that
+    overlaps, inside [low, high], the arrival of the send the op waited for (see ``_exposed``).
+
+    Args:
+        compute_rows: the compute spans' rows, when the caller has them.
+
+    Raises:
+        ConfigError: a span's stage outside 0..num_stages-1, or a negative microbatch or kind.
+    """
     s = trace.spans
-    sums, ok = _exposed(s["stream"], s["device"], s["stage"], s["kind"], s["microbatch"], s["start_s"], s["end_s"],
-                        s["peer"], s["position"], float(low), float(high), num_devices, num_stages, per_stage)
-    return sums.tolist() if ok else None
+    rows = np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows
+    micro = s["microbatch"]
+    kernel = _form(_exposed, compiled)
+    while True:
+        sums, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["start_s"], s["end_s"],
+                              s["peer"], s["position"], rows.astype(np.int64, copy=False), float(low), float(high),
+                              num_devices, num_stages, per_stage)
+        if status == _DONE:
+            found: list[float] = sums.tolist()
+            return found
+        if status == _UNSORTED:
+            rows = rows[np.lexsort((s["position"][rows], s["device"][rows]))]
+        elif status == _TOO_LARGE and micro is s["microbatch"]:
+            micro = np.unique(micro, return_inverse=True)[1].astype(np.int64).reshape(-1)
+        else:
+            raise _out_of_range(trace, num_stages)
 
 
-def level_peaks(trace: Trace, keys: IntArray, num_groups: int) -> tuple[
-        FloatArray, FloatArray, IntArray, IntArray] | None:
-    """pipesim.metrics.grouped.level_peaks, or None when the memory events are not in time order."""
+def _out_of_range(trace: Trace, num_stages: int) -> ConfigError:
+    """The error naming the first span column whose value the exposure kernel cannot index by."""
+    s = trace.spans
+    for column, bad, rule in (
+        ("stage", (s["stage"] < 0) | (s["stage"] >= num_stages), f"must be in 0..{num_stages - 1}"),
+        ("microbatch", s["microbatch"] < 0, "must be >= 0"),
+        ("kind", (s["kind"] < 0) | (s["kind"] >= _NUM_KINDS), f"must be in 0..{_NUM_KINDS - 1}"),
+    ):
+        if bool(bad.any()):
+            return ConfigError(f"spans.{column}", int(s[column][bad][0]), rule)
+    return ConfigError("spans", trace.num_spans, f"need more than {MAX_TABLE} table cells for their waits")
+
+
+def level_peaks(trace: Trace, keys: IntArray, num_groups: int, *, compiled: bool) -> tuple[
+        FloatArray, FloatArray, IntArray, IntArray]:
+    """Per group 0..num_groups-1 of memory events (``keys``: each event's group, by stage or
+    device): the peak of the summed levels, the levels by category at that peak, the most
+    weight versions and stashed microbatches held (see ``_levels``).
+
+    A group's levels are running sums of its events in time order (ties in stored order),
+    read after the last event of each instant; the peak is the first largest total. Events
+    not in time order are first put in it by a stable sort.
+    """
     m = trace.memory
-    times = m["time_s"]
+    times, category, delta, count = m["time_s"], m["category"], m["delta_bytes"], m["delta_count"]
     if times.size > 1 and not bool((times[1:] >= times[:-1]).all()):
-        return None
-    return _levels(keys, times, m["category"], m["delta_bytes"], m["delta_count"], num_groups)
+        order = np.argsort(times, kind="stable")
+        keys, times, category, delta, count = keys[order], times[order], category[order], delta[order], count[order]
+    found: tuple[FloatArray, FloatArray, IntArray, IntArray] = _form(_levels, compiled)(
+        keys, times, category, delta, count, num_groups)
+    return found
 
 
-def staleness_all(trace: Trace, key: IntArray, num_groups: int) -> tuple[IntArray, FloatArray, IntArray] | None:
-    """pipesim.metrics.grouped.staleness_all of the compute spans with ``key`` in 0..num_groups-1,
-    or None for microbatch indices out of range."""
+def staleness_all(trace: Trace, key: IntArray, num_groups: int, *, compiled: bool) -> tuple[
+        IntArray, FloatArray, IntArray]:
+    """Forward delay (max, mean) and discrepancy (max) per group 0..num_groups-1 of compute
+    spans (``key``: each span's group, outside 0..num_groups-1 for none); 0 where a group has
+    none (see pipesim.metrics.staleness).
+
+    Raises:
+        ConfigError: an F, B, I or W with a microbatch outside 0..K*m-1.
+    """
     s = trace.spans
-    total = int(trace.meta["num_minibatches"]) * int(trace.meta["num_microbatches"])
-    delay_max, delay_mean, discrepancy_max, ok = _staleness(
+    total = trace.info.num_minibatches * trace.info.num_microbatches
+    delay_max, delay_mean, discrepancy_max, ok = _form(_staleness, compiled)(
         s["stream"], key, s["kind"], s["microbatch"], s["weight_version"], s["position"], num_groups, total)
-    return (delay_max, delay_mean, discrepancy_max) if ok else None
+    if not ok:
+        micro = s["microbatch"]
+        bad = micro[(s["stream"] == _COMPUTE) & (s["kind"] != _U) & ((micro < 0) | (micro >= total))]
+        raise ConfigError("spans.microbatch", int(bad[0]), f"must be in 0..{total - 1} for F, B, I and W "
+                          "(num_minibatches x num_microbatches)")
+    return delay_max, delay_mean, discrepancy_max

@@ -20,7 +20,7 @@ def stacked_timelines(traces: Sequence[Trace]) -> Any:
 
     if not traces:
         raise ValueError("stacked_timelines needs at least one trace")
-    heights = [1.6 + 0.5 * int(trace.meta["num_ranks"]) for trace in traces]
+    heights = [1.6 + 0.5 * trace.info.num_ranks for trace in traces]
     _, axes = plt.subplots(len(traces), 1, figsize=(12, sum(heights)), height_ratios=heights, squeeze=False)
     longest = max(trace.makespan_s for trace in traces)
     unit, _ = style.time_unit(longest)

@@ -37,7 +37,7 @@ def memory(trace: Trace, *, stage: int | None = None, ax: Any = None) -> Any:
     """
     import matplotlib.pyplot as plt
 
-    num_stages = int(trace.meta["num_stages"])
+    num_stages = trace.info.num_stages
     chosen = peak_stage(trace) if stage is None else stage
     if not 0 <= chosen < num_stages:
         raise ValueError(f"stage must be in 0..{num_stages - 1}, got {chosen}")
@@ -49,8 +49,8 @@ def memory(trace: Trace, *, stage: int | None = None, ax: Any = None) -> Any:
     unit, scale = time_unit(makespan)
     times = np.r_[mine["time_s"].to_numpy(), makespan] * scale
     peak = float(mine["total"].max()) if len(mine) else 0.0
-    limits = trace.meta.get("device_memory_bytes") or []
-    rank = list(trace.meta["stage_to_rank"])[chosen]
+    limits = trace.info.device_memory_bytes
+    rank = trace.info.stage_to_rank[chosen]
     limit = limits[rank] if rank < len(limits) else None
     size_unit, divisor = byte_unit(max(peak, limit or 0.0))
     lower = np.zeros(times.size)
@@ -67,7 +67,7 @@ def memory(trace: Trace, *, stage: int | None = None, ax: Any = None) -> Any:
     ax.set_ylim(0, max(peak, limit or 0.0) / divisor * 1.08 or 1.0)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel(f"memory ({size_unit})")
-    ax.set_title(f"{trace.meta['schedule']}: memory of stage {chosen} (device {rank}), "
+    ax.set_title(f"{trace.info.schedule}: memory of stage {chosen} (device {rank}), "
                  f"peak {peak / divisor:.2f} {size_unit}", loc="left", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], loc="upper right", fontsize=8)

@@ -27,7 +27,7 @@ _LABEL_PX_PER_CHAR, _LABEL_MARGIN_PX = 4.2, 2.0
 
 def chunk_of_stage(trace: Trace) -> tuple[list[int], int]:
     """Each stage's index among its device's stages (0 for the first), and the most stages on one device."""
-    stage_to_rank = [int(rank) for rank in trace.meta["stage_to_rank"]]
+    stage_to_rank = list(trace.info.stage_to_rank)
     seen: dict[int, int] = {}
     chunks = []
     for rank in stage_to_rank:
@@ -90,7 +90,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    num_ranks = int(trace.meta["num_ranks"])
+    num_ranks = trace.info.num_ranks
     makespan = trace.makespan_s
     unit, scale = style.time_unit(makespan) if time_unit is None else (time_unit, _SCALES[time_unit])
     if ax is None:
@@ -143,7 +143,7 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
         ax.add_collection(bars)
     _label_bars(ax, trace, start, end, label_ops, whole_op=per_device > 1)
     window = _mark_window(ax, trace, scale)
-    stage_to_rank = list(trace.meta["stage_to_rank"])
+    stage_to_rank = list(trace.info.stage_to_rank)
     ax.set_yticks(range(num_ranks))
     ax.set_yticklabels([
         f"device {d}\n" + "stage " + ",".join(str(st) for st, r in enumerate(stage_to_rank) if r == d)
@@ -162,8 +162,9 @@ def timeline(trace: Trace, *, ax: Any = None, label_ops: bool | None = None, tim
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=7, ncols=len(handles),
               frameon=False, borderaxespad=0.2, handlelength=1.2, columnspacing=1.0)
     # A long legend takes the whole width above the axes: the title then goes on a line above it.
-    ax.set_title(f"{trace.meta['schedule']}: p={trace.meta['num_stages']}, m={trace.meta['num_microbatches']}, "
-                 f"K={trace.meta['num_minibatches']} ({trace.meta.get('engine', '?')} engine)", loc="left",
+    info = trace.info
+    ax.set_title(f"{info.schedule}: p={info.num_stages}, m={info.num_microbatches}, "
+                 f"K={info.num_minibatches} ({info.engine or '?'} engine)", loc="left",
                  fontsize=10, pad=18 if len(handles) > 6 else 6)
     return ax
 
@@ -185,7 +186,7 @@ def _mark_window(ax: Any, trace: Trace, scale: float) -> str:
         return ""
     for x in (low * scale, high * scale):
         ax.axvline(x, color="black", linestyle="--", linewidth=0.9, zorder=5, gid="window")
-    last = int(trace.meta["num_minibatches"]) - cooldown - 1
+    last = trace.info.num_minibatches - cooldown - 1
     return f"iteration time window (minibatches {warmup}..{last})"
 
 

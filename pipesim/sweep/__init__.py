@@ -1,7 +1,7 @@
 """Sweeps: a grid of what-if points from a YAML spec, simulated on Dask into one table."""
 
 from pipesim.spec.partition import even_partition
-from pipesim.sweep.points import COLUMNS, METRIC_COLUMNS, PointRunner, metrics_row
+from pipesim.sweep.points import COLUMNS, METRIC_COLUMNS, METRIC_SCHEMA, MetricColumn, PointRunner, metrics_row
 from pipesim.sweep.runner import SweepSummary, make_batches, run_sweep
 from pipesim.sweep.spec import AXES, Resolved, SweepSpec, load_spec, parse_spec
 from pipesim.sweep.store import SweepFailedError, read_table, write_table
@@ -11,6 +11,8 @@ __all__ = [
     "AXES",
     "COLUMNS",
     "METRIC_COLUMNS",
+    "METRIC_SCHEMA",
+    "MetricColumn",
     "Expression",
     "PointRunner",
     "Resolved",

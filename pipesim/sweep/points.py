@@ -4,27 +4,82 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from pipesim.errors import PipesimError
-from pipesim.metrics import Metrics
+from pipesim.errors import ConfigError, PipesimError
+from pipesim.metrics import Metrics, StageMetrics
+from pipesim.jit import COMPILED_FROM_OPS, JitSetting, setting_from_environment
 from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.partition import balance_partition, even_partition
 from pipesim.spec.topology import Topology
 from pipesim.sweep.spec import AXES, Resolved
 
-# Metric columns of a row, in order; per-stage values are summarized (min/max/mean) or kept as JSON lists.
-METRIC_COLUMNS: tuple[str, ...] = (
-    "engine", "num_ops", "iteration_time_s", "makespan_s", "throughput_samples_per_s", "bubble_fraction",
-    "window_start_s", "window_end_s", "warmup_minibatches", "cooldown_minibatches", "peak_memory_bytes",
-    "peak_weights_bytes", "peak_gradients_bytes", "peak_optimizer_bytes", "peak_activations_bytes",
-    "fits_memory", "utilization_min", "utilization_max", "exposed_communication_max_s", "weight_versions_max",
-    "max_inflight_microbatches", "forward_delay_steps_max", "forward_delay_mean", "discrepancy_max",
-    "partition", "stage_utilization", "stage_peak_memory_bytes", "stage_weight_versions",
-    "stage_forward_delay_steps", "stage_forward_delay_mean", "stage_discrepancy_max",
+@dataclass(frozen=True)
+class RowSource:
+    """What a row's metric columns are computed from: one point's metrics, its partition and
+    memory limit, and the peak breakdown of its stage with the highest peak."""
+
+    metrics: Metrics
+    partition: Sequence[tuple[int, int]]
+    memory_limit_bytes: float
+    peak_breakdown_bytes: dict[str, float]
+
+
+@dataclass(frozen=True)
+class MetricColumn:
+    """One metric column of a sweep row: its name, how it is computed, and its value in the row
+    of a point that failed (of the same type, so that a table's column keeps one type)."""
+
+    name: str
+    compute: Callable[[RowSource], Any]
+    empty: Any
+
+
+def _stages(source: RowSource) -> tuple[StageMetrics, ...]:
+    return source.metrics.stages
+
+
+# The metric columns of a row, in order: per-stage values summarized (min/max/mean) or kept as
+# compact JSON lists; a failed point has NaN numbers, -1 counts, empty text and fits_memory False.
+METRIC_SCHEMA: tuple[MetricColumn, ...] = (
+    MetricColumn("engine", lambda r: r.metrics.engine, ""),
+    MetricColumn("num_ops", lambda r: r.metrics.num_ops, -1),
+    MetricColumn("iteration_time_s", lambda r: r.metrics.iteration_time_s, math.nan),
+    MetricColumn("makespan_s", lambda r: r.metrics.makespan_s, math.nan),
+    MetricColumn("throughput_samples_per_s", lambda r: r.metrics.throughput_samples_per_s, math.nan),
+    MetricColumn("bubble_fraction", lambda r: r.metrics.bubble_fraction, math.nan),
+    MetricColumn("window_start_s", lambda r: r.metrics.window_start_s, math.nan),
+    MetricColumn("window_end_s", lambda r: r.metrics.window_end_s, math.nan),
+    MetricColumn("warmup_minibatches", lambda r: r.metrics.warmup_minibatches, -1),
+    MetricColumn("cooldown_minibatches", lambda r: r.metrics.cooldown_minibatches, -1),
+    MetricColumn("peak_memory_bytes", lambda r: r.metrics.peak_memory_bytes, math.nan),
+    MetricColumn("peak_weights_bytes", lambda r: r.peak_breakdown_bytes["weights"], math.nan),
+    MetricColumn("peak_gradients_bytes", lambda r: r.peak_breakdown_bytes["gradients"], math.nan),
+    MetricColumn("peak_optimizer_bytes", lambda r: r.peak_breakdown_bytes["optimizer"], math.nan),
+    MetricColumn("peak_activations_bytes", lambda r: r.peak_breakdown_bytes["activations"], math.nan),
+    MetricColumn("fits_memory", lambda r: bool(r.metrics.peak_memory_bytes <= r.memory_limit_bytes), False),
+    MetricColumn("utilization_min", lambda r: min(s.utilization for s in _stages(r)), math.nan),
+    MetricColumn("utilization_max", lambda r: max(s.utilization for s in _stages(r)), math.nan),
+    MetricColumn("exposed_communication_max_s", lambda r: max(s.exposed_communication_s for s in _stages(r)),
+                 math.nan),
+    MetricColumn("weight_versions_max", lambda r: max(s.weight_versions_max for s in _stages(r)), -1),
+    MetricColumn("max_inflight_microbatches", lambda r: max(s.max_inflight_microbatches for s in _stages(r)), -1),
+    MetricColumn("forward_delay_steps_max", lambda r: max(s.forward_delay_steps for s in _stages(r)), -1),
+    MetricColumn("forward_delay_mean", lambda r: sum(s.forward_delay_mean for s in _stages(r)) / len(_stages(r)),
+                 math.nan),
+    MetricColumn("discrepancy_max", lambda r: max(s.discrepancy_max for s in _stages(r)), -1),
+    MetricColumn("partition", lambda r: "[" + ",".join(json_list(bounds) for bounds in r.partition) + "]", ""),
+    MetricColumn("stage_utilization", lambda r: json_list([s.utilization for s in _stages(r)]), ""),
+    MetricColumn("stage_peak_memory_bytes", lambda r: json_list([s.peak_memory_bytes for s in _stages(r)]), ""),
+    MetricColumn("stage_weight_versions", lambda r: json_list([s.weight_versions_max for s in _stages(r)]), ""),
+    MetricColumn("stage_forward_delay_steps", lambda r: json_list([s.forward_delay_steps for s in _stages(r)]), ""),
+    MetricColumn("stage_forward_delay_mean", lambda r: json_list([s.forward_delay_mean for s in _stages(r)]), ""),
+    MetricColumn("stage_discrepancy_max", lambda r: json_list([s.discrepancy_max for s in _stages(r)]), ""),
 )
+METRIC_COLUMNS: tuple[str, ...] = tuple(column.name for column in METRIC_SCHEMA)
 COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
 
 
@@ -49,20 +104,21 @@ class PointRunner:
     staleness (``pipesim.reuse``; ``SHARED_WORK`` orders the points for that).
     """
 
-    def __init__(self, resolved: Resolved) -> None:
+    def __init__(self, resolved: Resolved, kernels: JitSetting | None = None) -> None:
         from pipesim import __version__
 
         self.resolved = resolved
+        self.kernels = kernels
         self.version = __version__
         self._topologies: dict[tuple[Any, ...], Topology] = {}
         self._partitions: dict[tuple[int, int, str], tuple[tuple[int, int], ...]] = {}
         self.reuse = Reuse()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"resolved": self.resolved}
+        return {"resolved": self.resolved, "kernels": self.kernels}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["resolved"])  # type: ignore[misc]
+        self.__init__(state["resolved"], state.get("kernels"))  # type: ignore[misc]
 
     def run_batch(self, points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """Rows of ``points``, in the given order."""
@@ -81,7 +137,7 @@ class PointRunner:
             result_row = self._simulate(point, profile)
         except PipesimError as exc:
             row["error"] = str(exc).splitlines()[0]
-            row.update(_empty_metrics())
+            row.update(empty_metrics())
         else:
             row.update(result_row)
         return row
@@ -103,7 +159,7 @@ class PointRunner:
         )
         topology = self._topology(point)
         result = simulate_plan(profile, topology, plan, engine=self.resolved.spec.engine, jitter=point["jitter"],
-                               seed=point["seed"], reuse=self.reuse)
+                               seed=point["seed"], reuse=self.reuse, kernels=self.kernels)
         limit = point["memory_limit_bytes"]
         if limit is None:
             limit = min(d.memory_bytes for d in topology.devices[:num_stages])
@@ -123,44 +179,10 @@ class PointRunner:
 
 
 def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_limit_bytes: float) -> dict[str, Any]:
-    """The metric columns of a row: scalars, with per-stage lists as compact JSON strings."""
-    stages = metrics.stages
-    peak_stage = max(stages, key=lambda s: s.peak_memory_bytes)
-    breakdown = peak_stage.peak_breakdown_bytes
-    as_json = json_list
-    return {
-        "engine": metrics.engine,
-        "num_ops": metrics.num_ops,
-        "iteration_time_s": metrics.iteration_time_s,
-        "makespan_s": metrics.makespan_s,
-        "throughput_samples_per_s": metrics.throughput_samples_per_s,
-        "bubble_fraction": metrics.bubble_fraction,
-        "window_start_s": metrics.window_start_s,
-        "window_end_s": metrics.window_end_s,
-        "warmup_minibatches": metrics.warmup_minibatches,
-        "cooldown_minibatches": metrics.cooldown_minibatches,
-        "peak_memory_bytes": metrics.peak_memory_bytes,
-        "peak_weights_bytes": breakdown["weights"],
-        "peak_gradients_bytes": breakdown["gradients"],
-        "peak_optimizer_bytes": breakdown["optimizer"],
-        "peak_activations_bytes": breakdown["activations"],
-        "fits_memory": bool(metrics.peak_memory_bytes <= memory_limit_bytes),
-        "utilization_min": min(s.utilization for s in stages),
-        "utilization_max": max(s.utilization for s in stages),
-        "exposed_communication_max_s": max(s.exposed_communication_s for s in stages),
-        "weight_versions_max": max(s.weight_versions_max for s in stages),
-        "max_inflight_microbatches": max(s.max_inflight_microbatches for s in stages),
-        "forward_delay_steps_max": max(s.forward_delay_steps for s in stages),
-        "forward_delay_mean": sum(s.forward_delay_mean for s in stages) / len(stages),
-        "discrepancy_max": max(s.discrepancy_max for s in stages),
-        "partition": "[" + ",".join(json_list(bounds) for bounds in partition) + "]",
-        "stage_utilization": as_json([s.utilization for s in stages]),
-        "stage_peak_memory_bytes": as_json([s.peak_memory_bytes for s in stages]),
-        "stage_weight_versions": as_json([s.weight_versions_max for s in stages]),
-        "stage_forward_delay_steps": as_json([s.forward_delay_steps for s in stages]),
-        "stage_forward_delay_mean": as_json([s.forward_delay_mean for s in stages]),
-        "stage_discrepancy_max": as_json([s.discrepancy_max for s in stages]),
-    }
+    """The metric columns of a row (``METRIC_SCHEMA``): scalars, with per-stage lists as compact JSON strings."""
+    peak_stage = max(metrics.stages, key=lambda s: s.peak_memory_bytes)
+    source = RowSource(metrics, partition, memory_limit_bytes, peak_stage.peak_breakdown_bytes)
+    return {column.name: column.compute(source) for column in METRIC_SCHEMA}
 
 
 def json_list(values: Sequence[Any]) -> str:
@@ -172,20 +194,20 @@ def json_list(values: Sequence[Any]) -> str:
 
 
 _INPUT_COLUMNS = ("point", *AXES.values())
-_INT_METRICS = frozenset({"num_ops", "warmup_minibatches", "cooldown_minibatches", "weight_versions_max",
-                          "max_inflight_microbatches", "forward_delay_steps_max", "discrepancy_max"})
 
 
-def _empty_metrics() -> dict[str, Any]:
-    """Metric columns of a failed point: NaN numbers (-1 counts), empty text, fits_memory False."""
-    row: dict[str, Any] = {}
-    for column in METRIC_COLUMNS:
-        if column in _INT_METRICS:
-            row[column] = -1
-        elif column == "engine" or column == "partition" or column.startswith("stage_"):
-            row[column] = ""
-        elif column == "fits_memory":
-            row[column] = False
-        else:
-            row[column] = math.nan
-    return row
+def empty_metrics() -> dict[str, Any]:
+    """The metric columns of a failed point's row (each column's ``empty`` value)."""
+    return {column.name: column.empty for column in METRIC_SCHEMA}
+
+
+def sweep_kernels(points: Sequence[dict[str, Any]], num_workers: int) -> JitSetting:
+    """The kernels a sweep's points run: compiled when each worker's share of the ops (about
+    three per stage, microbatch and minibatch) pays for numba's start-up, else plain Python;
+    an explicit ``PIPESIM_JIT`` setting wins (``pipesim.jit.use_compiled``)."""
+    setting = setting_from_environment()
+    if setting != "auto":
+        return setting
+    ops = sum(3 * point["num_stages"] * point["num_microbatches"] * max(1, point["num_minibatches"] or 4)
+              for point in points)
+    return "always" if ops >= COMPILED_FROM_OPS * max(1, num_workers) else "never"

@@ -14,7 +14,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
-from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order
+from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 
@@ -195,7 +195,8 @@ def run_sweep(
                 batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
             else:
                 batches = make_batches(todo, BATCHES_PER_WORKER * num_workers)
-            _submit_and_collect(client, PointRunner(resolved), batches, store, progress, len(points),
+            runner = PointRunner(resolved, sweep_kernels(todo, num_workers))
+            _submit_and_collect(client, runner, batches, store, progress, len(points),
                                 worker_timeout_s)
     frame = store.finish()
     return SweepSummary(

@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -362,12 +362,12 @@ class RankRuntime:
             stage_sizes: dict[int, tuple[float, float]] = {}
             for _, rank_sizes, _ in gathered:
                 stage_sizes.update(rank_sizes)
-            meta = trace_meta(self.config, self.schedule,
+            info = trace_meta(self.config, self.schedule,
                               [stage_sizes[s][0] for s in range(self.schedule.num_stages)],
                               [stage_sizes[s][1] for s in range(self.schedule.num_stages)])
             if cuda_peak is not None:
-                meta["cuda_max_memory_allocated_bytes"] = [peak for _, _, peak in gathered]
-            trace = merge(self.schedule, [b for b, _, _ in gathered], meta)
+                info = replace(info, cuda_max_memory_allocated_bytes=tuple(peak for _, _, peak in gathered))
+            trace = merge(self.schedule, [b for b, _, _ in gathered], info)
             write_text_atomic(self.config.trace_out, trace.to_json())
 
 
