@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesim.errors import ConfigError, PipesimError
-from pipesim.schedule.registry import SCHEDULES
+from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.simulation import Result
 
 # torch.distributed.pipelining's class names (with and without their "Schedule" prefix).
@@ -40,8 +40,8 @@ def schedule_names(text: str) -> tuple[list[str], bool]:
         key = item.strip().lower()
         name = key if key in SCHEDULES else TORCH_ALIASES.get(key)
         if name is None:
-            raise ConfigError("schedule", item, f"unknown schedule; must be all or one of {', '.join(SCHEDULES)} "
-                              "(or torch's class names, e.g. Schedule1F1B, ZBVZeroBubble)")
+            raise ConfigError("schedule", item, unknown_schedule_rule(item.strip()) + ", all, or torch's class names "
+                              "(e.g. Schedule1F1B, ZBVZeroBubble)")
         if name in names:
             raise ConfigError("schedule", item, "is listed twice")
         names.append(name)
