@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pipesim.errors import ConfigError
+from pipesim.spec.presets import lookup
 
 DEFAULT_EFFICIENCY = 0.5
 
@@ -100,7 +101,4 @@ def device_preset(name: str) -> DeviceSpec:
     Raises:
         ConfigError: an unknown name; the message lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in DEVICES:
-        raise ConfigError("device", name, f"must be one of {', '.join(DEVICES)}")
-    return DEVICES[key]
+    return lookup(DEVICES, "device", name)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pipesim.errors import ConfigError
+from pipesim.spec.presets import lookup
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
@@ -129,10 +130,7 @@ def preset(name: str) -> TransformerConfig:
     Raises:
         ConfigError: an unknown name; the message lists the known ones.
     """
-    key = name.strip().lower()
-    if key not in PRESETS:
-        raise ConfigError("model", name, f"must be one of {', '.join(PRESETS)}")
-    return PRESETS[key]
+    return lookup(PRESETS, "model", name)
 
 
 def layer_linear_parameters(config: TransformerConfig) -> int:
