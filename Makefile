@@ -67,7 +67,7 @@ bench-search: $(STAMP)
 # then the long brute-force check of the partitioner.
 bench-planner: $(STAMP)
 	$(PY) benchmarks/bench_planner.py
-	$(PY) -m pytest -q -m slow tests/test_partition.py --hypothesis-profile=ci
+	$(PY) -m pytest -q -m slow tests/plan/test_partition.py --hypothesis-profile=ci
 
 # The sweep benchmark of issue 7 (10,080 points) into its section of benchmarks/RESULTS.md.
 .PHONY: bench-sweep

@@ -105,7 +105,7 @@ FINDINGS = (
     "bandwidths x recomputation off/on), which the sweep ran 5,040 points apart. Now points run grouped by "
     "shape (`SHARED_WORK`) and a worker keeps the last two orders with their staleness and span columns, "
     "and the stage costs (`pipesim/reuse.py`); rows are bit for bit those of separate simulations "
-    "(tests/test_reuse.py). On a quiet machine (2026-11-22) the sweep went from 69.4 s to 38.5 s and 44.7 s "
+    "(tests/sweep/test_reuse.py). On a quiet machine (2026-11-22) the sweep went from 69.4 s to 38.5 s and 44.7 s "
     "(two runs, 07:54 and 07:56: the run to run spread on this machine is about 15%)."
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ settings.register_profile("dev", deadline=None, max_examples=50)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 ROOT = Path(__file__).resolve().parents[1]
+# Shared helpers (strategies, the reference scheduler, trace invariants) import by module name.
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 SHARED = ROOT.parent / "shared"
 
 

@@ -8,16 +8,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "pipesim"
 
 # What each part of the package may import from pipesim (itself always allowed).
-BASE = {"errors", "units", "jit"}
+BASE = {"errors", "jit"}
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "units": {"errors"},
     "jit": {"errors"},
     "spec": BASE,
     "schedule": BASE | {"spec"},
     "engine": BASE | {"spec", "schedule"},
     "metrics": BASE | {"spec", "schedule", "engine"},
-    "trace_invariants": BASE | {"spec", "schedule", "engine", "metrics"},
     "reuse": BASE | {"spec", "schedule"},
     "simulation": BASE | {"spec", "schedule", "engine", "metrics", "reuse"},
     "plan": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},

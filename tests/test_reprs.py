@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 
 import pipesim  # noqa: E402
 from pipesim.plots import notebook  # noqa: E402
-from tests.test_cli import ROOT  # noqa: E402
+from cli_runner import ROOT  # noqa: E402
 
 
 def small() -> pipesim.Result:

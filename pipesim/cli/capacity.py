@@ -22,7 +22,7 @@ from pipesim.spec.parallel import (
 from pipesim.spec.profile import Profile
 from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, forward_flops_per_token, preset
 from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
-from pipesim.units import parse_size
+from pipesim.spec.units import parse_size
 
 
 # ``--model`` with the model options, ``--dp``, ``--zero``, ``--global-batch`` and ``--memory``.

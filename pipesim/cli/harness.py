@@ -16,7 +16,7 @@ from pipesim.cli.options import parse_partition
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.files import load_profile, save_model
-from pipesim.units import parse_size
+from pipesim.spec.units import parse_size
 
 FuncT = Callable[..., Any]
 

@@ -6,7 +6,7 @@ from pipesim.errors import ConfigError
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
-from pipesim.units import parse_bandwidth, parse_duration
+from pipesim.spec.units import parse_bandwidth, parse_duration
 
 UNIFORM_KEYS = ("layers", "forward_ms", "backward_ms", "activation_bytes", "param_bytes")
 # Optional keys: split backward (given together) and measured spread per layer.

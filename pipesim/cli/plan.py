@@ -23,7 +23,7 @@ from pipesim.spec.files import load_profile, write_text_atomic
 from pipesim.spec.provenance import command_line, file_identity
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import FrozenModel
-from pipesim.units import parse_bandwidth, parse_size
+from pipesim.spec.units import parse_bandwidth, parse_size
 
 
 def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: str,

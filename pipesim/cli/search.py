@@ -14,7 +14,7 @@ from rich.table import Table
 from pipesim.search import Outcome, search
 from pipesim.spec.devices import DEVICES, device_preset
 from pipesim.spec.transformer import PRESETS
-from pipesim.units import parse_size
+from pipesim.spec.units import parse_size
 
 BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute", "tokens_per_s", "mfu",
              "peak_memory_bytes", "fits")

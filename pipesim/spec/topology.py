@@ -7,7 +7,7 @@ import math
 from pydantic import Field, model_validator
 
 from pipesim.spec.validation import FrozenModel, build
-from pipesim.units import parse_bandwidth, parse_duration
+from pipesim.spec.units import parse_bandwidth, parse_duration
 
 TOPOLOGY_SCHEMA = "pipesim.topology/1"
 

@@ -20,7 +20,7 @@ from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import FrozenModel, build
 from pipesim.sweep.where import Expression
-from pipesim.units import parse_bandwidth, parse_duration, parse_size
+from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
 MAX_POINTS = 2_000_000
 MAX_RANGE = 100_000

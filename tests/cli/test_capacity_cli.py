@@ -1,0 +1,157 @@
+"""The capacity-study commands through their real entry point: pipesim model, simulate --model, search."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+
+
+def test_model_json_has_the_contract_keys_and_writes_a_loadable_profile(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    done = pipesim("model", "--preset", "llama3-70b", "--device", "h100", "--tp", "8", "--recompute", "selective",
+                   "--out", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["parameters"] == 70_553_706_496 and data["layers"] == 80
+    assert isinstance(data["forward_flops_per_token"], float)
+    import pipesim as api
+
+    profile = api.load_profile(out)
+    assert profile.num_layers == 82 and profile.layers[0].name == "embedding"
+
+
+@pytest.mark.parametrize(("args", "field"), [(("--preset", "gpt5"), "--preset"), (("--preset", "llama3-8b", "--tp", "3"), "tp")])
+def test_model_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], field: str) -> None:
+    done = pipesim("model", *args)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and field in done.stderr
+
+
+def simulate_json(*args: str) -> dict[str, object]:
+    done = pipesim("simulate", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    data.pop("engine_wall_s", None)
+    data.pop("run", None)  # the inputs record, command line included
+    for run in data.get("runs", []):
+        run.pop("engine_wall_s")
+        run.pop("run")
+    return data  # type: ignore[no-any-return]
+
+
+UNIFORM = ("--uniform", "layers=4,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9")
+
+
+def test_dp_1_tp_1_reproduce_todays_output_exactly() -> None:
+    plain = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--bandwidth", "10GB/s")
+    flagged = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b", "--bandwidth",
+                            "10GB/s", "--dp", "1", "--tp", "1")
+    assert flagged == plain
+
+
+def test_tp_and_dp_reproduce_a_hand_computed_iteration_time() -> None:
+    # Two layers, one a stage, 1F1B, p = 2, m = 2, free pipeline links, H100 preset links.
+    # TP = 2: F = 4/2 ms + 2 all-reduces of 9e8 bytes over NVLink, each 2 (2-1)/2 x 9e8 / 900e9 s = 1 ms -> 4 ms;
+    #         B = 8/2 ms + 2 ms = 6 ms; weights per rank 1e9 / 2 = 5e8 bytes.
+    # DP = 2: each update all-reduces 5e8 bytes over the 400 Gbit/s NIC: 2 (2-1)/2 x 5e8 / 50e9 s = 10 ms.
+    # 1F1B makespan (m + p - 1)(F + B) = 3 x 10 ms, then stage 0's update: 30 + 10 = 40 ms.
+    data = simulate_json("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9",
+                         "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+    assert data["iteration_time_s"] == pytest.approx(0.040, rel=1e-12)
+    assert (data["tp"], data["dp"]) == (2, 2)
+    assert data["global_throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.040, rel=1e-12)
+
+
+def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
+    data = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "5GB")
+    peaks = data["device_peak_memory_bytes"]
+    assert data["device_memory_headroom_bytes"] == [5e9 - peak for peak in peaks]  # type: ignore[union-attr]
+    assert data["fits"] is (max(peaks) <= 5e9)  # type: ignore[arg-type]
+    tight = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "1GB")
+    assert tight["fits"] is False and min(tight["device_memory_headroom_bytes"]) < 0  # type: ignore[arg-type]
+
+
+def test_global_batch_sets_microbatches_and_an_indivisible_one_is_refused() -> None:
+    data = simulate_json(*UNIFORM, "--stages", "2", "--global-batch", "16", "--dp", "2", "--schedule", "1f1b")
+    assert data["num_microbatches"] == 8
+    done = pipesim("simulate", *UNIFORM, "--stages", "2", "--global-batch", "15", "--dp", "2", "--schedule", "1f1b")
+    assert done.returncode == 2 and "global_batch=15" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_model_in_simulate_reports_the_device_budget_tokens_and_mfu() -> None:
+    data = simulate_json("--model", "llama3-8b", "--device", "h100", "--stages", "4", "--global-batch", "32",
+                         "--dp", "2", "--seq-len", "2048", "--recompute-stages", "selective", "--schedule", "1f1b")
+    assert data["memory_budget_bytes"] == 80e9 and isinstance(data["fits"], bool)
+    assert data["num_gpus"] == 8 and data["tokens_per_s"] == pytest.approx(
+        data["throughput_samples_per_s"] * 2 * 2048, rel=1e-12)  # type: ignore[operator]
+    assert 0 < data["mfu"] < 0.5  # type: ignore[operator]
+
+
+def test_schedules_side_by_side_equal_their_single_runs_and_accept_torch_names(tmp_path: Path) -> None:
+    case = (*UNIFORM, "--ranks", "2", "--microbatches", "4", "--memory", "8GB")
+    both = simulate_json(*case, "--schedule", "Schedule1F1B,ZBVZeroBubble", "--out", str(tmp_path))
+    assert [run["schedule"] for run in both["runs"]] == ["1f1b", "zbv"]  # type: ignore[index,union-attr]
+    single = simulate_json(*case, "--schedule", "1f1b")
+    assert both["runs"][0] == single  # type: ignore[index]
+    assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((tmp_path / "comparison.json").read_text())["runs"][1]["num_stages"] == 4
+
+
+@pytest.mark.slow
+def test_all_schedules_side_by_side_run_or_say_why_not(tmp_path: Path) -> None:
+    every = simulate_json(*UNIFORM, "--ranks", "2", "--microbatches", "4", "--memory", "8GB", "--schedule", "all",
+                          "--out", str(tmp_path))
+    runs, skipped = every["runs"], every["skipped"]
+    assert len(runs) + len(skipped) == 12 and all(item["reason"] for item in skipped)  # type: ignore[arg-type,union-attr]
+    assert all(isinstance(run["fits"], bool) for run in runs)  # type: ignore[union-attr,index]
+    assert (tmp_path / "timelines.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_search_best_fits_and_is_what_simulate_gives_for_it(tmp_path: Path) -> None:
+    done = pipesim("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
+                   "--seq-len", "2048", "--json", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    best = data["best"]
+    assert set(best) == {"tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute",
+                         "tokens_per_s", "mfu", "peak_memory_bytes", "fits"}
+    assert best["fits"] and best["peak_memory_bytes"] <= 40e9
+    assert best["tp"] * best["pp"] * best["dp"] == 8
+    candidates = data["candidates"]
+    assert all(row["reason"] for row in candidates)
+    assert max(row["tokens_per_s"] for row in candidates if row["fits"]) == best["tokens_per_s"]
+    assert {row["status"] for row in candidates} == {"simulated", "dropped"}
+    # The best row is a simulation: simulate gives the same numbers for the same configuration.
+    assert candidates[0]["status"] == "simulated" and candidates[0]["tokens_per_s"] == best["tokens_per_s"]
+    again = simulate_json("--model", "llama3-8b", "--device", "a100-40gb", "--seq-len", "2048",
+                          "--partition", candidates[0]["partition"],
+                          "--tp", str(best["tp"]), "--ranks", str(best["pp"]),
+                          "--stages-per-rank", str(best["stages_per_rank"]), "--dp", str(best["dp"]),
+                          "--microbatch-size", str(best["microbatch_size"]), "--global-batch", "16",
+                          "--recompute-stages", best["recompute"], "--schedule", best["schedule"])
+    assert again["tokens_per_s"] == pytest.approx(best["tokens_per_s"], rel=1e-12)
+    assert max(again["device_peak_memory_bytes"]) == best["peak_memory_bytes"]  # type: ignore[arg-type]
+    assert (tmp_path / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "candidates.csv").read_text().startswith("tp,pp,dp,")
+
+
+def test_model_calibrate_takes_the_efficiency_of_a_measured_profile(tmp_path: Path) -> None:
+    measured = tmp_path / "measured.json"
+    first = pipesim("model", "--preset", "llama2-7b", "--device", "a100-80gb", "--efficiency", "0.42", "--out",
+                    str(measured), "--json")
+    assert first.returncode == 0, first.stderr
+    again = pipesim("model", "--preset", "llama2-7b", "--device", "a100-80gb", "--calibrate", str(measured), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["layer_forward_s"] == pytest.approx(json.loads(first.stdout)["layer_forward_s"],
+                                                                        rel=1e-9)

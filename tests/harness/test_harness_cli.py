@@ -1,0 +1,165 @@
+"""The harness's commands through the real entry point: profile, linkbench, run, validate, and no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_TORCH = "import sys; sys.modules['torch'] = None; from pipesim.cli import main; main(sys.argv[1:])"
+
+
+def pipesim(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [
+    ["profile", "--microbatch-size", "2", "--out", "p.json"],
+    ["linkbench", "--out", "t.json"],
+    ["run", "--profile", "p.json", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--out", "t.json"],
+    ["validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--microbatch-size", "2"],
+])
+def test_without_torch_the_harness_commands_say_how_to_install_it(args: list[str], tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1
+    assert "pip install torch==2.13.0" in done.stderr and "pip install -e .[harness]" in done.stderr
+
+
+def test_without_torch_the_rest_of_the_cli_works() -> None:
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, "schedule", "--schedule", "gpipe", "--stages", "2",
+                           "--microbatches", "2"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0 and "0F0" in done.stdout
+
+
+torch_needed = pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="needs torch (pip install torch==2.13.0, then pip install -e .[harness])")
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("harness") / "profile.json"
+    done = pipesim("profile", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
+                   "--warmup", "1", "--repeats", "3", "--processes", "1", "--out", str(path))
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+@torch_needed
+def test_profile_writes_every_layer_with_times_and_exact_sizes(profile_path: Path) -> None:
+    from pipesim.spec.files import load_profile
+
+    profile = load_profile(profile_path)
+    assert [layer.name for layer in profile.layers] == ["linear0", "block1", "block2", "loss"]
+    activation = 4 * 16 * 4  # microbatch 4, width 16, float32
+    assert [layer.activation_bytes for layer in profile.layers] == [activation] * 3 + [4]
+    # linear0 keeps its input; a block keeps its ReLU's output; the loss keeps its input and target.
+    assert [layer.stashed_bytes for layer in profile.layers] == [activation] * 3 + [2 * activation]
+    assert [layer.param_bytes for layer in profile.layers] == [(16 * 16 + 16) * 4] * 3 + [0]
+    for layer in profile.layers:  # net of the executor's own cost: tiny layers may round to 0
+        assert layer.forward_s >= 0 and layer.backward_s >= 0 and layer.update_s is not None
+        assert layer.forward_std_s is not None and layer.backward_std_s is not None
+    # the runtime's cost per op, measured by a two-rank run of null layers: each kind is clamped at
+    # 0 (under heavy load a null layer's own time can exceed its span), but a forward and a backward
+    # always cost the runtime something (a receive, an isend, the records)
+    overheads = (profile.forward_overhead_s, profile.backward_overhead_s, profile.update_overhead_s)
+    assert all(value is not None and 0 <= value < 0.1 for value in overheads), overheads
+    assert (profile.forward_overhead_s or 0) + (profile.backward_overhead_s or 0) > 0, overheads
+    assert profile.microbatch_size == 4 and profile.dtype == "float32" and profile.device.startswith("cpu")
+    assert profile.source.startswith("pipesim.harness model=")
+
+
+@torch_needed
+def test_linkbench_writes_a_fitted_topology(tmp_path: Path) -> None:
+    from pipesim.spec.files import load_topology
+
+    done = pipesim("linkbench", "--ranks", "2", "--max-bytes", "64KB", "--repeats", "5", "--out",
+                   str(tmp_path / "topology.json"))
+    assert done.returncode == 0, done.stderr
+    topology = load_topology(tmp_path / "topology.json")
+    assert topology.num_devices == 2
+    assert topology.latency_s >= 0 and topology.bandwidth_bytes_per_s > 0
+    assert "64000 B" in done.stdout and "latency" in done.stdout
+
+
+@torch_needed
+def test_run_writes_a_trace_whose_metrics_match_the_json(profile_path: Path, tmp_path: Path) -> None:
+    from pipesim.engine.trace import Trace
+    from pipesim.metrics import compute_metrics
+
+    out = tmp_path / "trace.json"
+    done = pipesim("run", "--profile", str(profile_path), "--schedule", "2bw", "--stages", "2", "--microbatches", "2",
+                   "--minibatches", "3", "--json", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    trace = Trace.from_json(out.read_text())
+    assert data == json.loads(json.dumps(compute_metrics(trace).to_dict()))
+    assert data["engine"] == "torch" and data["num_minibatches"] == 3
+    assert all(stage["weight_versions_max"] == 2 for stage in data["stages"])
+
+
+@torch_needed
+def test_run_rejects_a_partition_that_does_not_tile_the_layers(profile_path: Path, tmp_path: Path) -> None:
+    done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches",
+                   "2", "--partition", "0:2,2:3", "--out", str(tmp_path / "t.json"))
+    assert done.returncode == 2 and "partition" in done.stderr and done.stderr.count("\n") == 1
+
+
+@torch_needed
+def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> None:
+    done = pipesim("validate", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
+                   "--schedule", "1f1b,pipedream", "--stages", "2", "--microbatches", "2", "--minibatches", "3",
+                   "--repeats", "1", "--profile-repeats", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    reports = json.loads(done.stdout)
+    assert [r["schedule"] for r in reports] == ["1f1b", "pipedream"]
+    for report in reports:
+        for key in ("schedule", "num_stages", "num_microbatches", "predicted", "measured", "iteration_time_error",
+                    "versions_match"):
+            assert key in report
+        assert report["predicted"]["iteration_time_s"] > 0 and report["measured"]["iteration_time_s"] > 0
+        assert report["versions_match"] is True and report["version_ops_compared"] > 0
+        assert report["peak_memory_error"] == [0.0, 0.0]
+        # By default the op times come from a separate calibration run; the layer profile's own
+        # prediction is reported beside it, and the run's per-op wall and CPU times are kept.
+        assert report["op_times"] == "calibration run"
+        assert report["layer_profile"]["iteration_time_s_runs"][0] > 0
+        times = report["op_times_runs"][0]
+        assert set(times["measured"]) == set(times["predicted"]) == {"0F", "0B", "0U", "1F", "1B", "1U"}
+        assert all(value > 0 for value in times["measured_cpu"].values())
+
+
+@torch_needed
+def test_validate_with_the_layer_profile_alone_reports_no_calibration(tmp_path: Path) -> None:
+    done = pipesim("validate", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
+                   "--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--minibatches", "3",
+                   "--repeats", "1", "--profile-repeats", "3", "--op-times", "layers", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["op_times"] == "layer profile" and "layer_profile" not in report
+
+
+@torch_needed
+def test_the_worker_runs_under_torchrun(tmp_path: Path) -> None:
+    from pipesim.engine.trace import Trace
+    from pipesim.harness.config import ModelSpec, RunConfig
+    from pipesim.harness.launch import free_port
+
+    trace_path = tmp_path / "trace.json"
+    config = RunConfig(model=ModelSpec("mlp", depth=3, width=8), schedule="1f1b", num_stages=2, num_microbatches=2,
+                       num_minibatches=2, microbatch_size=2, partition=((0, 2), (2, 4)), trace_out=str(trace_path))
+    (tmp_path / "config.json").write_text(config.to_json())
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
+                           "pipesim.harness.rank.worker", str(tmp_path / "config.json")], capture_output=True, text=True,
+                          cwd=ROOT, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trace = Trace.from_json(trace_path.read_text())
+    assert sum(1 for span in trace.iter_spans() if span.stream == "compute") == 2 * (2 * 2 * 2 + 2)

@@ -1,0 +1,116 @@
+"""The emulated device (--compute emulated): ops wait out their predicted durations, everything else is real."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OP_S = 0.004  # each layer's F and B: long enough that a stage's op is several milliseconds
+
+torch_needed = pytest.mark.skipif(
+    subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
+    reason="needs torch (pip install torch==2.13.0, then pip install -e .[harness])")
+
+
+def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A harness profile of mlp depth 3 width 16 (microbatch 4) with slow made-up op times, and free links."""
+    from pipesim.harness.config import SOURCE_PREFIX, ModelSpec
+    from pipesim.spec.files import save_model
+    from pipesim.spec.profile import Profile
+    from pipesim.spec.topology import Topology
+    from pipesim.spec.validation import build
+
+    folder = tmp_path_factory.mktemp("emulated")
+    activation, params = 4 * 16 * 4, (16 * 16 + 16) * 4
+    layers = [{"name": name, "forward_s": OP_S, "backward_s": OP_S, "update_s": OP_S / 4,
+               "activation_bytes": activation if name != "loss" else 4,
+               "stash_bytes": activation if name != "loss" else 2 * activation,
+               "param_bytes": params if name != "loss" else 0} for name in ("linear0", "block1", "block2", "loss")]
+    spec = ModelSpec("mlp", depth=3, width=16)
+    profile = build(Profile, {"name": "mlp", "layers": layers, "microbatch_size": 4, "dtype": "float32",
+                              "device": "made up", "source": SOURCE_PREFIX + json.dumps(spec.to_dict(), sort_keys=True)})
+    save_model(profile, folder / "profile.json")
+    save_model(Topology.uniform(num_devices=2, bandwidth=1e12, latency=0.0), folder / "topology.json")
+    return folder / "profile.json", folder / "topology.json"
+
+
+@torch_needed
+def test_emulated_ops_take_at_least_their_predicted_durations_back_to_back(files: tuple[Path, Path], tmp_path: Path) -> None:
+    from pipesim.engine.trace import Trace
+    from pipesim.harness.config import RunConfig, spec_of
+    from pipesim.harness.prediction import predict
+    from pipesim.spec.files import load_profile
+
+    profile_path, _ = files
+    out = tmp_path / "trace.json"
+    done = pipesim("run", "--profile", str(profile_path), "--schedule", "2bw", "--stages", "2", "--microbatches", "2",
+                   "--minibatches", "3", "--partition", "0:2,2:4", "--compute", "emulated", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "emulated compute" in done.stdout
+    profile = load_profile(profile_path)
+    spec = spec_of(profile)
+    assert spec is not None
+    config = RunConfig(model=spec, schedule="2bw", num_stages=2, num_microbatches=2, num_minibatches=3,
+                       microbatch_size=4, partition=((0, 2), (2, 4)))
+    predicted = {(s.device, s.position): (s.op, s.end_s - s.start_s, s.weight_version)
+                 for s in predict(profile, None, config).trace.iter_spans() if s.stream == "compute"}
+    spans = sorted((s for s in Trace.from_json(out.read_text()).iter_spans() if s.stream == "compute"),
+                   key=lambda s: (s.device, s.position))
+    assert {(s.device, s.position) for s in spans} == predicted.keys()
+    first_start: dict[int, float] = {}
+    device_time: dict[int, float] = {}
+    for span in spans:
+        expected_op, expected_s, expected_version = predicted[(span.device, span.position)]
+        assert (span.op, span.weight_version) == (expected_op, expected_version)
+        # The device runs its ops back to back: op k ends no earlier than the rank's first start plus
+        # the durations of ops 0..k (less at most the isend it expects after it, well under 1 ms).
+        first_start.setdefault(span.device, span.start_s)
+        device_time[span.device] = device_time.get(span.device, 0.0) + expected_s
+        assert span.end_s > first_start[span.device] + device_time[span.device] - 1e-3, span.op
+
+
+@torch_needed
+def test_validate_emulated_reports_replay_noise_floor_and_exact_memory(files: tuple[Path, Path]) -> None:
+    profile_path, topology_path = files
+    done = pipesim("validate", "--profile", str(profile_path), "--topology", str(topology_path), "--schedule",
+                   "1f1b,pipedream", "--stages", "2", "--microbatches", "2", "--minibatches", "3", "--repeats", "2",
+                   "--compute", "emulated", "--json")
+    assert done.returncode == 0, done.stderr
+    reports = json.loads(done.stdout)
+    assert [r["schedule"] for r in reports] == ["1f1b", "pipedream"]
+    for report in reports:
+        assert report["compute"] == "emulated" and report["op_times"] == "layer profile"
+        runs = report["measured"]["iteration_time_s_runs"]
+        middle = sorted(runs)[len(runs) // 2 - 1: len(runs) // 2 + 1]
+        median = sum(middle) / len(middle)
+        assert report["noise_floor"] == pytest.approx(max(abs(t - median) for t in runs) / median)
+        assert report["median_error"] == report["iteration_time_error"]
+        assert len(report["replay_error_runs"]) == 2
+        assert report["replay_error"] == pytest.approx(sum(report["replay_error_runs"]) / 2)
+        # stashes are the profile's sizes and the weights are real: tracked memory is exact
+        assert report["versions_match"] is True and report["peak_memory_error"] == [0.0, 0.0]
+
+
+@torch_needed
+def test_validate_refuses_a_user_model_without_a_microbatch_size() -> None:
+    done = pipesim("validate", "--model", "mymodels.py:build", "--schedule", "1f1b", "--stages", "2",
+                   "--microbatches", "2")
+    assert done.returncode == 2 and "microbatch_size" in done.stderr and done.stderr.count("\n") == 1
+
+
+@torch_needed
+def test_validate_refuses_calibrated_op_times_on_the_emulated_device() -> None:
+    done = pipesim("validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--compute", "emulated",
+                   "--op-times", "calibrated")
+    assert done.returncode == 2 and "op_times='calibrated'" in done.stderr and done.stderr.count("\n") == 1
