@@ -106,3 +106,9 @@ bench-prepare: $(STAMP)
 # workers (a few minutes), against the serial projection, into benchmarks/RESULTS.md.
 bench-sweep-full: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py --full
+
+.PHONY: bench-kernel-ab
+# The engines of this tree against another source tree in one run (BASELINE=TREE, e.g.
+# mkdir /tmp/base && git archive COMMIT | tar -x -C /tmp/base), into its section of benchmarks/RESULTS.md.
+bench-kernel-ab: $(STAMP)
+	$(PY) benchmarks/bench_kernel_ab.py --baseline $(BASELINE) --label "$(BASELINE_LABEL)" --write

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from alternating import alternate, serve
 
 HERE = Path(__file__).resolve().parent
 POINTS = (("1f1b", 32, 1, 256), ("2bw", 32, 1, 256), ("1f1b", 64, 1, 512), ("interleaved-1f1b", 8, 2, 64),
@@ -76,45 +75,13 @@ def tasks() -> dict[str, Callable[[], Any]]:
 
 
 def worker() -> None:
-    """Read a task name per line, run it once, print its seconds."""
-    known = tasks()
-    print(json.dumps(list(known)), flush=True)
-    for line in sys.stdin:
-        task = known[line.strip()]
-        started = time.perf_counter()
-        task()
-        print(time.perf_counter() - started, flush=True)
+    """Serve ``tasks`` to ``rows`` (see ``alternating.serve``)."""
+    serve(tasks())
 
 
 def rows(baseline: Path, candidate: Path) -> list[dict[str, Any]]:
-    """Fastest time of every step in each tree, asked alternately."""
-    def start(tree: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-
-    def ask(process: subprocess.Popen[str], line: str) -> str:
-        assert process.stdin is not None and process.stdout is not None
-        if line:
-            process.stdin.write(line + "\n")
-            process.stdin.flush()
-        return process.stdout.readline()
-
-    workers = [start(baseline), start(candidate)]
-    names: list[str] = [json.loads(ask(w, "")) for w in workers][1]
-    found = []
-    for name in names:
-        times: list[list[float]] = [[], []]
-        for repeat in range(REPEATS):
-            for side in ((0, 1) if repeat % 2 == 0 else (1, 0)):
-                times[side].append(float(ask(workers[side], name)))
-        point, step = name.split("|")
-        found.append({"point": point, "step": step, "baseline_s": min(times[0]), "candidate_s": min(times[1])})
-        print(json.dumps(found[-1]), flush=True)
-    for process in workers:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait()
-    return found
+    """Fastest time of every step in each tree, asked alternately (this tree's task list)."""
+    return alternate(__file__, baseline, candidate, lambda step: REPEATS, names_from=1)
 
 
 def render(found: list[dict[str, Any]], baseline: str, header: str) -> str:

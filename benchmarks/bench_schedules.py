@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from alternating import alternate, serve
 
 HERE = Path(__file__).resolve().parent
 FORWARD_S, BACKWARD_S, ACTIVATION_BYTES, PARAM_BYTES = 1e-3, 2e-3, 1e6, 4e6
@@ -106,45 +106,13 @@ def _ab_tasks() -> dict[str, Callable[[], Any]]:
 
 
 def worker() -> None:
-    """Read a task name per line, run it once, print its seconds."""
-    tasks = _ab_tasks()
-    print(json.dumps(list(tasks)), flush=True)
-    for line in sys.stdin:
-        task = tasks[line.strip()]
-        started = time.perf_counter()
-        task()
-        print(time.perf_counter() - started, flush=True)
+    """Serve ``_ab_tasks`` to ``ab_rows`` (see ``alternating.serve``)."""
+    serve(_ab_tasks())
 
 
 def ab_rows(baseline: Path, candidate: Path) -> list[dict[str, Any]]:
     """Fastest time of every step in each tree, asked alternately; one row per (point, step)."""
-    def start(tree: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, __file__, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(tree)})
-
-    def ask(process: subprocess.Popen[str], line: str) -> str:
-        assert process.stdin is not None and process.stdout is not None
-        if line:
-            process.stdin.write(line + "\n")
-            process.stdin.flush()
-        return process.stdout.readline()
-
-    workers = [start(baseline), start(candidate)]
-    names: list[str] = [json.loads(ask(w, "")) for w in workers][0]
-    rows = []
-    for name in names:
-        point, step = name.split("|")
-        times: list[list[float]] = [[], []]
-        for repeat in range(AB_REPEATS[step]):
-            for side in ((0, 1) if repeat % 2 == 0 else (1, 0)):
-                times[side].append(float(ask(workers[side], name)))
-        rows.append({"point": point, "step": step, "baseline_s": min(times[0]), "candidate_s": min(times[1])})
-        print(json.dumps(rows[-1]), flush=True)
-    for process in workers:
-        assert process.stdin is not None
-        process.stdin.close()
-        process.wait()
-    return rows
+    return alternate(__file__, baseline, candidate, AB_REPEATS.__getitem__)
 
 
 def _rate(ops: int, seconds: float) -> str:
