@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from bare_simpy import bare_simpy_loop
 from pipesim import Topology, jit, uniform_profile
 from pipesim.engine.analytic import run_analytic
 from pipesim.engine.assemble import fill_span_columns
@@ -78,14 +79,7 @@ def time_analytic(prog: Program, budget_s: float = 1.0, most: int = 7, compiled:
 
 def bare_simpy_ops_per_s(num_stages: int, ops_per_stage: int) -> float:
     """A bare SimPy loop: one process per stage, a timeout per op, nothing else."""
-    env = simpy.Environment()
-
-    def stage() -> Any:
-        for _ in range(ops_per_stage):
-            yield env.timeout(1e-3)
-
-    for _ in range(num_stages):
-        env.process(stage())
+    env = bare_simpy_loop(num_stages, ops_per_stage)
     started = time.perf_counter()
     env.run()
     return num_stages * ops_per_stage / (time.perf_counter() - started)

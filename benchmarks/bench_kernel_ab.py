@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from alternating import alternate, serve
+from bare_simpy import bare_simpy_loop
 
 HERE = Path(__file__).resolve().parent
 POINTS = (("1f1b", 32, 1, 256), ("2bw", 32, 1, 256), ("1f1b", 64, 1, 512), ("interleaved-1f1b", 8, 2, 64),
@@ -30,8 +31,6 @@ REPEATS = 6
 
 def tasks() -> dict[str, Callable[[], Any]]:
     """Every (point, step) as a closure over inputs built once (run in a worker)."""
-    import simpy
-
     from pipesim import Topology, uniform_profile
     from pipesim.engine.analytic import run_analytic
     from pipesim.engine.des import run_des
@@ -52,15 +51,7 @@ def tasks() -> dict[str, Callable[[], Any]]:
         per_rank_ops = int(max(program.ops.rank_offsets[1:] - program.ops.rank_offsets[:-1]))
 
         def bare(num_ranks: int = ranks, num_ops: int = per_rank_ops) -> None:
-            env = simpy.Environment()
-
-            def rank() -> Any:
-                for _ in range(num_ops):
-                    yield env.timeout(1e-3)
-
-            for _ in range(num_ranks):
-                env.process(rank())
-            env.run()
+            bare_simpy_loop(num_ranks, num_ops).run()
 
         key = f"{schedule} R={ranks} V={per_rank} m={m} ({program.ops.num_ops} ops)"
         found[f"{key}|bare simpy"] = bare
