@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from pipesim.engine.lowering import Program, lower
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
-from pipesim.metrics import Metrics, compute_metrics, stage_staleness
+from pipesim.metrics import Metrics, compute_metrics, iteration_time, stage_staleness
 from pipesim.reuse import Reuse
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
@@ -263,7 +264,7 @@ def _run(program: Program, engine: EngineName, jitter: float, seed: int, compile
     reason = analytic_unsupported(program)
     if engine == "analytic" and reason is not None:
         raise ConfigError("engine", engine, reason)
-    if engine == "analytic" or (reason is None and jitter == 0):
+    if engine == "analytic" or reason is None:
         return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
     return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
 
@@ -393,7 +394,7 @@ def sample_program(
     cv: float | None = None,
     straggler_slowdown: float = 0.1,
 ) -> SampleSummary:
-    """Run ``program`` ``num_samples`` times on the DES engine with drawn op durations.
+    """Run ``program`` ``num_samples`` times with drawn op durations (``run_drawn``).
 
     Sample i draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(N)[i])``, so a
     sample does not depend on how many are taken, and the same seed gives the same numbers.
@@ -407,15 +408,18 @@ def sample_program(
     if not straggler_slowdown > 0:
         raise ConfigError("straggler_slowdown", straggler_slowdown, "must be > 0")
     base = program.ops.duration_s
-    deterministic = compute_metrics(run_des(program, durations=base)).iteration_time_s
-    times = []
-    for child in np.random.SeedSequence(seed).spawn(num_samples):
-        durations = draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv)
-        times.append(compute_metrics(run_des(program, durations=durations)).iteration_time_s)
+    num_runs = 1 + num_samples + program.ops.num_ranks
+    compiled = jit.use_compiled(program.ops.num_ops * num_runs)
+
+    def iteration(durations: Durations) -> float:
+        return iteration_time(run_drawn(program, durations, compiled=compiled), compiled=compiled)
+
+    deterministic = iteration(base)
+    times = [iteration(draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv))
+             for child in np.random.SeedSequence(seed).spawn(num_samples)]
     sensitivity = []
     for rank in range(program.ops.num_ranks):
-        slowed = np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base)
-        slow = compute_metrics(run_des(program, durations=slowed)).iteration_time_s
+        slow = iteration(np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base))
         sensitivity.append((slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0)
     values = np.asarray(times)
     return SampleSummary(
@@ -454,17 +458,29 @@ def simulate_samples(
     return sample_program(program, num_samples=num_samples, seed=seed, distribution=distribution, cv=cv)
 
 
+# Every op's duration: per rank, per op in order (as ``draw_durations`` gives them), or one array in
+# the op table's order.
+Durations = Sequence[Sequence[float]] | np.typing.NDArray[np.float64]
+
 # A lowered run, as ``prepare`` returns it: the op table (rank, stage, kind, microbatch, position,
 # duration_s, ...) and the links, ready for an engine. Its public name for callers outside the engine.
 PreparedRun = Program
 
 
 def run_program(program: PreparedRun, *, durations_s: np.typing.NDArray[np.float64] | None = None) -> Trace:
-    """Run a prepared program on the DES engine, each op lasting ``durations_s[i]`` (one per op, in the
-    op table's order) instead of its lowered duration when given: a replay of measured op times, or
-    op times drawn from a spread.
+    """Run a prepared program, each op lasting ``durations_s[i]`` (one per op, in the op table's
+    order) instead of its lowered duration when given: a replay of measured op times, or op times
+    drawn from a spread.
 
     Raises:
         ScheduleError: the schedule cannot run.
     """
-    return run_des(program, durations=durations_s)
+    return run_drawn(program, program.ops.duration_s if durations_s is None else durations_s)
+
+
+def run_drawn(program: Program, durations: Durations, *, compiled: bool | None = None) -> Trace:
+    """Run ``program`` with the given op durations: on the analytic engine wherever it applies
+    (the DES engine's bits, without events: the durations are known up front), else the DES."""
+    if analytic_unsupported(program) is None:
+        return run_analytic(program, durations=durations, compiled=compiled)
+    return run_des(program, durations=durations, compiled=compiled)
