@@ -12,7 +12,6 @@ import numpy as np
 from pipesim import jit
 from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
-from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
@@ -259,13 +258,14 @@ def simulate_plan(
 
 def _run(program: Program, engine: EngineName, jitter: float, seed: int, compiled: bool) -> Trace:
     """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
-    if engine == "des":
-        return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
-    reason = analytic_unsupported(program)
-    if engine == "analytic" and reason is not None:
-        raise ConfigError("engine", engine, reason)
-    if engine == "analytic" or reason is None:
-        return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+    if engine != "des":
+        reason = analytic_unsupported(program)
+        if engine == "analytic" and reason is not None:
+            raise ConfigError("engine", engine, reason)
+        if reason is None:
+            return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
+
     return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
 
 
@@ -483,4 +483,6 @@ def run_drawn(program: Program, durations: Durations, *, compiled: bool | None =
     (the DES engine's bits, without events: the durations are known up front), else the DES."""
     if analytic_unsupported(program) is None:
         return run_analytic(program, durations=durations, compiled=compiled)
+    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
+
     return run_des(program, durations=durations, compiled=compiled)
