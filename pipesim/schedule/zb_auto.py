@@ -203,7 +203,9 @@ def warmup_forwards(place: Placement, memory_limit: float, bubble_before_first_b
 
     From the last stage up, the first gradient's arrival is estimated (each stage's F back
     to back, then its I); a stage adds F while memory allows and the F keeps it busy until
-    that arrival. A stage then runs fewer than the one before it, unless it would run all.
+    that arrival. A stage then runs fewer than the one before it, unless it would run all,
+    and never more: the reference lets a stage that would run all get ahead of the one before
+    it, and then times that stage's F as if its input had arrived at 0.
     """
     costs, p, m = place.costs, len(place.free_s), place.num_microbatches
     extra = [0] * p
@@ -220,7 +222,9 @@ def warmup_forwards(place: Placement, memory_limit: float, bubble_before_first_b
             extra[stage] += 1
         gradient_end_s = max(busy_s, arrival_s) + costs.backward_input_s[stage]
     for stage in range(1, p):
-        while 0 < extra[stage] >= extra[stage - 1] and place.next[F][stage] + extra[stage] < m:
+        upstream = place.next[F][stage - 1] + extra[stage - 1]
+        while extra[stage] > 0 and (place.next[F][stage] + extra[stage] > upstream
+                                    or extra[stage] >= extra[stage - 1] and place.next[F][stage] + extra[stage] < m):
             extra[stage] -= 1
     return extra
 
@@ -294,6 +298,17 @@ def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: tuple[tuple[Op
     return place
 
 
+def back_to_back_s(costs: ZeroBubbleCosts, num_microbatches: int, orders: tuple[tuple[Op, ...], ...]) -> float:
+    """The time between the ends of two minibatches run back to back with ``orders`` (each
+    stage starting the next as soon as it is done): the iteration time of a run of several."""
+    m = num_microbatches
+    twice = tuple(order + tuple(Op(op.stage, op.kind, op.microbatch + m) for op in order) for order in orders)
+    ends = [0.0, 0.0]
+    for (_, _, microbatch), end_s in replay(costs, 2 * m, twice).end_s.items():
+        ends[microbatch // m] = max(ends[microbatch // m], end_s)
+    return ends[1] - ends[0]
+
+
 def zb_auto(
     num_stages: int,
     num_microbatches: int,
@@ -308,9 +323,12 @@ def zb_auto(
     The paper's heuristic, run with each of its eight hyperparameter settings (``Knobs``) on
     the stages' own F, I, W and link times; the ZB-H1 and ZB-H2 orders join as candidates
     where they fit the memory limit. Each candidate is timed as the engines time it (ops as
-    early as their rank and input allow, a link adding its time) and the fastest wins: the
-    shortest makespan for one minibatch, the shortest longest-stage span (minibatches back to
-    back, the reference's measure) for several; ties go to the earlier candidate.
+    early as their rank and input allow, a link adding its time, updates taking none) and the
+    fastest wins: the shortest makespan for one minibatch, for several the shortest time
+    between the ends of two run back to back (the iteration time the metrics report for K = 2
+    and 3); ties go to the earlier candidate. The reference ranks by the longest stage's span
+    instead (first F to last W), which minibatches of different stages running into each
+    other can exceed.
 
     Args:
         costs: per-stage times and memory; default: equal F, I and W, free links.
@@ -339,6 +357,8 @@ def zb_auto(
     if not fitting:
         raise ConfigError("zb_memory_limit", memory_limit, f"is too small: no zero-bubble order of {m} microbatches "
                           f"on {p} stages keeps within {limit:g} microbatches of activations per stage")
-    measure = Placement.makespan_s if num_minibatches == 1 else Placement.span_s
-    best = min(fitting, key=measure)
+    if num_minibatches == 1:
+        best = min(fitting, key=Placement.makespan_s)
+    else:
+        best = min(fitting, key=lambda c: back_to_back_s(costs, m, tuple(map(tuple, c.orders))))
     return assemble("zb-auto", p, m, num_minibatches, tuple(range(p)), lambda stage, _: best.orders[stage])
