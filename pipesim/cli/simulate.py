@@ -79,8 +79,8 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
               help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
 @click.option("--zb-memory-limit", "zb_memory_limit", type=float, default=None,
-              help="zb-auto: activations a stage may hold, in microbatches of the largest stage's stash "
-                   "(default: the stage count P, ZB-1p; 2P is ZB-2p).")
+              help="zb-auto: activations a stage may hold, in microbatches (units of the most one microbatch "
+                   "keeps on any stage); default the stage count P (ZB-1p), 2P is ZB-2p.")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")

@@ -26,8 +26,9 @@ class ZeroBubbleCosts:
             empty: free.
         backward_comm_s: per boundary s, the time of a gradient from s+1 to s; empty: free.
         forward_bytes: memory an F adds (the stage's stash per microbatch); empty: 1 each.
-        input_bytes: memory an I adds, at most 0 where I frees part of the stash; empty: 0.
-            W frees the rest: ``-(forward_bytes + input_bytes)``.
+        input_bytes: memory an I adds: below 0 where it frees part of the stash, above 0 where
+            it re-creates recomputed activations that W needs; empty: 0. W frees the rest,
+            ``-(forward_bytes + input_bytes)``.
     """
 
     forward_s: tuple[float, ...]
@@ -332,9 +333,9 @@ def zb_auto(
 
     Args:
         costs: per-stage times and memory; default: equal F, I and W, free links.
-        memory_limit: the activations a stage may hold, in microbatches of the largest
-            stage's ``forward_bytes``; default ``num_stages`` (ZB-1p, 1F1B's peak); twice
-            that is ZB-2p.
+        memory_limit: the activations a stage may hold, in microbatches: units of the most
+            one microbatch keeps on any stage (its stash, or what I re-creates where it is
+            recomputed); default ``num_stages`` (ZB-1p, 1F1B's peak); twice that is ZB-2p.
 
     Raises:
         ConfigError: several stages per rank, costs that do not fit the stages, or a memory
@@ -346,7 +347,8 @@ def zb_auto(
     limit = float(p if memory_limit is None else memory_limit)
     if not (math.isfinite(limit) and limit > 0):
         raise ConfigError("zb_memory_limit", memory_limit, "must be a number of microbatches > 0")
-    limit_bytes = limit * max(costs.forward_bytes)
+    unit = max(max(f, f + i) for f, i in zip(costs.forward_bytes, costs.input_bytes, strict=True))
+    limit_bytes = limit * unit * (1 + 1e-9)  # a running sum of the memory deltas drifts by a few ulps
     candidates = [greedy(costs, m, limit_bytes, Knobs(*knobs))
                   for knobs in itertools.product((True, False), repeat=3)]
     for handcrafted in (zb_h1(p, m), zb_h2(p, m)):

@@ -43,7 +43,8 @@ class Plan(FrozenModel):
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
         zb_memory_limit: zb-auto's memory limit, the activations a stage may hold in microbatches
-            of the largest stage's stash; None: ``num_stages`` (ZB-1p). ``2 * num_stages`` is ZB-2p.
+            (units of the most one microbatch keeps on any stage); None: ``num_stages`` (ZB-1p).
+            ``2 * num_stages`` is ZB-2p.
     """
 
     schema_: str = Field(default=PLAN_SCHEMA, alias="schema")
