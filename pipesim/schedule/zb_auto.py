@@ -90,7 +90,8 @@ class Placement:
     """Ops placed one at a time, each as early as its stage and its input allow.
 
     Holds, per stage, the ops placed (in order), the next microbatch of each kind, when the
-    stage is free, its memory and its peak, and the idle time it has had since its first F.
+    stage is free, its memory and its peak, and the idle time it has had since its first F;
+    per op its end and the arrival of its input; per link when its last send arrives.
     """
 
     def __init__(self, costs: ZeroBubbleCosts, num_microbatches: int) -> None:
@@ -104,6 +105,8 @@ class Placement:
         self.peak_memory = [0.0] * p
         self.bubble_s = [0.0] * p
         self.end_s: dict[tuple[int, OpKind, int], float] = {}
+        self.arrival_s: dict[tuple[int, OpKind, int], float] = {}
+        self.link_free_s: dict[tuple[int, OpKind], float] = {}
 
     def duration(self, stage: int, kind: OpKind) -> float:
         """Time of one ``kind`` op on ``stage``."""
@@ -120,12 +123,21 @@ class Placement:
 
         Its upstream op must have been placed.
         """
-        c = self.costs
-        if kind is F and stage > 0:
-            return self.end_s[(stage - 1, F, microbatch)] + c.forward_comm_s[stage - 1]
-        if kind is I and stage < len(c.forward_s) - 1:
-            return self.end_s[(stage + 1, I, microbatch)] + c.backward_comm_s[stage]
+        if (kind is F and stage > 0) or (kind is I and stage < len(self.free_s) - 1):
+            return self.arrival_s[(stage, kind, microbatch)]
         return 0.0
+
+    def send(self, stage: int, kind: OpKind, microbatch: int) -> None:
+        """Send the output of the op just placed over its link, first in first out (as the
+        engines' kernel does): it leaves when the op ends and the link's previous send is in."""
+        if kind is F and stage < len(self.free_s) - 1:
+            receiver, link_s = stage + 1, self.costs.forward_comm_s[stage]
+        elif kind is I and stage > 0:
+            receiver, link_s = stage - 1, self.costs.backward_comm_s[stage - 1]
+        else:
+            return
+        leaves_s = max(self.free_s[stage], self.link_free_s.get((stage, kind), 0.0))
+        self.link_free_s[(stage, kind)] = self.arrival_s[(receiver, kind, microbatch)] = leaves_s + link_s
 
     def has(self, stage: int, kind: OpKind) -> bool:
         """Whether ``stage`` has a ``kind`` op left (a W only once its I ran)."""
@@ -139,6 +151,7 @@ class Placement:
         if self.next[F][stage] > 0:
             self.bubble_s[stage] += start - self.free_s[stage]
         self.free_s[stage] = self.end_s[(stage, kind, microbatch)] = start + self.duration(stage, kind)
+        self.send(stage, kind, microbatch)
         self.memory[stage] += self.memory_delta(stage, kind)
         self.peak_memory[stage] = max(self.peak_memory[stage], self.memory[stage])
         self.next[kind][stage] += 1
@@ -288,8 +301,8 @@ def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: tuple[tuple[Op
         for stage, order in enumerate(orders):
             while cursor[stage] < len(order):
                 op = order[cursor[stage]]
-                upstream = {F: (stage - 1, F), I: (stage + 1, I)}.get(op.kind, (-1, op.kind))
-                if 0 <= upstream[0] < len(orders) and (upstream[0], upstream[1], op.microbatch) not in place.end_s:
+                crosses = (op.kind is F and stage > 0) or (op.kind is I and stage < len(orders) - 1)
+                if crosses and (stage, op.kind, op.microbatch) not in place.arrival_s:
                     break
                 place.place(stage, op.kind)
                 cursor[stage] += 1
