@@ -13,7 +13,9 @@ from pipesim.schedule.multi_stage import assemble
 from pipesim.schedule.zb_h1 import one_stage_per_rank_only, zb_h1
 from pipesim.schedule.zb_h2 import zb_h2
 
-F, I, W = OpKind.F, OpKind.I, OpKind.W
+# Op kinds as small integers while placing (an OpKind hashes in Python, slowly); KINDS maps them back.
+F, I, W = 0, 1, 2
+KINDS = (OpKind.F, OpKind.I, OpKind.W)
 
 
 @dataclass(frozen=True)
@@ -98,64 +100,71 @@ class Placement:
         p = len(costs.forward_s)
         self.costs = costs
         self.num_microbatches = num_microbatches
-        self.orders: list[list[Op]] = [[] for _ in range(p)]
-        self.next: dict[OpKind, list[int]] = {kind: [0] * p for kind in (F, I, W)}
+        self.orders: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+        self.next = [[0] * p for _ in KINDS]
         self.free_s = [0.0] * p
         self.memory = [0.0] * p
         self.peak_memory = [0.0] * p
         self.bubble_s = [0.0] * p
-        self.end_s: dict[tuple[int, OpKind, int], float] = {}
-        self.arrival_s: dict[tuple[int, OpKind, int], float] = {}
-        self.link_free_s: dict[tuple[int, OpKind], float] = {}
+        self.max_bubble_s = 0.0
+        self.end_s: dict[tuple[int, int, int], float] = {}
+        self.arrival_s: dict[tuple[int, int, int], float] = {}
+        self.link_free_s: dict[tuple[int, int], float] = {}
+        self.durations = (costs.forward_s, costs.backward_input_s, costs.backward_weight_s)
+        self.deltas = (costs.forward_bytes, costs.input_bytes,
+                       tuple(-(f + i) for f, i in zip(costs.forward_bytes, costs.input_bytes, strict=True)))
 
-    def duration(self, stage: int, kind: OpKind) -> float:
+    def duration(self, stage: int, kind: int) -> float:
         """Time of one ``kind`` op on ``stage``."""
-        c = self.costs
-        return {F: c.forward_s, I: c.backward_input_s, W: c.backward_weight_s}[kind][stage]
+        return self.durations[kind][stage]
 
-    def memory_delta(self, stage: int, kind: OpKind) -> float:
+    def memory_delta(self, stage: int, kind: int) -> float:
         """What a ``kind`` op adds to ``stage``'s memory."""
-        forward, given = self.costs.forward_bytes[stage], self.costs.input_bytes[stage]
-        return {F: forward, I: given, W: -(forward + given)}[kind]
+        return self.deltas[kind][stage]
 
-    def arrival(self, stage: int, kind: OpKind, microbatch: int) -> float:
+    def ops(self, stage: int) -> list[Op]:
+        """The ops placed on ``stage``, in order."""
+        return [Op(stage, KINDS[kind], microbatch) for kind, microbatch in self.orders[stage]]
+
+    def arrival(self, stage: int, kind: int, microbatch: int) -> float:
         """When the input of ``stage``'s ``kind`` op of ``microbatch`` arrives (0: none crosses a link).
 
         Its upstream op must have been placed.
         """
-        if (kind is F and stage > 0) or (kind is I and stage < len(self.free_s) - 1):
+        if (kind == F and stage > 0) or (kind == I and stage < len(self.free_s) - 1):
             return self.arrival_s[(stage, kind, microbatch)]
         return 0.0
 
-    def send(self, stage: int, kind: OpKind, microbatch: int) -> None:
+    def send(self, stage: int, kind: int, microbatch: int) -> None:
         """Send the output of the op just placed over its link, first in first out (as the
         engines' kernel does): it leaves when the op ends and the link's previous send is in."""
-        if kind is F and stage < len(self.free_s) - 1:
+        if kind == F and stage < len(self.free_s) - 1:
             receiver, link_s = stage + 1, self.costs.forward_comm_s[stage]
-        elif kind is I and stage > 0:
+        elif kind == I and stage > 0:
             receiver, link_s = stage - 1, self.costs.backward_comm_s[stage - 1]
         else:
             return
         leaves_s = max(self.free_s[stage], self.link_free_s.get((stage, kind), 0.0))
         self.link_free_s[(stage, kind)] = self.arrival_s[(receiver, kind, microbatch)] = leaves_s + link_s
 
-    def has(self, stage: int, kind: OpKind) -> bool:
+    def has(self, stage: int, kind: int) -> bool:
         """Whether ``stage`` has a ``kind`` op left (a W only once its I ran)."""
-        limit = self.next[I][stage] if kind is W else self.num_microbatches
+        limit = self.next[I][stage] if kind == W else self.num_microbatches
         return self.next[kind][stage] < limit
 
-    def place(self, stage: int, kind: OpKind) -> None:
+    def place(self, stage: int, kind: int) -> None:
         """Append the next ``kind`` op of ``stage``, starting when the stage is free and its input is in."""
         microbatch = self.next[kind][stage]
         start = max(self.free_s[stage], self.arrival(stage, kind, microbatch))
-        if self.next[F][stage] > 0:
+        if self.next[F][stage] > 0 and start > self.free_s[stage]:
             self.bubble_s[stage] += start - self.free_s[stage]
-        self.free_s[stage] = self.end_s[(stage, kind, microbatch)] = start + self.duration(stage, kind)
+            self.max_bubble_s = max(self.max_bubble_s, self.bubble_s[stage])
+        self.free_s[stage] = self.end_s[(stage, kind, microbatch)] = start + self.durations[kind][stage]
         self.send(stage, kind, microbatch)
-        self.memory[stage] += self.memory_delta(stage, kind)
+        self.memory[stage] += self.deltas[kind][stage]
         self.peak_memory[stage] = max(self.peak_memory[stage], self.memory[stage])
         self.next[kind][stage] += 1
-        self.orders[stage].append(Op(stage, kind, microbatch))
+        self.orders[stage].append((kind, microbatch))
 
     def span_s(self) -> float:
         """The longest stage's span, first F's start to last op's end: a minibatch's time when
@@ -263,10 +272,10 @@ def skips_forward(place: Placement, stage: int, memory_limit: float) -> bool:
         weight += 1
     if place.free_s[stage] + costs.forward_s[stage] + weights_s <= gradient_s:
         return False
-    return gradient_s - place.free_s[stage] <= max(place.bubble_s) - place.bubble_s[stage]
+    return gradient_s - place.free_s[stage] <= place.max_bubble_s - place.bubble_s[stage]
 
 
-def make_room(place: Placement, stage: int, kind: OpKind, memory_limit: float) -> bool:
+def make_room(place: Placement, stage: int, kind: int, memory_limit: float) -> bool:
     """Run W on ``stage`` until the ``kind`` op fits the memory limit; False when none is left."""
     while place.memory[stage] + place.memory_delta(stage, kind) > memory_limit:
         if not place.has(stage, W):
@@ -275,48 +284,52 @@ def make_room(place: Placement, stage: int, kind: OpKind, memory_limit: float) -
     return True
 
 
-def fill_wait(place: Placement, stage: int, kind: OpKind, fill_small_gaps: bool) -> None:
+def fill_wait(place: Placement, stage: int, kind: int, fill_small_gaps: bool) -> None:
     """Run W on ``stage`` while the input of its next ``kind`` op is on its way: every W that
     ends by the arrival, then one more into the remaining gap when ``fill_small_gaps`` or when
     the gap would make this stage's accumulated bubble the largest."""
-    neighbour = stage - 1 if kind is F else stage + 1
+    neighbour = stage - 1 if kind == F else stage + 1
     if not 0 <= neighbour < len(place.free_s):
         return
     arrival_s = place.arrival(stage, kind, place.next[kind][stage])
     while place.has(stage, W) and place.free_s[stage] + place.duration(stage, W) <= arrival_s:
         place.place(stage, W)
     if place.has(stage, W) and place.free_s[stage] < arrival_s:
-        gap_is_harmless = arrival_s - place.free_s[stage] <= max(place.bubble_s) - place.bubble_s[stage]
+        gap_is_harmless = arrival_s - place.free_s[stage] <= place.max_bubble_s - place.bubble_s[stage]
         if fill_small_gaps or not gap_is_harmless:
             place.place(stage, W)
 
 
-def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: tuple[tuple[Op, ...], ...]) -> Placement:
+Order = list[tuple[int, int]]  # one stage's ops as (kind, microbatch), each kind's microbatches rising
+
+
+def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: list[Order]) -> Placement:
     """Time given per-stage F/I/W orders with ``Placement`` (each op placed once its input is)."""
     place = Placement(costs, num_microbatches)
+    last = len(orders) - 1
     cursor = [0] * len(orders)
     remaining = sum(len(order) for order in orders)
     while remaining:
         progressed = False
         for stage, order in enumerate(orders):
             while cursor[stage] < len(order):
-                op = order[cursor[stage]]
-                crosses = (op.kind is F and stage > 0) or (op.kind is I and stage < len(orders) - 1)
-                if crosses and (stage, op.kind, op.microbatch) not in place.arrival_s:
+                kind, microbatch = order[cursor[stage]]
+                crosses = (kind == F and stage > 0) or (kind == I and stage < last)
+                if crosses and (stage, kind, microbatch) not in place.arrival_s:
                     break
-                place.place(stage, op.kind)
+                place.place(stage, kind)
                 cursor[stage] += 1
                 remaining -= 1
                 progressed = True
-        assert progressed, "a handcrafted zero-bubble order waits on itself"
+        assert progressed, "a zero-bubble order waits on itself"
     return place
 
 
-def back_to_back_s(costs: ZeroBubbleCosts, num_microbatches: int, orders: tuple[tuple[Op, ...], ...]) -> float:
+def back_to_back_s(costs: ZeroBubbleCosts, num_microbatches: int, orders: list[Order]) -> float:
     """The time between the ends of two minibatches run back to back with ``orders`` (each
     stage starting the next as soon as it is done): the iteration time of a run of several."""
     m = num_microbatches
-    twice = tuple(order + tuple(Op(op.stage, op.kind, op.microbatch + m) for op in order) for order in orders)
+    twice = [order + [(kind, microbatch + m) for kind, microbatch in order] for order in orders]
     ends = [0.0, 0.0]
     for (_, _, microbatch), end_s in replay(costs, 2 * m, twice).end_s.items():
         ends[microbatch // m] = max(ends[microbatch // m], end_s)
@@ -365,7 +378,8 @@ def zb_auto(
     candidates = [greedy(costs, m, limit_bytes, Knobs(*knobs))
                   for knobs in itertools.product((True, False), repeat=3)]
     for handcrafted in (zb_h1(p, m), zb_h2(p, m)):
-        orders = tuple(tuple(op for op in ops if op.kind is not OpKind.U) for ops in handcrafted.ranks)
+        index = {kind: code for code, kind in enumerate(KINDS)}
+        orders = [[(index[op.kind], op.microbatch) for op in ops if op.kind is not OpKind.U] for ops in handcrafted.ranks]
         timed = replay(costs, m, orders)
         candidates.append(timed if max(timed.peak_memory) <= limit_bytes else None)
     fitting = [c for c in candidates if c is not None]
@@ -375,5 +389,5 @@ def zb_auto(
     if num_minibatches == 1:
         best = min(fitting, key=Placement.makespan_s)
     else:
-        best = min(fitting, key=lambda c: back_to_back_s(costs, m, tuple(map(tuple, c.orders))))
-    return assemble("zb-auto", p, m, num_minibatches, tuple(range(p)), lambda stage, _: best.orders[stage])
+        best = min(fitting, key=lambda candidate: back_to_back_s(costs, m, candidate.orders))
+    return assemble("zb-auto", p, m, num_minibatches, tuple(range(p)), lambda stage, _: best.ops(stage))

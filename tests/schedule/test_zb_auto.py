@@ -25,7 +25,7 @@ from pipesim.errors import ConfigError
 from pipesim.schedule.ir import OpKind
 from pipesim.schedule.registry import build_schedule
 from pipesim.schedule.validate import validate
-from pipesim.schedule.zb_auto import Knobs, ZeroBubbleCosts, greedy
+from pipesim.schedule.zb_auto import F, Knobs, ZeroBubbleCosts, greedy
 from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
 
@@ -177,9 +177,9 @@ def test_a_stage_never_runs_ahead_of_the_stage_before_it_in_the_warm_up() -> Non
     for flags in itertools.product((True, False), repeat=3):
         placed = greedy(costs, 3, 3.0, Knobs(*flags))
         assert placed is not None
-        for stage, order in enumerate(placed.orders[1:], start=1):
-            for op in order:
+        for stage in range(1, 3):
+            for op in placed.ops(stage):
                 if op.kind is OpKind.F:
-                    assert (stage - 1, OpKind.F, op.microbatch) in placed.end_s
-                    assert placed.end_s[(stage, OpKind.F, op.microbatch)] >= \
-                        placed.end_s[(stage - 1, OpKind.F, op.microbatch)] + costs.forward_s[stage]
+                    key, upstream = (stage, F, op.microbatch), (stage - 1, F, op.microbatch)
+                    assert upstream in placed.end_s
+                    assert placed.end_s[key] >= placed.end_s[upstream] + costs.forward_s[stage]
