@@ -13,7 +13,7 @@ from pipesim.spec.topology import Topology
 def zero_bubble_costs(profile: Profile, topology: Topology, plan: Plan) -> ZeroBubbleCosts:
     """The plan's F, I and W time per stage (I and W halves of B where the profile has no
     split, as ``lower`` runs them), each link's time between neighbouring stages in both
-    directions, and per stage the stash an F adds and the part of it that I frees.
+    directions, and per stage the stash an F adds, the part of it that I frees and the U time.
 
     Raises:
         ConfigError: the plan does not fit the profile or the topology (``stage_costs``).
@@ -31,4 +31,5 @@ def zero_bubble_costs(profile: Profile, topology: Topology, plan: Plan) -> ZeroB
         backward_comm_s=tuple(topology.transfer_s(dst, src, size) for src, dst, size in links),
         forward_bytes=costs.stash_bytes,
         input_bytes=tuple(k - s for k, s in zip(kept, costs.stash_bytes, strict=True)),
+        update_s=costs.update_s,
     )

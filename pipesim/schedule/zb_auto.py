@@ -28,6 +28,7 @@ class ZeroBubbleCosts:
             empty: free.
         backward_comm_s: per boundary s, the time of a gradient from s+1 to s; empty: free.
         forward_bytes: memory an F adds (the stage's stash per microbatch); empty: 1 each.
+        update_s: the stage's update (U), which follows its last W of a minibatch; empty: 0.
         input_bytes: memory an I adds: below 0 where it frees part of the stash, above 0 where
             it re-creates recomputed activations that W needs; empty: 0. W frees the rest,
             ``-(forward_bytes + input_bytes)``.
@@ -40,6 +41,7 @@ class ZeroBubbleCosts:
     backward_comm_s: tuple[float, ...] = ()
     forward_bytes: tuple[float, ...] = ()
     input_bytes: tuple[float, ...] = ()
+    update_s: tuple[float, ...] = ()
 
     @classmethod
     def uniform(cls, num_stages: int) -> ZeroBubbleCosts:
@@ -58,6 +60,7 @@ class ZeroBubbleCosts:
             "backward_comm_s": self.backward_comm_s or (0.0,) * (num_stages - 1),
             "forward_bytes": self.forward_bytes or (1.0,) * num_stages,
             "input_bytes": self.input_bytes or (0.0,) * num_stages,
+            "update_s": self.update_s or (0.0,) * num_stages,
         }
         costs = ZeroBubbleCosts(self.forward_s, self.backward_input_s, self.backward_weight_s, **filled)
         for name, values in vars(costs).items():
@@ -96,10 +99,11 @@ class Placement:
     per op its end and the arrival of its input; per link when its last send arrives.
     """
 
-    def __init__(self, costs: ZeroBubbleCosts, num_microbatches: int) -> None:
+    def __init__(self, costs: ZeroBubbleCosts, num_microbatches: int, per_minibatch: int | None = None) -> None:
         p = len(costs.forward_s)
         self.costs = costs
         self.num_microbatches = num_microbatches
+        self.per_minibatch = per_minibatch or num_microbatches
         self.orders: list[list[tuple[int, int]]] = [[] for _ in range(p)]
         self.next = [[0] * p for _ in KINDS]
         self.free_s = [0.0] * p
@@ -165,6 +169,8 @@ class Placement:
         self.peak_memory[stage] = max(self.peak_memory[stage], self.memory[stage])
         self.next[kind][stage] += 1
         self.orders[stage].append((kind, microbatch))
+        if kind == W and self.next[W][stage] % self.per_minibatch == 0:  # the minibatch's U follows
+            self.free_s[stage] += self.costs.update_s[stage]
 
     def span_s(self) -> float:
         """The longest stage's span, first F's start to last op's end: a minibatch's time when
@@ -303,9 +309,11 @@ def fill_wait(place: Placement, stage: int, kind: int, fill_small_gaps: bool) ->
 Order = list[tuple[int, int]]  # one stage's ops as (kind, microbatch), each kind's microbatches rising
 
 
-def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: list[Order]) -> Placement:
-    """Time given per-stage F/I/W orders with ``Placement`` (each op placed once its input is)."""
-    place = Placement(costs, num_microbatches)
+def replay(costs: ZeroBubbleCosts, num_microbatches: int, orders: list[Order],
+           per_minibatch: int | None = None) -> Placement:
+    """Time given per-stage F/I/W orders with ``Placement`` (each op placed once its input is),
+    of ``num_microbatches`` in minibatches of ``per_minibatch`` (default: one minibatch)."""
+    place = Placement(costs, num_microbatches, per_minibatch)
     last = len(orders) - 1
     cursor = [0] * len(orders)
     remaining = sum(len(order) for order in orders)
@@ -331,7 +339,7 @@ def back_to_back_s(costs: ZeroBubbleCosts, num_microbatches: int, orders: list[O
     m = num_microbatches
     twice = [order + [(kind, microbatch + m) for kind, microbatch in order] for order in orders]
     ends = [0.0, 0.0]
-    for (_, _, microbatch), end_s in replay(costs, 2 * m, twice).end_s.items():
+    for (_, _, microbatch), end_s in replay(costs, 2 * m, twice, m).end_s.items():
         ends[microbatch // m] = max(ends[microbatch // m], end_s)
     return ends[1] - ends[0]
 

@@ -106,9 +106,9 @@ def test_the_engines_time_the_reference_runs_as_the_heuristic_does(costs: ZeroBu
             assert result.metrics.iteration_time_s == expected, (engine, k)
 
 
-def case_profile(p: int, times: list[tuple[float, float, float]], stash: list[float]) -> Profile:
+def case_profile(p: int, times: list[tuple[float, float, float]], stash: list[float], update_s: float = 0.0) -> Profile:
     layers = [{"name": f"layer{s}", "forward_s": f, "backward_s": i + w, "backward_input_s": i,
-               "backward_weight_s": w, "activation_bytes": a, "param_bytes": 1.0}
+               "backward_weight_s": w, "activation_bytes": a, "param_bytes": 1.0, "update_s": update_s * (s + 1)}
               for s, ((f, i, w), a) in enumerate(zip(times, stash, strict=True))]
     return build(Profile, {"name": "case", "layers": layers})
 
@@ -124,7 +124,8 @@ def test_never_slower_than_zb_h1_and_zb_h2_under_the_same_limit(p: int, m: int, 
     stash = data.draw(st.lists(st.sampled_from([1e6, 2e6, 3e6]), min_size=p, max_size=p))
     # Links free, faster than any op, or slow enough that their sends queue.
     latency = data.draw(st.sampled_from([0.0, min(min(f, i) for f, i, _ in times) / 2, 3 * 24 * 2.0**-13]))
-    profile, topology = case_profile(p, times, stash), Topology.uniform(num_devices=p, latency=latency)
+    update_s = data.draw(st.sampled_from([0.0, 2.0**-12]))
+    profile, topology = case_profile(p, times, stash, update_s), Topology.uniform(num_devices=p, latency=latency)
 
     def iteration(name: str, **options: Any) -> float:
         return simulate(profile, topology, schedule=name, num_stages=p, num_microbatches=m, num_minibatches=k,
