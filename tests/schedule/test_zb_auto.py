@@ -13,11 +13,13 @@ first F start to last W end) and the latest end of any op (``max(t)``).
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from cli_runner import pipesim
 from hypothesis import strategies as st
 
 from pipesim import Topology, simulate
@@ -184,3 +186,17 @@ def test_a_stage_never_runs_ahead_of_the_stage_before_it_in_the_warm_up() -> Non
                     key, upstream = (stage, F, op.microbatch), (stage - 1, F, op.microbatch)
                     assert upstream in placed.end_s
                     assert placed.end_s[key] >= placed.end_s[upstream] + costs.forward_s[stage]
+
+
+def test_the_cli_compares_it_and_refuses_a_bad_limit() -> None:
+    uniform = "layers=8,forward_ms=1,backward_ms=1.5,backward_input_ms=1.2,backward_weight_ms=0.3,activation_bytes=1000000"
+    common = ("simulate", "--uniform", uniform, "--stages", "4", "--microbatches", "8")
+    done = pipesim(*common, "--schedule", "zb-h1,zb-auto", "--json")
+    assert done.returncode == 0, done.stderr
+    runs = {run["schedule"]: run for run in json.loads(done.stdout)["runs"]}
+    # W much shorter than F and I: the heuristic's order beats ZB-H1's within ZB-H1's memory.
+    assert runs["zb-auto"]["iteration_time_s"] < runs["zb-h1"]["iteration_time_s"]
+    assert runs["zb-auto"]["peak_memory_bytes"] <= runs["zb-h1"]["peak_memory_bytes"]
+    refused = pipesim(*common, "--schedule", "zb-auto", "--zb-memory-limit", "0.5")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert refused.stderr.startswith("pipesim: error: zb_memory_limit=0.5: is too small")
