@@ -28,10 +28,10 @@ class ZeroBubbleCosts:
             empty: free.
         backward_comm_s: per boundary s, the time of a gradient from s+1 to s; empty: free.
         forward_bytes: memory an F adds (the stage's stash per microbatch); empty: 1 each.
-        update_s: the stage's update (U), which follows its last W of a minibatch; empty: 0.
         input_bytes: memory an I adds: below 0 where it frees part of the stash, above 0 where
             it re-creates recomputed activations that W needs; empty: 0. W frees the rest,
             ``-(forward_bytes + input_bytes)``.
+        update_s: the stage's update (U), which follows its last W of a minibatch; empty: 0.
     """
 
     forward_s: tuple[float, ...]
@@ -203,7 +203,7 @@ def greedy(costs: ZeroBubbleCosts, num_microbatches: int, memory_limit: float, k
             place.place(stage, F)
     for stage in reversed(range(p)):
         place.place(stage, I)
-    for microbatch in range(1, m):
+    for _ in range(1, m):  # microbatch 1, 2, ...: an F where wanted, then an I on every stage
         wanted = [place.has(s, F) and not (knobs.skip_forward and skips_forward(place, s, memory_limit))
                   for s in range(p)]
         for stage in reversed(range(p - 1)):  # a stage runs an F only when the next one does
@@ -253,7 +253,7 @@ def warmup_forwards(place: Placement, memory_limit: float, bubble_before_first_b
     for stage in range(1, p):
         upstream = place.next[F][stage - 1] + extra[stage - 1]
         while extra[stage] > 0 and (place.next[F][stage] + extra[stage] > upstream
-                                    or extra[stage] >= extra[stage - 1] and place.next[F][stage] + extra[stage] < m):
+                                    or (extra[stage] >= extra[stage - 1] and place.next[F][stage] + extra[stage] < m)):
             extra[stage] -= 1
     return extra
 
@@ -358,7 +358,7 @@ def zb_auto(
     The paper's heuristic, run with each of its eight hyperparameter settings (``Knobs``) on
     the stages' own F, I, W and link times; the ZB-H1 and ZB-H2 orders join as candidates
     where they fit the memory limit. Each candidate is timed as the engines time it (ops as
-    early as their rank and input allow, a link adding its time, updates taking none) and the
+    early as their rank and input allow, a link adding its time, a stage's update its own) and the
     fastest wins: the shortest makespan for one minibatch, for several the shortest time
     between the ends of two run back to back (the iteration time the metrics report for K = 2
     and 3); ties go to the earlier candidate. The reference ranks by the longest stage's span
@@ -385,9 +385,10 @@ def zb_auto(
     limit_bytes = limit * unit * (1 + 1e-9)  # a running sum of the memory deltas drifts by a few ulps
     candidates = [greedy(costs, m, limit_bytes, Knobs(*knobs))
                   for knobs in itertools.product((True, False), repeat=3)]
+    index = {kind: code for code, kind in enumerate(KINDS)}
     for handcrafted in (zb_h1(p, m), zb_h2(p, m)):
-        index = {kind: code for code, kind in enumerate(KINDS)}
-        orders = [[(index[op.kind], op.microbatch) for op in ops if op.kind is not OpKind.U] for ops in handcrafted.ranks]
+        orders = [[(index[op.kind], op.microbatch) for op in ops if op.kind is not OpKind.U]
+                  for ops in handcrafted.ranks]
         timed = replay(costs, m, orders)
         candidates.append(timed if max(timed.peak_memory) <= limit_bytes else None)
     fitting = [c for c in candidates if c is not None]

@@ -189,7 +189,8 @@ def test_a_stage_never_runs_ahead_of_the_stage_before_it_in_the_warm_up() -> Non
 
 
 def test_the_cli_compares_it_and_refuses_a_bad_limit() -> None:
-    uniform = "layers=8,forward_ms=1,backward_ms=1.5,backward_input_ms=1.2,backward_weight_ms=0.3,activation_bytes=1000000"
+    uniform = ("layers=8,forward_ms=1,backward_ms=1.5,backward_input_ms=1.2,backward_weight_ms=0.3,"
+               "activation_bytes=1000000")
     common = ("simulate", "--uniform", uniform, "--stages", "4", "--microbatches", "8")
     done = pipesim(*common, "--schedule", "zb-h1,zb-auto", "--json")
     assert done.returncode == 0, done.stderr
