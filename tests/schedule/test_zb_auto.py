@@ -202,25 +202,3 @@ def test_the_cli_compares_it_and_refuses_a_bad_limit() -> None:
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert refused.stderr.startswith("pipesim: error: zb_memory_limit=0.5: is too small")
 
-
-def test_a_sweep_shares_its_orders_only_between_points_of_equal_costs() -> None:
-    # The order depends on the links: reuse (pipesim.reuse) must not hand one link's order to another.
-    from pipesim.sweep import PointRunner, Resolved, parse_spec
-    from pipesim.sweep.points import shared_work_order
-
-    spec = {"profile": {"uniform": {"layers": 8, "forward_ms": 1.3, "backward_ms": 2.1, "activation_bytes": 3e6}},
-            "bandwidth": ["1GB/s", "100GB/s"], "stages": [2, 4], "microbatches": [6], "minibatches": [1, 3],
-            "schedule": ["zb-h1", "zb-auto"]}
-    resolved = Resolved(parse_spec(spec))
-    points = resolved.points()
-    fresh = PointRunner(resolved)
-    fresh.reuse = None  # type: ignore[assignment]
-    expected = {point["point"]: fresh.run(point) for point in points}
-    shared = PointRunner(resolved)
-    rows = shared.run_batch(shared_work_order(points))
-    assert {row["point"]: row for row in rows} == expected
-    times: dict[tuple[Any, ...], dict[str, float]] = {}
-    for row in rows:
-        key = (row["bandwidth_bytes_per_s"], row["num_stages"], row["num_minibatches"])
-        times.setdefault(key, {})[row["schedule"]] = row["iteration_time_s"]
-    assert all(pair["zb-auto"] <= pair["zb-h1"] for pair in times.values())
