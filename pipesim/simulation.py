@@ -12,7 +12,6 @@ from pipesim import jit
 from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
 from pipesim.engine.des import run_des
-from pipesim.engine.auto_costs import zero_bubble_costs
 from pipesim.engine.lowering import Program, lower
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
@@ -186,7 +185,9 @@ def prepare(
     is_given = schedule is not None
     if schedule is None:
         options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
-        if plan.schedule == "zb-auto":
+        if plan.schedule == "zb-auto":  # its order follows the stage and link times
+            from pipesim.engine.auto_costs import zero_bubble_costs  # noqa: PLC0415
+
             options = {"costs": zero_bubble_costs(profile, topology, plan), "memory_limit": plan.zb_memory_limit}
 
         def make_schedule() -> Schedule:
