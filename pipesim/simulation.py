@@ -190,6 +190,10 @@ def prepare(
     is_given = schedule is not None
     if schedule is None:
         options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
+        if plan.schedule == "zb-auto":  # its order follows the stage and link times
+            from pipesim.engine.auto_costs import zero_bubble_costs  # noqa: PLC0415
+
+            options = {"costs": zero_bubble_costs(profile, topology, plan), "memory_limit": plan.zb_memory_limit}
 
         def make_schedule() -> Schedule:
             return build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches,
@@ -291,7 +295,7 @@ def simulate(
         profile: the model's measured layers.
         topology: devices and links; default: ``num_stages`` devices with free communication.
         schedule: registry key: gpipe, 1f1b, pipedream, 2bw, pipemare, interleaved-1f1b,
-            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1 or zb-h2.
+            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1, zb-h2 or zb-auto.
         num_stages, num_microbatches: p (all model stages) and m.
         num_minibatches: K; default 1 for flush schedules and 4 for asynchronous ones.
         partition: per stage ``(start, end)`` layer ranges; default balances compute.
@@ -301,7 +305,8 @@ def simulate(
         kernels: ``"auto"``, ``"always"`` or ``"never"``: numba's kernels or their plain-Python
             form (default ``PIPESIM_JIT``, else auto: by the run's size; ``pipesim.jit``).
         plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
-            replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
+            replicas, placement, zb_memory_limit, ...); ``stages_per_rank=V`` runs p stages on
+            p / V ranks.
 
     Returns:
         a Result with the trace and the metrics.

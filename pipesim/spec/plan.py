@@ -42,6 +42,9 @@ class Plan(FrozenModel):
             overrides ``recompute`` when given.
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
+        zb_memory_limit: zb-auto's memory limit, the activations a stage may hold in microbatches
+            (units of the most one microbatch keeps on any stage); None: ``num_stages`` (ZB-1p).
+            ``2 * num_stages`` is ZB-2p.
     """
 
     schema_: str = Field(default=PLAN_SCHEMA, alias="schema")
@@ -58,6 +61,7 @@ class Plan(FrozenModel):
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
+    zb_memory_limit: float | None = Field(default=None, gt=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
