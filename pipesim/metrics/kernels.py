@@ -9,14 +9,14 @@ reads (a stable sort) only when they are not in it already, as the engines write
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
 from pipesim.errors import ConfigError
-from pipesim.jit import jit
+from pipesim.jit import jit, pick
 
 _F, _B, _I, _W, _U = range(len(KINDS))
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
@@ -229,8 +229,8 @@ def _minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num:
 
 
 def _form(kernel: Kernel, compiled: bool) -> Kernel:
-    """``kernel`` as numba compiled it (the kernel itself without numba), or its plain-Python form."""
-    return kernel if compiled else cast(Kernel, getattr(kernel, "py_func", kernel))
+    """``kernel`` as numba compiled it (the plain form without numba), or its plain-Python form."""
+    return pick(kernel, compiled)
 
 
 def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int, *, compiled: bool) -> FloatArray:

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipesim
+from pipesim import jit
 from pipesim.engine.trace import CATEGORIES, Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics, kernels, minibatch_ends, stage_staleness
@@ -84,6 +85,13 @@ def same_in_both_forms(trace: Trace) -> Metrics:
     assert bits([a.tolist() for a in stage_staleness(trace, compiled=True)]) == bits(
         [a.tolist() for a in stage_staleness(trace, compiled=False)])
     return compiled
+
+
+@pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed")
+def test_compiled_form_is_numbas_kernel() -> None:
+    """compiled=True runs numba's dispatcher (else ``same_in_both_forms`` compares Python with itself)."""
+    assert kernels._form(kernels._exposed, True) is kernels._exposed.dispatcher()
+    assert kernels._form(kernels._exposed, False) is kernels._exposed.py_func
 
 
 @settings(max_examples=60)
