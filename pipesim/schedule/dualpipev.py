@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Op, OpKind, Schedule
+from pipesim.schedule.ir import Op, OpKind, Schedule, ScheduleTable
 from pipesim.schedule.multi_stage import (
     Counters,
     assemble,
@@ -117,4 +117,4 @@ def dualpipev(
         raise ConfigError("num_microbatches", num_microbatches,
                           f"must be >= the number of stages for dualpipev, got {num_microbatches} < {num_stages}")
     return assemble("dualpipev", num_stages, num_microbatches, num_minibatches, v_placement(r),
-                    lambda rank, m: dualpipev_order(rank, r, m))
+                    ScheduleTable.from_ranks([dualpipev_order(rank, r, num_microbatches) for rank in range(r)]))
