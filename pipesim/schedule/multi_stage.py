@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import B_CODE, I_CODE, U_CODE, W_CODE, Op, OpKind, Schedule, ScheduleTable, WeightPolicy, read_only
+from pipesim.schedule.ir import B_CODE, I_CODE, U_CODE, W_CODE, Schedule, ScheduleTable, WeightPolicy, read_only
 
 IntArray = npt.NDArray[np.int64]
 Cell = tuple[int, int, int]  # (stage, kind code, microbatch)
@@ -197,19 +197,3 @@ def order_by_key(num_ranks: int, span: int, *groups: tuple[IntArray, IntArray, i
     offsets = np.arange(num_ranks + 1, dtype=np.int64) * (num_ops // max(num_ranks, 1))
     return ScheduleTable(rank_offsets=offsets, stage=stage, kind=kind, microbatch=microbatch)
 
-
-class Counters:
-    """Next microbatch index per (stage, kind), as the interleaved generators hand them out."""
-
-    def __init__(self) -> None:
-        self._next: dict[tuple[int, OpKind], int] = {}
-
-    def take(self, stage: int, kind: OpKind) -> Op:
-        """The op of ``kind`` on ``stage`` for the next microbatch, advancing the counter."""
-        index = self._next.get((stage, kind), 0)
-        self._next[(stage, kind)] = index + 1
-        return Op(stage, kind, index)
-
-    def peek(self, stage: int, kind: OpKind) -> int:
-        """The next microbatch index of ``kind`` on ``stage``, without advancing."""
-        return self._next.get((stage, kind), 0)
