@@ -95,15 +95,14 @@ class Runs:
         width = widths[run]
         rounds = inside // width
         cell = (np.cumsum(widths) - widths)[run] + inside - rounds * width
-        stage, kind, microbatch = cells[cell].T
-        microbatch = microbatch + rounds
+        stage, kind, microbatch = (column.take(cell) for column in np.ascontiguousarray(cells.T))
+        microbatch += rounds
         offsets = np.concatenate([[0], ends])[self._rank_runs]
         kept = microbatch < num_microbatches
         if not kept.all():
             offsets = np.concatenate([[0], np.cumsum(kept)])[offsets]
             stage, kind, microbatch = stage[kept], kind[kept], microbatch[kept]
-        return ScheduleTable(rank_offsets=offsets.astype(np.int64), stage=np.ascontiguousarray(stage),
-                             kind=np.ascontiguousarray(kind), microbatch=microbatch)
+        return ScheduleTable(rank_offsets=offsets.astype(np.int64), stage=stage, kind=kind, microbatch=microbatch)
 
 
 def rank_by_rank(num_ranks: int, num_microbatches: int, write: Callable[[Runs, int], None]) -> ScheduleTable:
@@ -136,10 +135,9 @@ def assemble(name: str, num_stages: int, num_microbatches: int, num_minibatches:
     minibatch k runs on version k: the table carries both columns.
     """
     m, k, p = num_microbatches, num_minibatches, num_stages
-    # Each stage's last B or W: numpy's scatter writes in index order, so the last one stays.
     ends = np.flatnonzero((one.kind == B_CODE) | (one.kind == W_CODE))
     last = np.full(p, -1, dtype=np.int64)
-    last[one.stage[ends]] = ends
+    np.maximum.at(last, one.stage[ends], ends)  # each stage's last B or W
     anchors = np.sort(last[last >= 0])
     # One minibatch with its U's: each op moves right by the U's before it.
     num_updates = anchors.shape[0]
@@ -151,23 +149,19 @@ def assemble(name: str, num_stages: int, num_microbatches: int, num_minibatches:
     stage[moved], kind[moved], microbatch[moved] = one.stage, one.kind, one.microbatch
     stage[update_at], kind[update_at], microbatch[update_at] = one.stage[anchors], U_CODE, 0
     offsets = one.rank_offsets + np.searchsorted(anchors, one.rank_offsets, side="left")
-    if k == 1:
-        minibatch = np.zeros(width, dtype=np.int64)
-        table = ScheduleTable(rank_offsets=read_only(offsets), stage=read_only(stage), kind=read_only(kind),
-                              microbatch=read_only(microbatch), minibatch=read_only(minibatch),
-                              updates_before=minibatch)
-    else:  # rank r's block of L_r ops repeated K times in its place; microbatches (U: updates) shifted
-        lengths = np.diff(offsets)
-        rank = np.repeat(np.arange(one.num_ranks, dtype=np.int64), lengths)
-        steps = np.arange(k, dtype=np.int64)[:, None]
-        at = (offsets[:-1][rank] * (k - 1) + np.arange(width, dtype=np.int64))[None, :] + steps * lengths[rank][None, :]
-        shift = np.where(kind == U_CODE, 1, m)[None, :] * steps
-        columns = [np.empty(k * width, dtype=np.int64) for _ in range(4)]
-        for column, values in zip(columns, (stage, kind, microbatch[None, :] + shift, steps), strict=True):
-            column[at.ravel()] = np.broadcast_to(values, (k, width)).ravel()
-        table = ScheduleTable(rank_offsets=read_only(offsets * k), stage=read_only(columns[0]),
-                              kind=read_only(columns[1]), microbatch=read_only(columns[2]),
-                              minibatch=read_only(columns[3]), updates_before=columns[3])
+    # K copies: rank r's block of L_r ops repeated K times in its place; the op at index j of
+    # rank r's K L_r is op j mod L_r of its block, in minibatch j // L_r.
+    lengths = np.diff(offsets)
+    rank = np.repeat(np.arange(one.num_ranks, dtype=np.int64), lengths * k)
+    inside = np.arange(k * width, dtype=np.int64) - (offsets[:-1] * k)[rank]
+    length = lengths[rank]
+    minibatch = inside // length
+    source = offsets[:-1][rank] + inside - minibatch * length
+    kind = kind.take(source)
+    microbatch = microbatch.take(source) + minibatch * np.where(kind == U_CODE, 1, m)  # a U's number counts steps
+    table = ScheduleTable(rank_offsets=read_only(offsets * k), stage=read_only(stage.take(source)),
+                          kind=read_only(kind), microbatch=read_only(microbatch), minibatch=read_only(minibatch),
+                          updates_before=minibatch)
     return Schedule(name=name, num_stages=p, num_microbatches=m, num_minibatches=k, table=table,
                     stage_to_rank=stage_to_rank, weights=WeightPolicy.FLUSH)
 
