@@ -149,19 +149,18 @@ def assemble(name: str, num_stages: int, num_microbatches: int, num_minibatches:
     stage[moved], kind[moved], microbatch[moved] = one.stage, one.kind, one.microbatch
     stage[update_at], kind[update_at], microbatch[update_at] = one.stage[anchors], U_CODE, 0
     offsets = one.rank_offsets + np.searchsorted(anchors, one.rank_offsets, side="left")
-    # K copies: rank r's block of L_r ops repeated K times in its place; the op at index j of
-    # rank r's K L_r is op j mod L_r of its block, in minibatch j // L_r.
-    lengths = np.diff(offsets)
-    rank = np.repeat(np.arange(one.num_ranks, dtype=np.int64), lengths * k)
-    inside = np.arange(k * width, dtype=np.int64) - (offsets[:-1] * k)[rank]
-    length = lengths[rank]
-    minibatch = inside // length
-    source = offsets[:-1][rank] + inside - minibatch * length
-    kind = kind.take(source)
-    microbatch = microbatch.take(source) + minibatch * np.where(kind == U_CODE, 1, m)  # a U's number counts steps
-    table = ScheduleTable(rank_offsets=read_only(offsets * k), stage=read_only(stage.take(source)),
-                          kind=read_only(kind), microbatch=read_only(microbatch), minibatch=read_only(minibatch),
-                          updates_before=minibatch)
+    minibatch = np.zeros(width, dtype=np.int64)
+    if k > 1:  # rank r's block of L_r ops K times in its place: its op j is op j mod L_r, minibatch j // L_r
+        lengths = np.diff(offsets)
+        rank = np.repeat(np.arange(one.num_ranks, dtype=np.int64), lengths * k)
+        inside = np.arange(k * width, dtype=np.int64) - (offsets[:-1] * k)[rank]
+        length = lengths[rank]
+        minibatch = inside // length
+        source = offsets[:-1][rank] + inside - minibatch * length
+        stage, kind = stage.take(source), kind.take(source)
+        microbatch = microbatch.take(source) + minibatch * np.where(kind == U_CODE, 1, m)  # a U's number counts steps
+    table = ScheduleTable(rank_offsets=read_only(offsets * k), stage=read_only(stage), kind=read_only(kind),
+                          microbatch=read_only(microbatch), minibatch=read_only(minibatch), updates_before=minibatch)
     return Schedule(name=name, num_stages=p, num_microbatches=m, num_minibatches=k, table=table,
                     stage_to_rank=stage_to_rank, weights=WeightPolicy.FLUSH)
 
