@@ -50,17 +50,14 @@ def dualpipev_runs(runs: Runs, rank: int, num_ranks: int, num_microbatches: int)
 
 def dualpipev_table(num_ranks: int, num_microbatches: int) -> ScheduleTable:
     """One minibatch on every rank (``dualpipev_runs``), each W named after its I."""
-    one = rank_by_rank(num_ranks, num_microbatches,
-                       lambda runs, rank: dualpipev_runs(runs, rank, num_ranks, num_microbatches))
-    follow_inputs(one)
-    return one
+    return follow_inputs(rank_by_rank(num_ranks, num_microbatches,
+                                      lambda runs, rank: dualpipev_runs(runs, rank, num_ranks, num_microbatches)))
 
 
 def dualpipev_order(rank: int, num_ranks: int, num_microbatches: int) -> list[Op]:
     """One minibatch on ``rank`` as Op objects (a view of ``dualpipev_runs``)."""
     one = rank_by_rank(1, num_microbatches, lambda runs, _: dualpipev_runs(runs, rank, num_ranks, num_microbatches))
-    follow_inputs(one)
-    return list(one.to_ranks()[0])
+    return list(follow_inputs(one).to_ranks()[0])
 
 
 def dualpipev(

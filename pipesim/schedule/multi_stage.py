@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -114,14 +115,16 @@ def rank_by_rank(num_ranks: int, num_microbatches: int, write: Callable[[Runs, i
     return runs.table(num_microbatches)
 
 
-def follow_inputs(one: ScheduleTable) -> None:
-    """Give the j-th W of each rank the stage and microbatch of its j-th I, in place: a rank
+def follow_inputs(one: ScheduleTable) -> ScheduleTable:
+    """``one`` with the j-th W of each rank given the stage and microbatch of its j-th I: a rank
     that queues each split backward's weight half and runs them oldest first (every rank
     runs as many W as I, so the j-th W of the table is its j-th I)."""
     inputs = np.flatnonzero(one.kind == I_CODE)
     weights = np.flatnonzero(one.kind == W_CODE)
-    one.stage[weights] = one.stage[inputs]
-    one.microbatch[weights] = one.microbatch[inputs]
+    stage, microbatch = one.stage.copy(), one.microbatch.copy()
+    stage[weights] = stage[inputs]
+    microbatch[weights] = microbatch[inputs]
+    return dataclasses.replace(one, stage=stage, microbatch=microbatch)
 
 
 def assemble(name: str, num_stages: int, num_microbatches: int, num_minibatches: int,
