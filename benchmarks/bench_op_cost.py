@@ -96,20 +96,20 @@ def fresh(repeats: int) -> dict[tuple[str, str], dict[str, float]]:
 
 
 def worker() -> None:
-    """Serve every case's warm simulate() to ``alternating.alternate``."""
+    """Serve every case's warm simulate() to ``alternating.alternate``, timed in CPU seconds."""
     from alternating import serve
 
-    serve({f"{name}|simulate": runner(name, v) for name, v in CASES})
+    serve({f"{name}|simulate": runner(name, v) for name, v in CASES}, clock=time.process_time)
 
 
 def before_after(baseline: Path, rounds: int) -> str:
-    """The warm per-op cost of every case in ``baseline`` and in this tree, asked alternately."""
+    """The warm per-op CPU cost of every case in ``baseline`` and in this tree, asked alternately."""
     from alternating import alternate
 
     num_ops = {name: runner(name, v)().schedule.num_ops for name, v in CASES}
     rows = {row["point"]: row for row in alternate(__file__, baseline, ROOT, lambda _: rounds)}
     base = rows["1f1b"]
-    lines = ["| schedule | baseline us/op | this tree us/op | speed-up | baseline / its 1f1b | this tree / its 1f1b |",
+    lines = ["| schedule | baseline CPU us/op | this tree CPU us/op | speed-up | baseline / its 1f1b | this tree / its 1f1b |",
              "|---|---|---|---|---|---|"]
     for name, _ in CASES:
         row, n = rows[name], num_ops[name]
@@ -175,8 +175,8 @@ def main() -> None:
         from pipesim import jit
 
         ab_text = "" if args.baseline is None else (
-            f"\nAgainst the baseline tree {args.label or args.baseline}, warm simulate() asked of both trees "
-            f"alternately ({args.rounds} times each, fastest kept):\n\n{ab}\n")
+            f"\nAgainst the baseline tree {args.label or args.baseline}: warm simulate() asked of both trees "
+            f"alternately ({args.rounds} times each, least CPU time kept):\n\n{ab}\n")
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         write_section("op-cost", f"""## simulate() per op, every schedule (`make bench-op-cost`, issue 23 item 2)
 
@@ -185,7 +185,9 @@ def main() -> None:
 analytic engine, uniform 64-layer profile, free communication; flush schedules run 1 minibatch, the asynchronous
 ones 4. Warm: fastest of {args.rounds} rotated rounds in one process. First call: a fresh process's first
 simulate() after `import pipesim`, against that process's fastest of three more (faster of {args.fresh_repeats} processes);
-the same for prepare() alone (the schedule built and lowered).
+the same for prepare() alone (the schedule built and lowered). A fresh process's first simulate() of this size
+pays numba's import and the load of its cached kernels (the engine and the metrics run compiled at this
+size, `pipesim.jit`); its first prepare(), numpy only, is the schedule's own part.
 
 {text}
 {ab_text}""")
