@@ -107,7 +107,8 @@ class Runs:
 
 
 def rank_by_rank(num_ranks: int, num_microbatches: int, write: Callable[[Runs, int], None]) -> ScheduleTable:
-    """One minibatch's table, ``write(runs, rank)`` writing each rank's runs (``Runs``)."""
+    """One minibatch's table, ``write(runs, rank)`` writing each rank's runs (``Runs``), less
+    the ops of microbatches beyond ``num_microbatches``."""
     runs = Runs()
     for rank in range(num_ranks):
         write(runs, rank)
