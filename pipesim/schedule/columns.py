@@ -72,8 +72,7 @@ def wait_column(schedule: Schedule) -> IntArray:
             g = int(missing[0])
             dep = Op(int(stage[g]) + step, KIND_ORDER[dep_kind], int(micro[g]))
             raise schedule_error(schedule, g, f"{op_at(columns, g)} waits for {dep}, which is not in the schedule")
-    awaited = np.sort(wait[wait >= 0])
-    twice = awaited[1:][awaited[1:] == awaited[:-1]]
+    twice = np.flatnonzero(np.bincount(wait[wait >= 0], minlength=1) > 1)
     if twice.size:
         g = int(np.flatnonzero(wait == twice[0])[-1])
         raise schedule_error(schedule, g, f"{op_at(columns, g)} waits for {op_at(columns, int(twice[0]))}, "

@@ -2,93 +2,62 @@
 
 from __future__ import annotations
 
-from collections import deque
-
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Op, OpKind, Schedule
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, W_CODE, Op, Schedule, ScheduleTable
 from pipesim.schedule.multi_stage import (
-    Counters,
+    Runs,
     assemble,
+    follow_inputs,
+    rank_by_rank,
     ranks_and_stages,
     require_stages_per_rank,
     v_placement,
 )
 
-F, B, I, W = OpKind.F, OpKind.B, OpKind.I, OpKind.W
+
+def dualpipev_runs(runs: Runs, rank: int, num_ranks: int, num_microbatches: int) -> None:
+    """One minibatch on ``rank`` (stages ``down = rank`` and ``up = 2R-1-rank``), as runs (``Runs``).
+
+    torch pairs a forward with a backward of the other stage in one OVERLAP_F_B action and runs
+    them one after the other, forward first; here the pair is written as those two ops. A full
+    backward (B) and a split one (I) count on one counter per stage; each I queues its W, which
+    runs later, oldest first (``follow_inputs`` names them). The eight phases, with k = R-1-rank:
+    (1) 2k down F; (2) rank+1 pairs (down F, up F); (3) k triples (up I, its W, up F);
+    (4) m-2R+rank+1 rounds of (down F, up B) and (up F, down B); (5) k pairs (up B, then
+    up F + down B); (6) rank+1 pairs (up, down) of B turning into I halfway, the odd ranks one
+    op earlier; (7) k pairs (pending W, down I); (8) rank+1 pending W.
+    """
+    r, m = num_ranks, num_microbatches
+    down, up = rank, 2 * r - 1 - rank
+    k = r - 1 - rank
+    pending = (down, W_CODE, 0)  # a W named by follow_inputs
+    runs.repeat(2 * k, (down, F_CODE, 0))
+    runs.repeat(rank + 1, (down, F_CODE, 2 * k), (up, F_CODE, 0))
+    runs.repeat(k, (up, I_CODE, 0), (up, W_CODE, 0), (up, F_CODE, rank + 1))
+    steady = m - 2 * r + rank + 1
+    runs.repeat(steady, (down, F_CODE, 2 * r - rank - 1), (up, B_CODE, k), (up, F_CODE, r), (down, B_CODE, 0))
+    runs.repeat(k, (up, B_CODE, m - r), (up, F_CODE, m - r + rank + 1), (down, B_CODE, steady))
+    up_next, down_next, half = m - rank - 1, m - r, (rank + 1) // 2
+    runs.repeat(half, (up, B_CODE, up_next), (down, B_CODE, down_next))
+    if rank % 2:
+        runs.repeat(rank + 1 - half, (up, I_CODE, up_next + half), (down, I_CODE, down_next + half))
+    else:
+        runs.repeat(1, (up, B_CODE, up_next + half), (down, I_CODE, down_next + half))
+        runs.repeat(rank - half, (up, I_CODE, up_next + half + 1), (down, I_CODE, down_next + half + 1))
+    runs.repeat(k, pending, (down, I_CODE, down_next + rank + 1))
+    runs.repeat(rank + 1, pending)
 
 
-class _Rank:
-    """Hands out one rank's ops: a full backward takes the I counter and counts as its W too;
-    an I queues its W, which ``weight`` later emits oldest first."""
-
-    def __init__(self) -> None:
-        self.counters = Counters()
-        self.pending: deque[Op] = deque()
-        self.ops: list[Op] = []
-
-    def forward(self, stage: int) -> None:
-        self.ops.append(self.counters.take(stage, F))
-
-    def backward(self, stage: int, *, split: bool) -> None:
-        index = self.counters.take(stage, I).microbatch
-        if split:
-            self.ops.append(Op(stage, I, index))
-            self.pending.append(Op(stage, W, index))
-        else:
-            self.ops.append(Op(stage, B, index))
-
-    def weight(self) -> None:
-        if self.pending:
-            self.ops.append(self.pending.popleft())
+def dualpipev_table(num_ranks: int, num_microbatches: int) -> ScheduleTable:
+    """One minibatch on every rank (``dualpipev_runs``), each W named after its I."""
+    return follow_inputs(rank_by_rank(num_ranks, num_microbatches,
+                                      lambda runs, rank: dualpipev_runs(runs, rank, num_ranks, num_microbatches)))
 
 
 def dualpipev_order(rank: int, num_ranks: int, num_microbatches: int) -> list[Op]:
-    """One minibatch on ``rank`` (stages ``down = rank`` and ``up = 2R-1-rank``).
-
-    torch pairs a forward with a backward of the other stage in one OVERLAP_F_B action and runs
-    them one after the other, forward first; here the pair is written as those two ops. The
-    eight phases, with k = R-1-rank:
-    (1) 2k down F; (2) rank+1 pairs (down F, up F); (3) k triples (up I, pending W, up F);
-    (4) m-2R+rank+1 rounds of (down F, up B) and (up F, down B); (5) k pairs (up B, then
-    up F + down B); (6) rank+1 pairs (up, down) of B turning into I halfway, the odd ranks one
-    op earlier; (7) k pairs (pending W, down B or I); (8) rank+1 pending W.
-    """
-    R, m = num_ranks, num_microbatches
-    down, up = rank, 2 * R - 1 - rank
-    k = R - 1 - rank
-    out = _Rank()
-    for _ in range(2 * k):
-        out.forward(down)
-    for _ in range(rank + 1):
-        out.forward(down)
-        out.forward(up)
-    for _ in range(k):
-        out.backward(up, split=True)
-        out.weight()
-        out.forward(up)
-    for _ in range(m - 2 * R + rank + 1):
-        out.forward(down)
-        out.backward(up, split=False)
-        out.forward(up)
-        out.backward(down, split=False)
-    for _ in range(k):
-        out.backward(up, split=False)
-        out.forward(up)
-        out.backward(down, split=False)
-    split = False
-    for i in range(rank + 1):
-        if i == (rank + 1) // 2 and rank % 2 == 1:
-            split = True
-        out.backward(up, split=split)
-        if i == (rank + 1) // 2 and rank % 2 == 0:
-            split = True
-        out.backward(down, split=split)
-    for _ in range(k):
-        out.weight()
-        out.backward(down, split=split)
-    for _ in range(rank + 1):
-        out.weight()
-    return out.ops
+    """One minibatch on ``rank`` as Op objects (a view of ``dualpipev_runs``)."""
+    one = rank_by_rank(1, num_microbatches, lambda runs, _: dualpipev_runs(runs, rank, num_ranks, num_microbatches))
+    return list(follow_inputs(one).to_ranks()[0])
 
 
 def dualpipev(
@@ -117,4 +86,4 @@ def dualpipev(
         raise ConfigError("num_microbatches", num_microbatches,
                           f"must be >= the number of stages for dualpipev, got {num_microbatches} < {num_stages}")
     return assemble("dualpipev", num_stages, num_microbatches, num_minibatches, v_placement(r),
-                    lambda rank, m: dualpipev_order(rank, r, m))
+                    dualpipev_table(r, num_microbatches))

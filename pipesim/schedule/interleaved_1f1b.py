@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Op, OpKind, Schedule
-from pipesim.schedule.multi_stage import Counters, assemble, loop_placement, ranks_and_stages
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, W_CODE, Schedule, ScheduleTable
+from pipesim.schedule.multi_stage import assemble, loop_placement, order_by_key, ranks_and_stages
 
 
 def rounds_of(name: str, num_ranks: int, num_microbatches: int) -> int:
@@ -21,55 +23,46 @@ def rounds_of(name: str, num_ranks: int, num_microbatches: int) -> int:
     return num_microbatches // num_rounds
 
 
-def interleaved_order(
-    rank: int,
+def interleaved_table(
     num_ranks: int,
     stages_per_rank: int,
     num_microbatches: int,
     per_round: int,
     *,
     zero_bubble: bool,
-) -> list[Op]:
-    """One minibatch on ``rank`` of the depth-first interleaved schedules.
+) -> ScheduleTable:
+    """One minibatch on every rank of the depth-first interleaved schedules.
 
-    The rank's ops are counted in steps. The first ``warmup`` steps are forwards; then each
+    Rank r's ops are counted in steps. The first ``warmup`` steps are forwards; then each
     step is a forward and a backward (1F1B); the last ``warmup`` steps are backwards only.
     Forwards walk the rank's stages in blocks of ``per_round`` microbatches, rising
     (r, r+R, ..., then r again); backwards walk them falling, starting from the rank's last
     stage. The warm-up covers the later local stages of one round plus ``factor`` steps for
     each rank downstream: factor 2 for interleaved 1F1B (a forward and a backward per hop),
     1 for the zero-bubble variant, which runs I in place of B and adds the W of the oldest
-    pending backward after each step once ``rank`` backwards are pending.
+    pending backward after each step once r backwards are pending.
+
+    So the j-th forward runs in step j and the j-th backward in step ``warmup + j``, both on
+    local stage ``j // per_round % V`` (counted down for backwards) and microbatch
+    ``j // (per_round V) * per_round + j % per_round``; the j-th W follows the backward of
+    step ``warmup + j + r``, or closes the order when there is none. In a step the forward
+    comes first, then the backward, then the W.
     """
-    r, v, m = rank, stages_per_rank, num_microbatches
-    factor = 1 if zero_bubble else 2
-    warmup = min((v - 1) * per_round + factor * (num_ranks - 1 - r), m * v)
-    total_steps = m * v + warmup
-    backward_kind = OpKind.I if zero_bubble else OpKind.B
-
-    def forward_stage(step: int) -> int:
-        return (step // per_round) % v * num_ranks + r
-
-    def backward_stage(step: int) -> int:
-        return (v - 1 - (step - warmup) // per_round % v) * num_ranks + r
-
-    counters = Counters()
-    ops: list[Op] = []
-    backward_steps: list[int] = []
-    weights_done = 0
-    for step in range(total_steps):
-        if step < m * v:
-            ops.append(counters.take(forward_stage(step), OpKind.F))
-        if step >= warmup:
-            ops.append(counters.take(backward_stage(step), backward_kind))
-            backward_steps.append(step)
-            if zero_bubble and step - warmup >= r:
-                ops.append(counters.take(backward_stage(backward_steps[weights_done]), OpKind.W))
-                weights_done += 1
-    while zero_bubble and weights_done < len(backward_steps):
-        ops.append(counters.take(backward_stage(backward_steps[weights_done]), OpKind.W))
-        weights_done += 1
-    return ops
+    v, m = stages_per_rank, num_microbatches
+    n = m * v
+    rank = np.arange(num_ranks, dtype=np.int64)[:, None]
+    warmup = np.minimum((v - 1) * per_round + (1 if zero_bubble else 2) * (num_ranks - 1 - rank), n)
+    j = np.arange(n, dtype=np.int64)[None, :]
+    local = j // per_round % v
+    microbatch = j // (per_round * v) * per_round + j % per_round
+    backward_stage = (v - 1 - local) * num_ranks + rank
+    groups = [(3 * j, local * num_ranks + rank, F_CODE, microbatch),
+              (3 * (warmup + j) + 1, backward_stage, I_CODE if zero_bubble else B_CODE, microbatch)]
+    if zero_bubble:
+        after = np.where(j + rank < n, 3 * (warmup + j + rank) + 2, 3 * (warmup + n) + j)
+        groups.append((after, backward_stage, W_CODE, microbatch))
+    span = 3 * (int(warmup.max()) + n) + n
+    return order_by_key(num_ranks, span, *groups)
 
 
 def interleaved_1f1b(
@@ -90,7 +83,5 @@ def interleaved_1f1b(
     """
     r, v = ranks_and_stages("interleaved-1f1b", num_stages, num_ranks)
     per_round = rounds_of("interleaved-1f1b", r, num_microbatches)
-    return assemble(
-        "interleaved-1f1b", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
-        lambda rank, m: interleaved_order(rank, r, v, m, per_round, zero_bubble=False),
-    )
+    return assemble("interleaved-1f1b", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
+                    interleaved_table(r, v, num_microbatches, per_round, zero_bubble=False))

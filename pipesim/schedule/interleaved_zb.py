@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipesim.schedule.interleaved_1f1b import interleaved_order, rounds_of
+from pipesim.schedule.interleaved_1f1b import interleaved_table, rounds_of
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.multi_stage import assemble, loop_placement, ranks_and_stages
 
@@ -26,7 +26,5 @@ def interleaved_zb(
     """
     r, v = ranks_and_stages("interleaved-zb", num_stages, num_ranks)
     per_round = rounds_of("interleaved-zb", r, num_microbatches)
-    return assemble(
-        "interleaved-zb", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
-        lambda rank, m: interleaved_order(rank, r, v, m, per_round, zero_bubble=True),
-    )
+    return assemble("interleaved-zb", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
+                    interleaved_table(r, v, num_microbatches, per_round, zero_bubble=True))

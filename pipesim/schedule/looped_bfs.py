@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from pipesim.schedule.ir import B, F, Op, Schedule
+import numpy as np
+
+from pipesim.schedule.ir import B_CODE, F_CODE, Schedule, ScheduleTable
 from pipesim.schedule.multi_stage import assemble, loop_placement, ranks_and_stages
 
 
-def looped_bfs_order(rank: int, num_ranks: int, stages_per_rank: int, num_microbatches: int) -> list[Op]:
-    """One minibatch on ``rank``: every forward of its first stage, then of its next, ...; then the
-    backwards of its last stage, then of the one before, each in falling microbatch order."""
-    stages = [rank + local * num_ranks for local in range(stages_per_rank)]
-    ops = [F(stage, i) for stage in stages for i in range(num_microbatches)]
-    ops += [B(stage, i) for stage in reversed(stages) for i in reversed(range(num_microbatches))]
-    return ops
+def looped_bfs_table(num_ranks: int, stages_per_rank: int, num_microbatches: int) -> ScheduleTable:
+    """One minibatch on every rank: every forward of its first stage, then of its next, ...; then
+    the backwards of its last stage, then of the one before, each in falling microbatch order."""
+    r, v, m = num_ranks, stages_per_rank, num_microbatches
+    local = np.repeat(np.arange(v, dtype=np.int64), m)
+    stage = np.arange(r, dtype=np.int64)[:, None] + r * np.concatenate([local, local[::-1]])[None, :]
+    micro = np.tile(np.arange(m, dtype=np.int64), v)
+    kind = np.repeat(np.array([F_CODE, B_CODE], dtype=np.int64), v * m)
+    return ScheduleTable(rank_offsets=np.arange(r + 1, dtype=np.int64) * 2 * v * m, stage=stage.ravel(),
+                         kind=np.tile(kind, r), microbatch=np.tile(np.concatenate([micro, micro[::-1]]), r))
 
 
 def looped_bfs(
@@ -30,7 +35,5 @@ def looped_bfs(
         rank 1: 1F0 1F1 3F0 3F1 3B1 3B0 1B1 1B0
     """
     r, v = ranks_and_stages("looped-bfs", num_stages, num_ranks)
-    return assemble(
-        "looped-bfs", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
-        lambda rank, m: looped_bfs_order(rank, r, v, m),
-    )
+    return assemble("looped-bfs", num_stages, num_microbatches, num_minibatches, loop_placement(r, num_stages),
+                    looped_bfs_table(r, v, num_microbatches))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Op, OpKind, Schedule
+from pipesim.schedule.ir import Op, OpKind, Schedule, ScheduleTable
 from pipesim.schedule.multi_stage import assemble
 from pipesim.schedule.zb_h1 import one_stage_per_rank_only, zb_h1
 from pipesim.schedule.zb_h2 import zb_h2
@@ -399,4 +399,5 @@ def zb_auto(
         best = min(fitting, key=Placement.makespan_s)
     else:
         best = min(fitting, key=lambda candidate: back_to_back_s(costs, m, candidate.orders))
-    return assemble("zb-auto", p, m, num_minibatches, tuple(range(p)), lambda stage, _: best.ops(stage))
+    return assemble("zb-auto", p, m, num_minibatches, tuple(range(p)),
+                    ScheduleTable.from_ranks([best.ops(stage) for stage in range(p)]))

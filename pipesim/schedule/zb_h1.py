@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Op, OpKind, Schedule
-from pipesim.schedule.multi_stage import assemble, ranks_and_stages
+from pipesim.schedule.ir import F_CODE, I_CODE, W_CODE, Schedule
+from pipesim.schedule.multi_stage import Runs, assemble, rank_by_rank, ranks_and_stages
 
 
-def split_1f1b_order(stage: int, num_microbatches: int, *, warmup: int, weight_lag: int) -> list[Op]:
+def split_1f1b_order(runs: Runs, stage: int, num_microbatches: int, *, warmup: int, weight_lag: int) -> None:
     """1F1B with the backward split into I and W, each stage's W running ``weight_lag`` behind its I.
 
-    ``warmup`` forwards (capped at m), then steps of (F, I, W) while forwards remain, then
-    (I, W) steps; W(j) follows I(j + weight_lag), and the W still pending close the order.
+    ``warmup`` forwards (capped at m), then steps i = 0..m-1 of F(i + warmup) while forwards
+    remain, I(i), and W(i - weight_lag) once that is a microbatch; the W still pending close
+    the order. The steps fall into runs (``Runs``), split where the forwards end and where
+    the W's start.
     """
-    warmup = min(warmup, num_microbatches)
-    ops = [Op(stage, OpKind.F, i) for i in range(warmup)]
-    next_weight = 0
-    for i in range(num_microbatches):
-        if i + warmup < num_microbatches:
-            ops.append(Op(stage, OpKind.F, i + warmup))
-        ops.append(Op(stage, OpKind.I, i))
-        if i - next_weight >= weight_lag:
-            ops.append(Op(stage, OpKind.W, next_weight))
-            next_weight += 1
-    ops += [Op(stage, OpKind.W, i) for i in range(next_weight, num_microbatches)]
-    return ops
+    m, s = num_microbatches, stage
+    warmup = min(warmup, m)
+    forwards_end, weights_start = m - warmup, min(weight_lag, m)
+    runs.repeat(warmup, (s, F_CODE, 0))
+    first = min(forwards_end, weights_start)
+    runs.repeat(first, (s, F_CODE, warmup), (s, I_CODE, 0))
+    if forwards_end < weights_start:
+        runs.repeat(weights_start - first, (s, I_CODE, first))
+    else:
+        runs.repeat(forwards_end - first, (s, F_CODE, first + warmup), (s, I_CODE, first), (s, W_CODE, first - weight_lag))
+    both = max(forwards_end, weights_start)
+    runs.repeat(m - both, (s, I_CODE, both), (s, W_CODE, both - weight_lag))
+    runs.repeat(weights_start, (s, W_CODE, m - weights_start))
 
 
 def one_stage_per_rank_only(name: str, num_stages: int, num_ranks: int | None) -> None:
@@ -59,7 +62,6 @@ def zb_h1(
     """
     one_stage_per_rank_only("zb-h1", num_stages, num_ranks)
     p = num_stages
-    return assemble(
-        "zb-h1", p, num_microbatches, num_minibatches, tuple(range(p)),
-        lambda s, m: split_1f1b_order(s, m, warmup=p - 1 - s, weight_lag=s),
-    )
+    m = num_microbatches
+    return assemble("zb-h1", p, m, num_minibatches, tuple(range(p)), rank_by_rank(
+        p, m, lambda runs, s: split_1f1b_order(runs, s, m, warmup=p - 1 - s, weight_lag=s)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipesim.schedule.ir import Schedule
-from pipesim.schedule.multi_stage import assemble
+from pipesim.schedule.multi_stage import assemble, rank_by_rank
 from pipesim.schedule.zb_h1 import one_stage_per_rank_only, split_1f1b_order
 
 
@@ -30,7 +30,6 @@ def zb_h2(
     """
     one_stage_per_rank_only("zb-h2", num_stages, num_ranks)
     p = num_stages
-    return assemble(
-        "zb-h2", p, num_microbatches, num_minibatches, tuple(range(p)),
-        lambda s, m: split_1f1b_order(s, m, warmup=2 * (p - 1 - s), weight_lag=2 * s),
-    )
+    m = num_microbatches
+    return assemble("zb-h2", p, m, num_minibatches, tuple(range(p)), rank_by_rank(
+        p, m, lambda runs, s: split_1f1b_order(runs, s, m, warmup=2 * (p - 1 - s), weight_lag=2 * s)))

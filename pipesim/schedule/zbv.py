@@ -2,47 +2,43 @@
 
 from __future__ import annotations
 
-from pipesim.schedule.ir import Op, OpKind, Schedule
+from pipesim.schedule.ir import F_CODE, I_CODE, W_CODE, Schedule
 from pipesim.schedule.multi_stage import (
-    Counters,
+    Runs,
     assemble,
+    rank_by_rank,
     ranks_and_stages,
     require_stages_per_rank,
     v_placement,
 )
 
-F, I, W = OpKind.F, OpKind.I, OpKind.W
 
-
-def zbv_order(rank: int, num_ranks: int, num_microbatches: int) -> list[Op]:
+def zbv_order(runs: Runs, rank: int, num_ranks: int, num_microbatches: int) -> None:
     """One minibatch on ``rank``, which holds the V's down stroke ``rank`` and its up stroke ``2R-1-rank``.
 
     Warm-up: ``2(R-rank)-1`` forwards of the down stage, ``rank`` pairs (up F, down F), then
     ``R-rank`` triples (up F, I, W). Steady: (down F, I, W, up F, I, W) until the forwards run
     out. Cool-down: ``rank`` pairs (down I, up I), ``R-rank`` pairs (down I, W), then the
-    pending W of the up stage and of the down stage. The pattern is built for at least 2R-1
-    microbatches; ops of microbatches beyond m are then dropped.
+    pending W of the up stage and of the down stage, as runs (``Runs``). The pattern is built
+    for n = max(2R-1, m) microbatches (``Runs.table`` drops the ops beyond m); the steady
+    phase has n-R rounds, of which the first ``n-2R+rank+1`` still hold a down F.
     """
-    down, up = rank, 2 * num_ranks - 1 - rank
-    n = max(2 * num_ranks - 1, num_microbatches)
-    c = Counters()
-    ops = [c.take(down, F) for _ in range(2 * (num_ranks - rank) - 1)]
-    for _ in range(rank):
-        ops += [c.take(up, F), c.take(down, F)]
-    for _ in range(num_ranks - rank):
-        ops += [c.take(up, F), c.take(up, I), c.take(up, W)]
-    while c.peek(up, F) < c.peek(down, F) or c.peek(down, F) < n:
-        if c.peek(down, F) < n:
-            ops.append(c.take(down, F))
-        ops += [c.take(down, I), c.take(down, W), c.take(up, F), c.take(up, I), c.take(up, W)]
-    for _ in range(rank):
-        ops += [c.take(down, I), c.take(up, I)]
-    for _ in range(num_ranks - rank):
-        ops += [c.take(down, I), c.take(down, W)]
-    for stage in (up, down):
-        while c.peek(stage, W) < c.peek(stage, I):
-            ops.append(c.take(stage, W))
-    return [op for op in ops if op.microbatch < num_microbatches]
+    r, m = num_ranks, num_microbatches
+    down, up = rank, 2 * r - 1 - rank
+    n = max(2 * r - 1, m)
+    with_forward = n - 2 * r + rank + 1
+    runs.repeat(2 * (r - rank) - 1, (down, F_CODE, 0))
+    runs.repeat(rank, (up, F_CODE, 0), (down, F_CODE, 2 * (r - rank) - 1))
+    runs.repeat(r - rank, (up, F_CODE, rank), (up, I_CODE, 0), (up, W_CODE, 0))
+    runs.repeat(with_forward, (down, F_CODE, 2 * r - rank - 1), (down, I_CODE, 0), (down, W_CODE, 0),
+                (up, F_CODE, r), (up, I_CODE, r - rank), (up, W_CODE, r - rank))
+    j = with_forward
+    runs.repeat(r - rank - 1, (down, I_CODE, j), (down, W_CODE, j), (up, F_CODE, r + j), (up, I_CODE, r - rank + j),
+                (up, W_CODE, r - rank + j))
+    runs.repeat(rank, (down, I_CODE, n - r), (up, I_CODE, n - rank))
+    runs.repeat(r - rank, (down, I_CODE, n - r + rank), (down, W_CODE, n - r))
+    runs.repeat(rank, (up, W_CODE, n - rank))
+    runs.repeat(rank, (down, W_CODE, n - rank))
 
 
 def zbv(
@@ -63,4 +59,4 @@ def zbv(
     r, v = ranks_and_stages("zbv", num_stages, num_ranks)
     require_stages_per_rank("zbv", "ScheduleZBVZeroBubble", v, 2)
     return assemble("zbv", num_stages, num_microbatches, num_minibatches, v_placement(r),
-                    lambda rank, m: zbv_order(rank, r, m))
+                    rank_by_rank(r, num_microbatches, lambda runs, rank: zbv_order(runs, rank, r, num_microbatches)))

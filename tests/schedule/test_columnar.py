@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from pipesim.engine.analytic import run_analytic
 from pipesim.engine.lowering import Program, lower
-from pipesim.errors import ConfigError
-from pipesim.schedule.ir import Schedule
+from pipesim.errors import ConfigError, ScheduleError
+from pipesim.schedule.ir import F, Schedule
 from pipesim.schedule.registry import build_schedule
 from pipesim.schedule.validate import validate
 from pipesim.simulation import make_plan, prepare
@@ -89,6 +89,32 @@ def test_formula_facts_equal_their_definitions(name: str, p: int, m: int, k: int
         plan = plan_for(profile, name, p, m, k, recompute=recompute, pipemare_update=update)
         fast, reference = both_programs(profile, topology, plan)
         assert_same_program(fast, reference)
+
+
+# Schedules assembled from one minibatch's table (``schedule.multi_stage.assemble``, which gives
+# the minibatch and version columns): (name, ranks, stages per rank).
+ASSEMBLED = (("interleaved-1f1b", 2, 2), ("looped-bfs", 3, 2), ("interleaved-zb", 2, 3), ("zbv", 3, 2),
+             ("dualpipev", 2, 2), ("zb-h1", 4, 1), ("zb-h2", 3, 1))
+
+
+@pytest.mark.parametrize(("name", "num_ranks", "v"), ASSEMBLED)
+@pytest.mark.parametrize("k", [1, 3])
+def test_assembled_facts_equal_their_definitions(name: str, num_ranks: int, v: int, k: int) -> None:
+    for m in (num_ranks * v, 2 * num_ranks * v + 2):
+        schedule = build_schedule(name, num_ranks * v, m, num_minibatches=k, num_ranks=num_ranks)
+        reference = converted(schedule)
+        assert schedule.table.minibatch is not None and reference.table.minibatch is None
+        assert schedule.table == reference.table
+        for fact in ORDER_FACTS:
+            got, want = getattr(schedule, fact), getattr(reference, fact)
+            assert got.dtype == want.dtype and np.array_equal(got, want), (fact, m)
+
+
+def test_two_ops_waiting_for_one_output_are_named() -> None:
+    """Each output is awaited by at most one op: the later of two is marked."""
+    schedule = Schedule.from_ranks("custom", 2, 1, 1, ((F(0, 0),), (F(1, 0), F(1, 0))), (0, 1))
+    with pytest.raises(ScheduleError, match="1F0 waits for 0F0, whose output another op already waits for"):
+        _ = schedule.wait
 
 
 @st.composite
