@@ -4,8 +4,11 @@ The recurrence, written once (``advance``):
 
     start(op)  = max(end of the rank's previous op, arrival of the op's input)
     end(op)    = start(op) + duration(op)
-    send(op)   = max(end(op), arrival of the previous send on the same link)   # first in, first out
+    send(op)   = max(end(op), send(previous op on the same link) + hold(previous))   # first in, first out
     arrival    = send(op) + transfer(op)            (end(op) when nothing crosses to another rank)
+
+A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
+(``transfer`` = latency + hold): latency pipelines, as on a real wire.
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -37,9 +40,9 @@ IntArray = npt.NDArray[np.int64]
 
 # Integer columns, then float columns; the header holds each one's offset in its buffer.
 WAIT, LINK, SEND_ROW, WAITER, NEXT, STOP = range(6)
-DURATION, TRANSFER, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(6, 14)
-NUM_RANKS = 14
-HEADER = 15
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(6, 15)
+NUM_RANKS = 15
+HEADER = 16
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -63,8 +66,8 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
     """
     wait, link, send_row, waiter, next_op, stop = ints[WAIT], ints[LINK], ints[SEND_ROW], ints[WAITER], \
         ints[NEXT], ints[STOP]
-    duration, transfer, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
-        ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
+    duration, transfer, hold, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
+        ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
@@ -89,9 +92,9 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
                 done = t
             row = ints[send_row + g]
             floats[start + row] = done
+            floats[link_free + channel] = done + floats[hold + g]
             done = done + floats[transfer + g]
             floats[end + row] = done
-            floats[link_free + channel] = done
         elif channel == -1:
             done = t
         else:
@@ -176,7 +179,7 @@ class KernelState:
         num_spans = n + num_sends
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
-        state_sizes = (n, n, n + 1, num_links, num_ranks, num_ranks)
+        state_sizes = (n, n, n, n + 1, num_links, num_ranks, num_ranks)
         block_at = sum(state_sizes)
         offsets = [int(x) for x in np.cumsum((HEADER, *int_sizes[:-1]))] + \
             [int(x) for x in np.cumsum((0, *state_sizes[:-1]))] + \
@@ -202,6 +205,7 @@ class KernelState:
         part(STOP, num_ranks)[:] = ops.rank_offsets[1:]
         part(DURATION, n)[:] = durations
         part(TRANSFER, n)[:] = ops.transfer_s
+        part(HOLD, n)[:] = ops.link_hold_s
         part(ARRIVAL, n)[:] = np.nan  # not known yet; the slot after them holds 0
         if not compiled:
             return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,

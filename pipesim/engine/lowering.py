@@ -36,6 +36,7 @@ class LoweredOp:
         waits_for: ops of other stages whose output must arrive first.
         send_rank: rank receiving this op's output, or -1.
         send_bytes: bytes sent; transfer_s: link time of the send (0 on the same rank).
+        link_hold_s: how long the send holds its link (bytes / bandwidth: latency pipelines).
         version: weight version used (for U: the version it updates).
         minibatch: the op's step index.
     """
@@ -47,6 +48,7 @@ class LoweredOp:
     send_rank: int
     send_bytes: float
     transfer_s: float
+    link_hold_s: float
     version: int
     minibatch: int
 
@@ -65,7 +67,9 @@ class OpTable:
         wait: index of the op of another stage whose output must arrive first, or -1 (an
             op waits for at most one such input: see ``schedule.deps.dependencies``).
         send_rank: rank receiving the op's output, or -1; send_bytes: its size.
-        transfer_s: link time of the send, seconds (0 on the same rank).
+        transfer_s: link time of the send, seconds, from leaving to arriving (0 on the same rank).
+        link_hold_s: how long the send holds its link, seconds: its bytes / bandwidth. Latency
+            pipelines (the next send on the link may leave before this one arrives).
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
@@ -84,6 +88,7 @@ class OpTable:
     send_rank: IntArray
     send_bytes: FloatArray
     transfer_s: FloatArray
+    link_hold_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
 
@@ -149,13 +154,13 @@ class Program:
         t = self.ops
         flat = [op for ops in self.schedule.ranks for op in ops]
         rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.send_rank.tolist(),
-                   t.send_bytes.tolist(), t.transfer_s.tolist(), t.version.tolist(), t.minibatch.tolist(),
-                   strict=True)
+                   t.send_bytes.tolist(), t.transfer_s.tolist(), t.link_hold_s.tolist(), t.version.tolist(),
+                   t.minibatch.tolist(), strict=True)
         lowered = [
             LoweredOp(op=op, kind_code=kind, duration_s=duration, waits_for=(flat[wait],) if wait >= 0 else (),
-                      send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, version=version,
-                      minibatch=minibatch)
-            for op, kind, duration, wait, send_rank, send_bytes, transfer_s, version, minibatch in rows
+                      send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, link_hold_s=link_hold_s,
+                      version=version, minibatch=minibatch)
+            for op, kind, duration, wait, send_rank, send_bytes, transfer_s, link_hold_s, version, minibatch in rows
         ]
         offsets = t.rank_offsets.tolist()
         return tuple(tuple(lowered[offsets[r]:offsets[r + 1]]) for r in range(t.num_ranks))
@@ -210,7 +215,7 @@ def lower(
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
     link_bytes = np.where(links.boundary >= 0, output_bytes[links.boundary], 0.0)
-    link_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
+    link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
     send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
@@ -220,6 +225,7 @@ def lower(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
         duration_s=duration, wait=wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        link_hold_s=hold_s.take(send_link),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
