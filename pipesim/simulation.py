@@ -210,7 +210,8 @@ def prepare(
         costs = reuse.stage_costs(profile, plan, topology, stage_devices,
                                   lambda: stage_costs(profile, plan, topology, stage_devices=stage_devices))
     return lower(schedule, costs, topology, check=is_given, rank_devices=devices,
-                 microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier)
+                 microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier,
+                 fb_chunks=plan.fb_chunks, fb_overlap=plan.fb_overlap)
 
 
 def simulate_plan(

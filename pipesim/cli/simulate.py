@@ -78,6 +78,13 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Recomputation per stage: one of none|full|selective, or one per stage (full,none,...).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
               help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
+@click.option("--fb-chunks", "fb_chunks", type=click.Choice(["dualpipe", "torch"]), default="dualpipe",
+              show_default=True,
+              help="dualpipev's paired forward and backward: one overlapped chunk waiting for both inputs "
+                   "(DualPipe), or one after the other (torch's runtime for OVERLAP_F_B).")
+@click.option("--fb-overlap", "fb_overlap", type=float, default=0.0, show_default=True,
+              help="Share (0..1) of the shorter op of an overlapped F&B chunk hidden under the longer: "
+                   "the chunk takes F + B - share x min(F, B).")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")
@@ -102,8 +109,8 @@ def simulate_command(
     schedule_csv: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
-    recompute_stages: str | None, optimizer_state_multiplier: float, jitter: float, seed: int,
-    num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
+    recompute_stages: str | None, optimizer_state_multiplier: float, fb_chunks: str, fb_overlap: float,
+    jitter: float, seed: int, num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
     as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
@@ -153,6 +160,7 @@ def simulate_command(
         options: dict[str, Any] = {
             "partition": ranges,
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
+            "fb_chunks": fb_chunks, "fb_overlap": fb_overlap,
         }
 
         def run(name: str, per_rank_of: int) -> Result:
@@ -234,7 +242,8 @@ def _devices_needed(plan: Plan) -> int:
 def _check_plan_flags(context: click.Context) -> None:
     """With --plan, the options a plan holds must not be given too."""
     for name in ("num_stages", "num_ranks", "stages_per_rank", "num_microbatches", "schedule", "schedule_csv",
-                 "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier"):
+                 "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier",
+                 "fb_chunks", "fb_overlap"):
         if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
             flag = next(param.opts[0] for param in context.command.params if param.name == name)
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")

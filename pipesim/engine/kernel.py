@@ -2,13 +2,15 @@
 
 The recurrence, written once (``advance``):
 
-    start(op)  = max(end of the rank's previous op, arrival of the op's input)
+    start(op)  = max(end of the rank's previous op, arrival of the op's input(s))
     end(op)    = start(op) + duration(op)
     send(op)   = max(end(op), send(previous op on the same link) + hold(previous))   # first in, first out
     arrival    = send(op) + transfer(op)            (end(op) when nothing crosses to another rank)
 
 A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
-(``transfer`` = latency + hold): latency pipelines, as on a real wire.
+(``transfer`` = latency + hold): latency pipelines, as on a real wire. An op waits for one
+input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
+too (``WAIT2``; otherwise the slot that holds 0).
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -39,10 +41,10 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # Integer columns, then float columns; the header holds each one's offset in its buffer.
-WAIT, LINK, SEND_ROW, WAITER, NEXT, STOP = range(6)
-DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(6, 15)
-NUM_RANKS = 15
-HEADER = 16
+WAIT, WAIT2, LINK, SEND_ROW, WAITER, NEXT, STOP = range(7)
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(7, 16)
+NUM_RANKS = 16
+HEADER = 17
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -64,8 +66,8 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, link, send_row, waiter, next_op, stop = ints[WAIT], ints[LINK], ints[SEND_ROW], ints[WAITER], \
-        ints[NEXT], ints[STOP]
+    wait, wait2, link, send_row, waiter, next_op, stop = ints[WAIT], ints[WAIT2], ints[LINK], ints[SEND_ROW], \
+        ints[WAITER], ints[NEXT], ints[STOP]
     duration, transfer, hold, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
         ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
     now = floats[clock + rank]
@@ -74,9 +76,15 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
     last = ints[stop + rank]
     t = floats[free + rank]
     while g < last:
-        ready = floats[arrival + ints[wait + g]]
+        producer = ints[wait + g]
+        ready = floats[arrival + producer]
+        other = floats[arrival + ints[wait2 + g]]
+        if other != other:  # NaN: the chunk partner's input is not known yet
+            producer, ready = ints[wait2 + g], other
+        elif other > ready:
+            ready = other
         if ready != ready:  # NaN: the input's arrival is not known yet
-            ints[waiter + ints[wait + g]] = rank
+            ints[waiter + producer] = rank
             ints[next_op + rank] = g
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, BLOCKED, g
@@ -175,7 +183,7 @@ class KernelState:
         remote = ops.is_remote_send
         num_sends = int(np.count_nonzero(remote))
         num_links = int(ops.link.max()) + 1 if n else 0
-        int_sizes = (n, n, n, n + 1, num_ranks, num_ranks)
+        int_sizes = (n, n, n, n, n + 1, num_ranks, num_ranks)
         num_spans = n + num_sends
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
@@ -196,6 +204,9 @@ class KernelState:
         wait = part(WAIT, n)
         wait[:] = ops.wait
         wait[wait < 0] = n  # the arrival slot that holds 0
+        wait2 = part(WAIT2, n)
+        wait2[:] = ops.chunk_wait
+        wait2[wait2 < 0] = n
         part(LINK, n)[:] = ops.link if link is None else link
         send_row = part(SEND_ROW, n)
         send_row[:] = -1
@@ -256,8 +267,10 @@ def deadlock_error(program: Program, stuck: list[int], arrival_s: FloatArray) ->
     flat = [op for ops_of_rank in schedule.ranks for op in ops_of_rank]
     lines, marked = [], set()
     for g in stuck:
-        rank_index, producer = int(ops.rank[g]), int(ops.wait[g])
-        waiting = str(flat[producer]) if producer >= 0 and not np.isfinite(arrival_s[producer]) else "nothing"
+        rank_index = int(ops.rank[g])
+        missing = [str(flat[p]) for p in (int(ops.wait[g]), int(ops.chunk_wait[g]))
+                   if p >= 0 and not np.isfinite(arrival_s[p])]
+        waiting = " and ".join(missing) or "nothing"
         lines.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
         marked.add((rank_index, int(ops.position[g])))
     return DeadlockError("deadlock: " + "; ".join(lines), grid(schedule.ranks, marked))

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.chunks import ChunkModel, overlap_chunks
 from pipesim.engine.run_info import RunInfo
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
@@ -66,6 +67,8 @@ class OpTable:
         duration_s: compute time, seconds.
         wait: index of the op of another stage whose output must arrive first, or -1 (an
             op waits for at most one such input: see ``schedule.deps.dependencies``).
+        chunk_wait: for the F that opens an overlapped F&B chunk (``engine.chunks``), the
+            input its B waits for, which the chunk waits for too; -1 elsewhere.
         send_rank: rank receiving the op's output, or -1; send_bytes: its size.
         transfer_s: link time of the send, seconds, from leaving to arriving (0 on the same rank).
         link_hold_s: how long the send holds its link, seconds: its bytes / bandwidth. Latency
@@ -85,6 +88,7 @@ class OpTable:
     version: IntArray
     duration_s: FloatArray
     wait: IntArray
+    chunk_wait: IntArray
     send_rank: IntArray
     send_bytes: FloatArray
     transfer_s: FloatArray
@@ -153,14 +157,16 @@ class Program:
         """Per rank, its ops as LoweredOp rows (built on first use from the table)."""
         t = self.ops
         flat = [op for ops in self.schedule.ranks for op in ops]
-        rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.send_rank.tolist(),
+        rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.chunk_wait.tolist(),
+                   t.send_rank.tolist(),
                    t.send_bytes.tolist(), t.transfer_s.tolist(), t.link_hold_s.tolist(), t.version.tolist(),
                    t.minibatch.tolist(), strict=True)
         lowered = [
-            LoweredOp(op=op, kind_code=kind, duration_s=duration, waits_for=(flat[wait],) if wait >= 0 else (),
+            LoweredOp(op=op, kind_code=kind, duration_s=duration,
+                      waits_for=tuple(flat[w] for w in (wait, chunk_wait) if w >= 0),
                       send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, link_hold_s=link_hold_s,
                       version=version, minibatch=minibatch)
-            for op, kind, duration, wait, send_rank, send_bytes, transfer_s, link_hold_s, version, minibatch in rows
+            for op, kind, duration, wait, chunk_wait, send_rank, send_bytes, transfer_s, link_hold_s, version, minibatch in rows
         ]
         offsets = t.rank_offsets.tolist()
         return tuple(tuple(lowered[offsets[r]:offsets[r + 1]]) for r in range(t.num_ranks))
@@ -183,11 +189,15 @@ def lower(
     microbatch_size: int = 1,
     optimizer_state_multiplier: float = 1.0,
     check: bool = True,
+    fb_chunks: ChunkModel = "dualpipe",
+    fb_overlap: float = 0.0,
 ) -> Program:
     """Attach costs, transfers and versions to every op of ``schedule``.
 
     A schedule that splits backward (I/W ops) on a profile without a measured split runs I
-    and W with half the backward each (``split_evenly``).
+    and W with half the backward each (``split_evenly``). DualPipeV's paired F and B run as
+    overlapped chunks (``fb_chunks="dualpipe"``, taking F + B - ``fb_overlap`` x min(F, B)) or
+    one after the other as torch's runtime does (``"torch"``): see ``engine.chunks``.
 
     Raises:
         ConfigError: stage counts of schedule and costs differ, too few devices, or a
@@ -219,12 +229,13 @@ def lower(
                              output_bytes)
     send_link = schedule.send_link
     send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
+    duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap)
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
         _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
     ops = OpTable(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
-        duration_s=duration, wait=wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
         link_hold_s=hold_s.take(send_link),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
     )

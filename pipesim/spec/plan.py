@@ -42,6 +42,11 @@ class Plan(FrozenModel):
             overrides ``recompute`` when given.
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
+        fb_chunks: how dualpipev runs its paired forward and backward: ``"dualpipe"``, one
+            overlapped chunk that waits for both inputs (deepseek-ai/DualPipe), or ``"torch"``,
+            one after the other (torch's runtime for OVERLAP_F_B).
+        fb_overlap: share of the shorter op of a ``"dualpipe"`` chunk hidden under the longer:
+            the chunk takes F + B - fb_overlap x min(F, B) (0: F + B).
     """
 
     schema_: str = Field(default=PLAN_SCHEMA, alias="schema")
@@ -57,6 +62,8 @@ class Plan(FrozenModel):
     recompute_stages: tuple[Literal["none", "full", "selective"], ...] = ()
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
+    fb_chunks: Literal["dualpipe", "torch"] = "dualpipe"
+    fb_overlap: float = Field(default=0.0, ge=0, le=1)
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
