@@ -184,7 +184,8 @@ def prepare(
     check_size(plan, profile, max_ops)
     is_given = schedule is not None
     if schedule is None:
-        options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
+        options: dict[str, Any] = {"update": plan.pipemare_update, "model": plan.pipemare_model} \
+            if plan.schedule == "pipemare" else {}
 
         def make_schedule() -> Schedule:
             return build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches,
@@ -211,7 +212,7 @@ def prepare(
                                   lambda: stage_costs(profile, plan, topology, stage_devices=stage_devices))
     return lower(schedule, costs, topology, check=is_given, rank_devices=devices,
                  microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier,
-                 fb_chunks=plan.fb_chunks, fb_overlap=plan.fb_overlap)
+                 fb_chunks=plan.fb_chunks, fb_overlap=plan.fb_overlap, pipemare_model=plan.pipemare_model)
 
 
 def simulate_plan(

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.chunks import ChunkModel, overlap_chunks
+from pipesim.engine.chunks import ChunkModel, PipemareModel, overlap_chunks
 from pipesim.engine.run_info import RunInfo
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
@@ -191,13 +191,15 @@ def lower(
     check: bool = True,
     fb_chunks: ChunkModel = "dualpipe",
     fb_overlap: float = 0.0,
+    pipemare_model: PipemareModel = "1f1b",
 ) -> Program:
     """Attach costs, transfers and versions to every op of ``schedule``.
 
     A schedule that splits backward (I/W ops) on a profile without a measured split runs I
     and W with half the backward each (``split_evenly``). DualPipeV's paired F and B run as
     overlapped chunks (``fb_chunks="dualpipe"``, taking F + B - ``fb_overlap`` x min(F, B)) or
-    one after the other as torch's runtime does (``"torch"``): see ``engine.chunks``.
+    one after the other as torch's runtime does (``"torch"``); with ``pipemare_model="paper"``
+    a pipemare schedule's paired F and B run as one time step of max(F, B) (``engine.chunks``).
 
     Raises:
         ConfigError: stage counts of schedule and costs differ, too few devices, or a
@@ -229,7 +231,8 @@ def lower(
                              output_bytes)
     send_link = schedule.send_link
     send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
-    duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap)
+    duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
+                                          pipemare_model=pipemare_model)
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
         _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
     ops = OpTable(

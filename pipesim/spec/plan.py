@@ -42,6 +42,9 @@ class Plan(FrozenModel):
             overrides ``recompute`` when given.
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
+        pipemare_model: PipeMare's device: ``"1f1b"``, a stage alternating F and B on a 1F1B
+            order, or ``"paper"``, the PipeMare paper's pipeline, a stage running one forward
+            and one backward at once in every time step.
         fb_chunks: how dualpipev runs its paired forward and backward: ``"dualpipe"``, one
             overlapped chunk that waits for both inputs (deepseek-ai/DualPipe), or ``"torch"``,
             one after the other (torch's runtime for OVERLAP_F_B).
@@ -62,6 +65,7 @@ class Plan(FrozenModel):
     recompute_stages: tuple[Literal["none", "full", "selective"], ...] = ()
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
+    pipemare_model: Literal["1f1b", "paper"] = "1f1b"
     fb_chunks: Literal["dualpipe", "torch"] = "dualpipe"
     fb_overlap: float = Field(default=0.0, ge=0, le=1)
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
