@@ -43,6 +43,9 @@ def chunk_starts(schedule: Schedule, *, pipemare_model: PipemareModel = "1f1b") 
     t = schedule.table
     kind, stage, rank = t.kind, t.stage, t.rank
     same_stage = stage[:-1] == stage[1:]
+    if is_steps:  # F(i + w) beside B(i), w = 2(p - s) - 1: a warm-up cut short by few microbatches has no step
+        lag = 2 * (schedule.num_stages - stage[:-1]) - 1
+        same_stage &= t.microbatch[:-1] - t.microbatch[1:] == lag
     pair = (kind[:-1] == F_CODE) & (kind[1:] == B_CODE) & (rank[:-1] == rank[1:]) & (same_stage if is_steps else ~same_stage)
     starts = np.flatnonzero(pair)
     on_last = starts[rank[starts] == t.num_ranks - 1]
