@@ -10,7 +10,7 @@ The recurrence, written once (``advance``):
 A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
 (``transfer`` = latency + hold): latency pipelines, as on a real wire. An op waits for one
 input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
-too (``WAIT2``; otherwise the slot that holds 0).
+too (``WAIT2``; -1 for every other op).
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -76,14 +76,16 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
     last = ints[stop + rank]
     t = floats[free + rank]
     while g < last:
-        producer = ints[wait + g]
-        ready = floats[arrival + producer]
-        other = floats[arrival + ints[wait2 + g]]
-        if other != other:  # NaN: the chunk partner's input is not known yet
-            producer, ready = ints[wait2 + g], other
-        elif other > ready:
-            ready = other
-        if ready != ready:  # NaN: the input's arrival is not known yet
+        ready = floats[arrival + ints[wait + g]]
+        second = ints[wait2 + g]
+        if second >= 0:  # an overlapped chunk: it waits for its partner's input too
+            other = floats[arrival + second]
+            if other > ready or other != other:
+                ready = other
+        if ready != ready:  # NaN: an input's arrival is not known yet
+            producer = ints[wait + g]
+            if floats[arrival + producer] == floats[arrival + producer]:
+                producer = second
             ints[waiter + producer] = rank
             ints[next_op + rank] = g
             floats[free + rank] = t
@@ -204,9 +206,7 @@ class KernelState:
         wait = part(WAIT, n)
         wait[:] = ops.wait
         wait[wait < 0] = n  # the arrival slot that holds 0
-        wait2 = part(WAIT2, n)
-        wait2[:] = ops.chunk_wait
-        wait2[wait2 < 0] = n
+        part(WAIT2, n)[:] = ops.chunk_wait  # -1: no second input
         part(LINK, n)[:] = ops.link if link is None else link
         send_row = part(SEND_ROW, n)
         send_row[:] = -1
