@@ -21,10 +21,12 @@ from pipesim.errors import ConfigError
 from pipesim.schedule.registry import build_schedule
 
 
-def run(num_ranks: int, m: int, *, f: float, b: float, w: float, overlap: float, chunks: str, latency: float = 0.0):
+def run(num_ranks: int, m: int, *, f: float, b: float, w: float, overlap: float, chunks: str, latency: float = 0.0,
+        bandwidth: float = math.inf):
     profile = uniform_profile(num_layers=2 * num_ranks, forward_s=f, backward_s=b, backward_input_s=b - w,
                               backward_weight_s=w, activation_bytes=1e3)
-    return simulate(profile, Topology.uniform(num_devices=num_ranks, latency=latency), schedule="dualpipev",
+    topology = Topology.uniform(num_devices=num_ranks, latency=latency, bandwidth=bandwidth)
+    return simulate(profile, topology, schedule="dualpipev",
                     num_stages=2 * num_ranks, num_microbatches=m, stages_per_rank=2, fb_chunks=chunks,
                     fb_overlap=overlap)
 
@@ -60,9 +62,10 @@ def test_the_table_is_not_exact_where_forward_and_weight_times_differ() -> None:
 
 
 def test_chunk_waits_for_both_inputs_and_sends_both_at_its_end() -> None:
-    # With a latency on every link the chunk's two inputs arrive at different times: it starts
-    # after the later one (and after the rank's previous op), lasts F&B, and its B is empty at its end.
-    result = run(3, 8, f=1.0, b=2.0, w=1.0, overlap=0.5, chunks="dualpipe", latency=0.25)
+    # A chunk's two inputs often come from one chunk of the neighbour rank over one link, where
+    # the second queues behind the first for bytes / bandwidth (1 s here): the chunk starts after
+    # the later one (and after the rank's previous op), lasts F&B, and its B is empty at its end.
+    result = run(3, 8, f=1.0, b=2.0, w=1.0, overlap=0.5, chunks="dualpipe", latency=0.25, bandwidth=1e3)
     schedule, s = result.schedule, result.trace.spans
     compute = np.flatnonzero(s["stream"] == 0)
     start, end = s["start_s"][compute], s["end_s"][compute]  # compute spans are in op order
@@ -75,12 +78,15 @@ def test_chunk_waits_for_both_inputs_and_sends_both_at_its_end() -> None:
     starts = chunk_starts(schedule)
     assert starts.size > 0
     offsets = schedule.table.rank_offsets
+    bound_by_backward_input = 0
     for g in starts.tolist():
-        inputs = [arrival.get(int(p), float(end[p])) for p in (program_wait[g], program_wait[g + 1]) if p >= 0]
+        inputs = [arrival.get(int(p), float(end[p])) if p >= 0 else 0.0 for p in (program_wait[g], program_wait[g + 1])]
         previous = float(end[g - 1]) if g > offsets[schedule.table.rank[g]] else 0.0
         assert start[g] == max([previous, *inputs])
+        bound_by_backward_input += inputs[1] > max(previous, inputs[0])
         assert end[g] - start[g] == 1.0 + 2.0 - 0.5 * 1.0
         assert start[g + 1] == end[g + 1] == end[g]
+    assert bound_by_backward_input > 0  # the case tells a chunk from its F alone
 
 
 def test_chunks_are_torch_overlap_pairs() -> None:
