@@ -55,7 +55,7 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search
+bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search
 
 .PHONY: bench-search
 # pipesim search for Llama-3 70B on 512 H100, against an import baseline, into benchmarks/RESULTS.md.
@@ -106,6 +106,16 @@ bench-prepare: $(STAMP)
 # workers (a few minutes), against the serial projection, into benchmarks/RESULTS.md.
 bench-sweep-full: $(STAMP)
 	$(PY) benchmarks/bench_sweep.py --full
+
+.PHONY: bench-peers
+# pipesim beside bare SimPy, a plain-Python longest path and torch's unit-step simulator, per op.
+bench-peers: $(STAMP)
+	$(PY) benchmarks/bench_peers.py --write
+
+.PHONY: bench-cold-start
+# One-shot CLI runs against the interpreter's start-up, and --samples against BASELINE=TREE when given.
+bench-cold-start: $(STAMP)
+	$(PY) benchmarks/bench_cold_start.py $(if $(BASELINE),--baseline $(BASELINE) --label "$(BASELINE_LABEL)") --write
 
 .PHONY: bench-kernel-ab
 # The engines of this tree against another source tree in one run (BASELINE=TREE, e.g.

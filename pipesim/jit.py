@@ -12,6 +12,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import time
 import types
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, cast
@@ -61,6 +62,16 @@ def use_compiled(num_ops: int, setting: JitSetting | None = None) -> bool:
     return chosen == "always" or num_ops >= COMPILED_FROM_OPS
 
 
+_startup = [0.0]
+
+
+def startup_s() -> float:
+    """Seconds this process has spent starting numba: importing it and loading (or compiling)
+    each kernel's machine code for the argument types it was first called with. A one-time
+    cost per process, which ``simulate`` reports apart from the engine's own time."""
+    return _startup[0]
+
+
 class Kernel:
     """A kernel written once: ``py_func`` runs it as Python, ``dispatcher()`` compiles it with numba.
 
@@ -76,6 +87,7 @@ class Kernel:
         self.__wrapped__ = function
         self._plain: Callable[..., Any] | None = None
         self._compiled: Callable[..., Any] | None = None
+        self._loaded = False
 
     def __call__(self, *args: Any) -> Any:
         """Run the plain-Python form (callers choose the compiled one with ``pick``)."""
@@ -91,9 +103,22 @@ class Kernel:
     def dispatcher(self) -> Callable[..., Any]:
         """numba's compiled function (compiled, or loaded from numba's disk cache, on first use)."""
         if self._compiled is None:
+            started = time.perf_counter()
             numba = importlib.import_module("numba")
             self._compiled = numba.njit(cache=True, nogil=True)(self._with_callees(lambda kernel: kernel.dispatcher()))
+            _startup[0] += time.perf_counter() - started
         return self._compiled
+
+    def _load_then_call(self, *args: Any) -> Any:
+        """The first compiled call: load (or compile) the machine code for these argument types,
+        counted in ``startup_s``, then run it."""
+        dispatcher: Any = self.dispatcher()
+        if not self._loaded:
+            started = time.perf_counter()
+            dispatcher.compile(tuple(dispatcher.typeof_pyval(arg) for arg in args))
+            _startup[0] += time.perf_counter() - started
+            self._loaded = True
+        return dispatcher(*args)
 
     def _with_callees(self, form: Callable[[Kernel], Callable[..., Any]]) -> Callable[..., Any]:
         function = self.__wrapped__
@@ -123,7 +148,9 @@ def pick(kernel: F, compiled: bool) -> F:
     installed), else the plain-Python function."""
     if not isinstance(kernel, Kernel):
         return kernel
-    return cast(F, kernel.dispatcher() if compiled and AVAILABLE else kernel.py_func)
+    if not (compiled and AVAILABLE):
+        return cast(F, kernel.py_func)
+    return cast(F, kernel.dispatcher() if kernel._loaded else kernel._load_then_call)
 
 
 def backend(compiled: bool = True) -> str:

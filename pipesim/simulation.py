@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -11,12 +12,11 @@ import numpy as np
 from pipesim import jit
 from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic
-from pipesim.engine.des import run_des
 from pipesim.engine.lowering import Program, lower
 from pipesim.engine.noise import Distribution, draw_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
-from pipesim.metrics import Metrics, compute_metrics, stage_staleness
+from pipesim.metrics import Metrics, compute_metrics, iteration_time, stage_staleness
 from pipesim.reuse import Reuse
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
@@ -74,7 +74,10 @@ class Result:
         schedule: the schedule that ran.
         trace: what the engine recorded.
         metrics: ``compute_metrics(trace)``.
-        engine_wall_s: seconds the engine itself took (lowering and metrics excluded).
+        engine_wall_s: seconds the engine itself took (lowering, metrics and numba's start-up
+            excluded).
+        startup_s: seconds this call spent starting numba (its import and loading the compiled
+            kernels; 0 when they were loaded before or the plain-Python kernels ran).
     """
 
     plan: Plan
@@ -82,6 +85,7 @@ class Result:
     trace: Trace
     metrics: Metrics
     engine_wall_s: float
+    startup_s: float = 0.0
 
     def __repr__(self) -> str:
         m = self.metrics
@@ -106,6 +110,7 @@ class Result:
         data = self.metrics.to_dict()
         data["num_ops"] = self.metrics.num_ops
         data["engine_wall_s"] = self.engine_wall_s
+        data["startup_s"] = self.startup_s
         data["partition"] = [list(r) for r in self.plan.partition]
         data["microbatch_size"] = self.trace.info.microbatch_size
         return data
@@ -186,6 +191,10 @@ def prepare(
     if schedule is None:
         options: dict[str, Any] = {"update": plan.pipemare_update, "model": plan.pipemare_model} \
             if plan.schedule == "pipemare" else {}
+        if plan.schedule == "zb-auto":  # its order follows the stage and link times
+            from pipesim.engine.auto_costs import zero_bubble_costs  # noqa: PLC0415
+
+            options = {"costs": zero_bubble_costs(profile, topology, plan), "memory_limit": plan.zb_memory_limit}
 
         def make_schedule() -> Schedule:
             return build_schedule(plan.schedule, plan.num_stages, plan.num_microbatches,
@@ -241,25 +250,28 @@ def simulate_plan(
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
     program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
-    started = time.perf_counter()
     compiled = jit.use_compiled(program.ops.num_ops, kernels)
+    startup = jit.startup_s()
+    started = time.perf_counter()
     trace = _run(program, engine, jitter, seed, compiled)
     wall = time.perf_counter() - started
+    engine_startup = jit.startup_s() - startup
     known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
     metrics = compute_metrics(trace, staleness=known, compiled=compiled)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
-                  engine_wall_s=wall)
+                  engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
 
 
 def _run(program: Program, engine: EngineName, jitter: float, seed: int, compiled: bool) -> Trace:
     """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
-    if engine == "des":
-        return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
-    reason = analytic_unsupported(program)
-    if engine == "analytic" and reason is not None:
-        raise ConfigError("engine", engine, reason)
-    if engine == "analytic" or (reason is None and jitter == 0):
-        return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+    if engine != "des":
+        reason = analytic_unsupported(program)
+        if engine == "analytic" and reason is not None:
+            raise ConfigError("engine", engine, reason)
+        if reason is None:
+            return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
+
     return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
 
 
@@ -285,7 +297,7 @@ def simulate(
         profile: the model's measured layers.
         topology: devices and links; default: ``num_stages`` devices with free communication.
         schedule: registry key: gpipe, 1f1b, pipedream, 2bw, pipemare, interleaved-1f1b,
-            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1 or zb-h2.
+            looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1, zb-h2 or zb-auto.
         num_stages, num_microbatches: p (all model stages) and m.
         num_minibatches: K; default 1 for flush schedules and 4 for asynchronous ones.
         partition: per stage ``(start, end)`` layer ranges; default balances compute.
@@ -295,7 +307,8 @@ def simulate(
         kernels: ``"auto"``, ``"always"`` or ``"never"``: numba's kernels or their plain-Python
             form (default ``PIPESIM_JIT``, else auto: by the run's size; ``pipesim.jit``).
         plan_options: further Plan fields (stages_per_rank, recompute, recompute_stages,
-            replicas, placement, ...); ``stages_per_rank=V`` runs p stages on p / V ranks.
+            replicas, placement, zb_memory_limit, ...); ``stages_per_rank=V`` runs p stages on
+            p / V ranks.
 
     Returns:
         a Result with the trace and the metrics.
@@ -388,7 +401,7 @@ def sample_program(
     cv: float | None = None,
     straggler_slowdown: float = 0.1,
 ) -> SampleSummary:
-    """Run ``program`` ``num_samples`` times on the DES engine with drawn op durations.
+    """Run ``program`` ``num_samples`` times with drawn op durations (``run_drawn``).
 
     Sample i draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(N)[i])``, so a
     sample does not depend on how many are taken, and the same seed gives the same numbers.
@@ -402,15 +415,18 @@ def sample_program(
     if not straggler_slowdown > 0:
         raise ConfigError("straggler_slowdown", straggler_slowdown, "must be > 0")
     base = program.ops.duration_s
-    deterministic = compute_metrics(run_des(program, durations=base)).iteration_time_s
-    times = []
-    for child in np.random.SeedSequence(seed).spawn(num_samples):
-        durations = draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv)
-        times.append(compute_metrics(run_des(program, durations=durations)).iteration_time_s)
+    num_runs = 1 + num_samples + program.ops.num_ranks
+    compiled = jit.use_compiled(program.ops.num_ops * num_runs)
+
+    def iteration(durations: Durations) -> float:
+        return iteration_time(run_drawn(program, durations, compiled=compiled), compiled=compiled)
+
+    deterministic = iteration(base)
+    times = [iteration(draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv))
+             for child in np.random.SeedSequence(seed).spawn(num_samples)]
     sensitivity = []
     for rank in range(program.ops.num_ranks):
-        slowed = np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base)
-        slow = compute_metrics(run_des(program, durations=slowed)).iteration_time_s
+        slow = iteration(np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base))
         sensitivity.append((slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0)
     values = np.asarray(times)
     return SampleSummary(
@@ -449,17 +465,31 @@ def simulate_samples(
     return sample_program(program, num_samples=num_samples, seed=seed, distribution=distribution, cv=cv)
 
 
+# Every op's duration: per rank, per op in order (as ``draw_durations`` gives them), or one array in
+# the op table's order.
+Durations = Sequence[Sequence[float]] | np.typing.NDArray[np.float64]
+
 # A lowered run, as ``prepare`` returns it: the op table (rank, stage, kind, microbatch, position,
 # duration_s, ...) and the links, ready for an engine. Its public name for callers outside the engine.
 PreparedRun = Program
 
 
 def run_program(program: PreparedRun, *, durations_s: np.typing.NDArray[np.float64] | None = None) -> Trace:
-    """Run a prepared program on the DES engine, each op lasting ``durations_s[i]`` (one per op, in the
-    op table's order) instead of its lowered duration when given: a replay of measured op times, or
-    op times drawn from a spread.
+    """Run a prepared program, each op lasting ``durations_s[i]`` (one per op, in the op table's
+    order) instead of its lowered duration when given: a replay of measured op times, or op times
+    drawn from a spread.
 
     Raises:
         ScheduleError: the schedule cannot run.
     """
-    return run_des(program, durations=durations_s)
+    return run_drawn(program, program.ops.duration_s if durations_s is None else durations_s)
+
+
+def run_drawn(program: Program, durations: Durations, *, compiled: bool | None = None) -> Trace:
+    """Run ``program`` with the given op durations: on the analytic engine wherever it applies
+    (the DES engine's bits, without events: the durations are known up front), else the DES."""
+    if analytic_unsupported(program) is None:
+        return run_analytic(program, durations=durations, compiled=compiled)
+    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
+
+    return run_des(program, durations=durations, compiled=compiled)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 import textwrap
@@ -13,7 +14,17 @@ from pipesim.errors import PipesimError, ScheduleError
 
 
 class PipesimGroup(click.Group):
-    """A click group whose usage errors and PipesimErrors print one line and exit 2."""
+    """A click group whose usage errors and PipesimErrors print one line and exit 2, and whose
+    subcommands (``COMMANDS``) are imported when first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:  # noqa: D102 - click's API
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:  # noqa: D102
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, name = COMMANDS[cmd_name]
+            self.add_command(getattr(importlib.import_module(module), name), cmd_name)
+        return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """Each command with its whole first sentence, wrapped (click cuts it at about 45 characters)."""
@@ -60,38 +71,35 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
+#: Each subcommand and where it lives: a command's module is imported only when it runs (or for
+#: ``--help``), so ``pipesim simulate`` does not pay for the planner's, the sweep's or the harness's
+#: imports.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("pipesim.cli.check", "check_command"),
+    "model": ("pipesim.cli.model", "model_command"),
+    "plan": ("pipesim.cli.plan", "plan_command"),
+    "schedule": ("pipesim.cli.schedule", "schedule_command"),
+    "search": ("pipesim.cli.search", "search_command"),
+    "simulate": ("pipesim.cli.simulate", "simulate_command"),
+    "sweep": ("pipesim.cli.sweep", "sweep_command"),
+    "plot": ("pipesim.cli.plot", "plot_group"),
+    "report": ("pipesim.cli.report", "report_command"),
+    "profile": ("pipesim.cli.harness", "profile_command"),
+    "linkbench": ("pipesim.cli.harness", "linkbench_command"),
+    "run": ("pipesim.cli.harness", "run_command"),
+    "validate": ("pipesim.cli.validate", "validate_command"),
+}
+
+
+def _describe_schedules() -> None:
     from pipesim.schedule.registry import SCHEDULES
 
     # \b keeps click from rewrapping the list, which would break names such as looped-bfs at the hyphen.
     names = textwrap.fill(f"Schedules: {', '.join(SCHEDULES)}.", width=76, break_on_hyphens=False)
     cli.help = f"{inspect.cleandoc(cli.help or '')}\n\n\b\n{names}"
-    from pipesim.cli.check import check_command
-    from pipesim.cli.harness import linkbench_command, profile_command, run_command
-    from pipesim.cli.model import model_command
-    from pipesim.cli.plan import plan_command
-    from pipesim.cli.plot import plot_group
-    from pipesim.cli.report import report_command
-    from pipesim.cli.schedule import schedule_command
-    from pipesim.cli.search import search_command
-    from pipesim.cli.simulate import simulate_command
-    from pipesim.cli.sweep import sweep_command
-    from pipesim.cli.validate import validate_command
-
-    cli.add_command(check_command)
-    cli.add_command(model_command)
-    cli.add_command(plan_command)
-    cli.add_command(schedule_command)
-    cli.add_command(search_command)
-    cli.add_command(simulate_command)
-    cli.add_command(sweep_command)
-    cli.add_command(plot_group)
-    cli.add_command(report_command)
-    for command in (profile_command, linkbench_command, run_command, validate_command):
-        cli.add_command(command)
 
 
-_register()
+_describe_schedules()
 
 
 def main(argv: list[str] | None = None) -> None:

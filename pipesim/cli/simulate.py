@@ -91,6 +91,9 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--fb-overlap", "fb_overlap", type=float, default=0.0, show_default=True,
               help="Share (0..1) of the shorter op of an overlapped F&B chunk hidden under the longer: "
                    "the chunk takes F + B - share x min(F, B).")
+@click.option("--zb-memory-limit", "zb_memory_limit", type=float, default=None,
+              help="zb-auto: activations a stage may hold, in microbatches (units of the most one microbatch "
+                   "keeps on any stage); default the stage count P (ZB-1p), 2P is ZB-2p.")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
               help="Per-op duration noise (coefficient of variation); needs the des engine.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")
@@ -116,8 +119,9 @@ def simulate_command(
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
     recompute_stages: str | None, optimizer_state_multiplier: float, pipemare_model: str, pipemare_update: str,
-    fb_chunks: str, fb_overlap: float,
-    jitter: float, seed: int, num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
+    fb_chunks: str, fb_overlap: float, zb_memory_limit: float | None,
+    jitter: float, seed: int, num_samples: int | None, distribution: Distribution, cv: float | None, engine: str,
+    max_ops: int,
     as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
@@ -169,6 +173,7 @@ def simulate_command(
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
             "fb_chunks": fb_chunks, "fb_overlap": fb_overlap,
             "pipemare_model": pipemare_model, "pipemare_update": pipemare_update,
+            "zb_memory_limit": zb_memory_limit,
         }
 
         def run(name: str, per_rank_of: int) -> Result:
@@ -251,7 +256,7 @@ def _check_plan_flags(context: click.Context) -> None:
     """With --plan, the options a plan holds must not be given too."""
     for name in ("num_stages", "num_ranks", "stages_per_rank", "num_microbatches", "schedule", "schedule_csv",
                  "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier",
-                 "fb_chunks", "fb_overlap", "pipemare_model", "pipemare_update"):
+                 "fb_chunks", "fb_overlap", "pipemare_model", "pipemare_update", "zb_memory_limit"):
         if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
             flag = next(param.opts[0] for param in context.command.params if param.name == name)
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")

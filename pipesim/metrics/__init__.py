@@ -125,6 +125,14 @@ def steady_window(trace: Trace, *, compiled: bool | None = None) -> tuple[float,
     return 0.0, trace.makespan_s, 0, 0
 
 
+def iteration_time(trace: Trace, *, compiled: bool | None = None,
+                   window: tuple[float, float, int, int] | None = None) -> float:
+    """Seconds per minibatch in the steady-state window (``window``: ``steady_window(trace)``
+    when known); what a run of drawn durations is summarised by."""
+    low, high, warmup, cooldown = steady_window(trace, compiled=compiled) if window is None else window
+    return (high - low) / max(1, trace.info.num_minibatches - warmup - cooldown)
+
+
 def staleness(trace: Trace, stage: int, *, compiled: bool | None = None) -> tuple[int, float, int]:
     """``(forward_delay_max, forward_delay_mean, discrepancy_max)`` of a stage, from versions.
 
@@ -189,9 +197,8 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compile
     info = trace.info
     s = trace.spans
     compiled = use_compiled(trace, compiled)
-    low, high, warmup, cooldown = steady_window(trace, compiled=compiled)
-    steady = max(1, info.num_minibatches - warmup - cooldown)
-    iteration = (high - low) / steady
+    low, high, warmup, cooldown = window = steady_window(trace, compiled=compiled)
+    iteration = iteration_time(trace, window=window)
     width = high - low
     compute_rows = np.flatnonzero(s["stream"] == _COMPUTE)
     stage_to_rank = list(info.stage_to_rank)

@@ -203,7 +203,8 @@ def _simulated(result: Result, timings: bool) -> dict[str, Any]:
     data = result.to_dict()
     data["time_per_sample_s"] = _time_per_sample(result)
     if not timings:
-        data.pop("engine_wall_s", None)
+        for timing in ("engine_wall_s", "startup_s"):
+            data.pop(timing, None)
     return data
 
 

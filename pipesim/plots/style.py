@@ -12,7 +12,7 @@ CATEGORY_COLORS = {"weights": "#4C72B0", "gradients": "#8172B3", "optimizer": "#
 SCHEDULE_COLORS = {"gpipe": "#4C72B0", "1f1b": "#DD8452", "pipedream": "#55A868", "2bw": "#C44E52",
                    "pipemare": "#8172B3", "interleaved-1f1b": "#937860", "looped-bfs": "#DA8BC3",
                    "interleaved-zb": "#8C8C8C", "zbv": "#CCB974", "dualpipev": "#64B5CD", "zb-h1": "#2F4B7C",
-                   "zb-h2": "#1B9E77"}
+                   "zb-h2": "#1B9E77", "zb-auto": "#0B6E4F"}
 _EXTRA_COLORS = ("#A05195", "#665191", "#D45087", "#F95D6A", "#FF7C43", "#FFA600")
 
 

@@ -17,6 +17,7 @@ from pipesim.schedule.looped_bfs import looped_bfs
 from pipesim.schedule.pipedream import pipedream
 from pipesim.schedule.pipemare import pipemare
 from pipesim.schedule.two_bw import two_bw
+from pipesim.schedule.zb_auto import zb_auto
 from pipesim.schedule.zb_h1 import zb_h1
 from pipesim.schedule.zb_h2 import zb_h2
 from pipesim.schedule.zbv import zbv
@@ -36,16 +37,18 @@ SCHEDULES: dict[str, Generator] = {
     "dualpipev": dualpipev,
     "zb-h1": zb_h1,
     "zb-h2": zb_h2,
+    "zb-auto": zb_auto,
 }
 
 # Schedules that take ``num_ranks`` (several stages per rank, or a check that there is one).
-TAKES_RANKS = frozenset({"interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2"})
+TAKES_RANKS = frozenset({"interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2",
+                         "zb-auto"})
 
 # Schedules without a flush need several minibatches to reach and show a steady state.
 ASYNCHRONOUS = frozenset({"pipedream", "2bw", "pipemare"})
 
 # Schedules that split every backward into I and W (three compute ops per stage and microbatch).
-SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2"})
+SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2", "zb-auto"})
 
 
 def default_num_minibatches(name: str) -> int:

@@ -42,6 +42,9 @@ class Plan(FrozenModel):
             overrides ``recompute`` when given.
         optimizer_state_multiplier: optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).
         pipemare_update: PipeMare's update cadence, once per ``"minibatch"`` or per ``"microbatch"``.
+        zb_memory_limit: zb-auto's memory limit, the activations a stage may hold in microbatches
+            (units of the most one microbatch keeps on any stage); None: ``num_stages`` (ZB-1p).
+            ``2 * num_stages`` is ZB-2p.
         pipemare_model: PipeMare's device: ``"1f1b"``, a stage alternating F and B on a 1F1B
             order, or ``"paper"``, the PipeMare paper's pipeline, a stage running one forward
             and one backward at once in every time step.
@@ -69,6 +72,7 @@ class Plan(FrozenModel):
     fb_chunks: Literal["dualpipe", "torch"] = "dualpipe"
     fb_overlap: float = Field(default=0.0, ge=0, le=1)
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
+    zb_memory_limit: float | None = Field(default=None, gt=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 

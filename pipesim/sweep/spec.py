@@ -175,7 +175,7 @@ class SweepSpec(FrozenModel):
         memory_limit: device memory; rows say whether the peak fits (default: no limit).
         optimizer_state: optimizer state bytes per weight byte.
         pipemare_update: PipeMare's update cadence.
-        jitter, seed: per-op noise (coefficient of variation) and its seeds; jitter > 0 runs the DES engine.
+        jitter, seed: per-op noise (coefficient of variation) and its seeds.
         where: a filter over a point's fields (see pipesim.sweep.where).
         engine: ``auto`` (the analytic engine where it applies), ``analytic`` or ``des``.
     """

@@ -43,9 +43,11 @@ def simulate_json(*args: str) -> dict[str, object]:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     data.pop("engine_wall_s", None)
+    data.pop("startup_s", None)
     data.pop("run", None)  # the inputs record, command line included
     for run in data.get("runs", []):
         run.pop("engine_wall_s")
+        run.pop("startup_s")
         run.pop("run")
     return data  # type: ignore[no-any-return]
 

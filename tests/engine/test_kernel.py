@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -57,3 +61,25 @@ def test_the_environment_chooses_the_setting(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PIPESIM_JIT", "sometimes")
     with pytest.raises(ConfigError, match="PIPESIM_JIT='sometimes'"):
         jit.setting_from_environment()
+
+
+FIRST_AND_SECOND_CALL = """
+import json
+from pipesim import simulate, uniform_profile
+from pipesim.engine import kernel
+from pipesim.metrics import kernels as metric_kernels
+profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e6)
+runs = [simulate(profile, schedule="1f1b", num_stages=4, num_microbatches=8, engine="analytic", kernels="always")
+        for _ in range(2)]
+ran = [k.dispatcher().signatures != [] for k in (kernel.solve, metric_kernels._levels, metric_kernels._exposed)]
+print(json.dumps({"startup": [r.startup_s for r in runs], "ran_compiled": ran}))
+"""
+
+
+@needs_numba
+def test_compiled_kernels_run_compiled_and_their_start_up_is_counted_once() -> None:
+    done = subprocess.run([sys.executable, "-c", FIRST_AND_SECOND_CALL], capture_output=True, text=True, check=True)
+    found = json.loads(done.stdout)
+    assert found["ran_compiled"] == [True, True, True]  # the engine's and the metrics' machine code ran
+    first, second = found["startup"]
+    assert first > 0 and second == 0.0  # a fresh process pays numba's start-up on its first call only

@@ -1,4 +1,4 @@
-"""Stochastic DES runs: seeded, reproducible, and with zero spread exactly the deterministic run."""
+"""Stochastic runs: seeded, reproducible, and with zero spread exactly the deterministic run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pipesim import Topology, make_plan, uniform_profile
 from pipesim.engine.des import run_des
 from pipesim.engine.noise import draw_durations
 from pipesim.errors import ConfigError
+from pipesim.metrics import compute_metrics
 from pipesim.simulation import prepare, sample_program, simulate_samples
 
 
@@ -30,6 +31,15 @@ def test_same_seed_same_samples_and_samples_do_not_depend_on_their_number() -> N
     assert a.iteration_times_s != d.iteration_times_s
     assert a.p5_s <= a.median_s <= a.p95_s
     assert a.median_s == float(np.median(a.iteration_times_s))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe", "zbv"])
+def test_each_sample_is_the_des_run_of_its_drawn_durations(name: str) -> None:
+    lowered = program(name, **({"stages_per_rank": 2} if name == "zbv" else {}))  # type: ignore[arg-type]
+    summary = sample_program(lowered, num_samples=3, seed=7)
+    for child, time in zip(np.random.SeedSequence(7).spawn(3), summary.iteration_times_s, strict=True):
+        durations = draw_durations(lowered, np.random.default_rng(child))
+        assert compute_metrics(run_des(lowered, durations=durations)).iteration_time_s == time
 
 
 @pytest.mark.parametrize("distribution", ["normal", "lognormal", "gamma"])

@@ -13,7 +13,7 @@ from pipesim.schedule.registry import build_schedule
 from pipesim.spec.validation import build
 
 # One stage per rank, the five of issue 2 and the zero-bubble ones; then several stages per rank.
-SCHEDULE_NAMES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare", "zb-h1", "zb-h2")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare", "zb-h1", "zb-h2", "zb-auto")
 MULTI_STAGE_NAMES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
 ALL_SCHEDULE_NAMES = SCHEDULE_NAMES + MULTI_STAGE_NAMES
 RECOMPUTE_MODES = ("none", "full", "selective")

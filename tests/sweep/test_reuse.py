@@ -38,14 +38,21 @@ def same_row(a: dict[str, Any], b: dict[str, Any]) -> bool:
         for x, y in zip(a.values(), b.values(), strict=True))
 
 
-def test_rows_with_reuse_equal_rows_without() -> None:
-    resolved = Resolved(parse_spec(SPEC))
+def rows_both_ways(spec: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, dict[str, Any]], PointRunner]:
+    """The sweep's rows run in shared-work order with reuse, the rows of a fresh run of each
+    point (by point), and the sharing runner."""
+    resolved = Resolved(parse_spec(spec))
     points = resolved.points()
     fresh = PointRunner(resolved)
     fresh.reuse = None  # type: ignore[assignment]
     expected = {point["point"]: fresh.run(point) for point in points}
     shared = PointRunner(resolved)
-    rows = shared.run_batch(shared_work_order(points))
+    return shared.run_batch(shared_work_order(points)), expected, shared
+
+
+def test_rows_with_reuse_equal_rows_without() -> None:
+    rows, expected, shared = rows_both_ways(SPEC)
+    points = list(expected)
     assert sorted(row["point"] for row in rows) == sorted(expected)
     assert all(same_row(row, expected[row["point"]]) for row in rows)
     stats = shared.reuse.stats()
@@ -53,6 +60,20 @@ def test_rows_with_reuse_equal_rows_without() -> None:
     assert stats["order_misses"] == len(points) // 8
     assert stats["order_hits"] == len(points) - len(points) // 8
     assert stats["costs_hits"] > 0
+
+
+def test_zb_auto_orders_are_shared_only_between_points_of_equal_costs() -> None:
+    # zb-auto's order follows the link times: reuse must not hand one link's order to another.
+    spec = {"profile": {"uniform": {"layers": 8, "forward_ms": 1.3, "backward_ms": 2.1, "activation_bytes": 3e6}},
+            "bandwidth": ["1GB/s", "100GB/s"], "stages": [2, 4], "microbatches": [6], "minibatches": [1, 3],
+            "schedule": ["zb-h1", "zb-auto"]}
+    rows, expected, _ = rows_both_ways(spec)
+    assert all(same_row(row, expected[row["point"]]) for row in rows) and len(rows) == len(expected)
+    times: dict[tuple[Any, ...], dict[str, float]] = {}
+    for row in rows:
+        key = (row["bandwidth_bytes_per_s"], row["num_stages"], row["num_minibatches"])
+        times.setdefault(key, {})[row["schedule"]] = row["iteration_time_s"]
+    assert all(pair["zb-auto"] <= pair["zb-h1"] for pair in times.values())
 
 
 def test_shared_work_order_groups_points_and_keeps_their_order_within_a_group() -> None:
