@@ -29,6 +29,14 @@ class SharedPath:
     nics: tuple[str, ...]
 
 
+def link_hold_s(topology: Topology, src: int, dst: int, num_bytes: float) -> float:
+    """How long a message of ``num_bytes`` from device ``src`` to ``dst`` holds its link: its
+    bytes over the bandwidth (the latency pipelines); 0 on the same device."""
+    if src == dst or not num_bytes:
+        return 0.0
+    return num_bytes / topology.link_cost(src, dst)[1]
+
+
 def transfer_column(
     topology: Topology, devices: tuple[int, ...], stage_to_rank: IntArray, stage: IntArray, is_forward: BoolArray,
     remote: BoolArray, output_bytes: FloatArray,
@@ -57,8 +65,7 @@ def transfer_column(
         peer, boundary = (s + 1, s) if downstream else (s - 1, s - 1)
         src, dst, num_bytes = devices[int(stage_to_rank[s])], devices[int(stage_to_rank[peer])], float(output_bytes[boundary])
         times[k] = topology.transfer_s(src, dst, num_bytes)
-        bandwidth = topology.link_cost(src, dst)[1]
-        holds[k] = num_bytes / bandwidth if src != dst and num_bytes else 0.0
+        holds[k] = link_hold_s(topology, src, dst, num_bytes)
     transfer[senders], hold[senders] = times[key], holds[key]
     return transfer, hold
 
