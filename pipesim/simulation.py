@@ -189,7 +189,8 @@ def prepare(
     check_size(plan, profile, max_ops)
     is_given = schedule is not None
     if schedule is None:
-        options: dict[str, Any] = {"update": plan.pipemare_update} if plan.schedule == "pipemare" else {}
+        options: dict[str, Any] = {"update": plan.pipemare_update, "model": plan.pipemare_model} \
+            if plan.schedule == "pipemare" else {}
         if plan.schedule == "zb-auto":  # its order follows the stage and link times
             from pipesim.engine.auto_costs import zero_bubble_costs  # noqa: PLC0415
 
@@ -219,7 +220,8 @@ def prepare(
         costs = reuse.stage_costs(profile, plan, topology, stage_devices,
                                   lambda: stage_costs(profile, plan, topology, stage_devices=stage_devices))
     return lower(schedule, costs, topology, check=is_given, rank_devices=devices,
-                 microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier)
+                 microbatch_size=profile.microbatch_size, optimizer_state_multiplier=plan.optimizer_state_multiplier,
+                 fb_chunks=plan.fb_chunks, fb_overlap=plan.fb_overlap, pipemare_model=plan.pipemare_model)
 
 
 def simulate_plan(

@@ -78,6 +78,19 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Recomputation per stage: one of none|full|selective, or one per stage (full,none,...).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
               help="Optimizer state bytes per weight byte (SGD+momentum 1, Adam 2).")
+@click.option("--pipemare-model", "pipemare_model", type=click.Choice(["1f1b", "paper"]), default="1f1b",
+              show_default=True,
+              help="pipemare's device: 1f1b, a stage alternating F and B; paper, the PipeMare paper's pipeline, "
+                   "one forward and one backward at once in every time step.")
+@click.option("--pipemare-update", "pipemare_update", type=click.Choice(["minibatch", "microbatch"]),
+              default="minibatch", show_default=True, help="pipemare's weight update: once per minibatch or per microbatch.")
+@click.option("--fb-chunks", "fb_chunks", type=click.Choice(["dualpipe", "torch"]), default="dualpipe",
+              show_default=True,
+              help="dualpipev's paired forward and backward: one overlapped chunk waiting for both inputs "
+                   "(DualPipe), or one after the other (torch's runtime for OVERLAP_F_B).")
+@click.option("--fb-overlap", "fb_overlap", type=float, default=0.0, show_default=True,
+              help="Share (0..1) of the shorter op of an overlapped F&B chunk hidden under the longer: "
+                   "the chunk takes F + B - share x min(F, B).")
 @click.option("--zb-memory-limit", "zb_memory_limit", type=float, default=None,
               help="zb-auto: activations a stage may hold, in microbatches (units of the most one microbatch "
                    "keeps on any stage); default the stage count P (ZB-1p), 2P is ZB-2p.")
@@ -105,9 +118,10 @@ def simulate_command(
     schedule_csv: str | None,
     num_minibatches: int | None, partition: str | None, bandwidth: str | None, latency: str | None,
     speeds: str | None, shared_nics: bool, topology_path: str | None, recompute: bool,
-    recompute_stages: str | None, optimizer_state_multiplier: float, zb_memory_limit: float | None, jitter: float,
-    seed: int,
-    num_samples: int | None, distribution: Distribution, cv: float | None, engine: str, max_ops: int,
+    recompute_stages: str | None, optimizer_state_multiplier: float, pipemare_model: str, pipemare_update: str,
+    fb_chunks: str, fb_overlap: float, zb_memory_limit: float | None,
+    jitter: float, seed: int, num_samples: int | None, distribution: Distribution, cv: float | None, engine: str,
+    max_ops: int,
     as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
@@ -157,6 +171,8 @@ def simulate_command(
         options: dict[str, Any] = {
             "partition": ranges,
             "recompute": recompute, "optimizer_state_multiplier": optimizer_state_multiplier,
+            "fb_chunks": fb_chunks, "fb_overlap": fb_overlap,
+            "pipemare_model": pipemare_model, "pipemare_update": pipemare_update,
             "zb_memory_limit": zb_memory_limit,
         }
 
@@ -240,7 +256,7 @@ def _check_plan_flags(context: click.Context) -> None:
     """With --plan, the options a plan holds must not be given too."""
     for name in ("num_stages", "num_ranks", "stages_per_rank", "num_microbatches", "schedule", "schedule_csv",
                  "num_minibatches", "partition", "recompute", "recompute_stages", "optimizer_state_multiplier",
-                 "zb_memory_limit"):
+                 "fb_chunks", "fb_overlap", "pipemare_model", "pipemare_update", "zb_memory_limit"):
         if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
             flag = next(param.opts[0] for param in context.command.params if param.name == name)
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pipesim.engine.lowering import split_evenly
+from pipesim.engine.transfers import link_hold_s
 from pipesim.schedule.zb_auto import ZeroBubbleCosts
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
@@ -13,7 +14,7 @@ from pipesim.spec.topology import Topology
 def zero_bubble_costs(profile: Profile, topology: Topology, plan: Plan) -> ZeroBubbleCosts:
     """The plan's F, I and W time per stage (I and W halves of B where the profile has no
     split, as ``lower`` runs them), each link's time between neighbouring stages in both
-    directions, and per stage the stash an F adds, the part of it that I frees and the U time.
+    directions and how long a send holds it (its bytes over the bandwidth: latency pipelines), and per stage the stash an F adds, the part of it that I frees and the U time.
 
     Raises:
         ConfigError: the plan does not fit the profile or the topology (``stage_costs``).
@@ -29,6 +30,8 @@ def zero_bubble_costs(profile: Profile, topology: Topology, plan: Plan) -> ZeroB
         forward_s=costs.forward_s, backward_input_s=input_s, backward_weight_s=weight_s,
         forward_comm_s=tuple(topology.transfer_s(src, dst, size) for src, dst, size in links),
         backward_comm_s=tuple(topology.transfer_s(dst, src, size) for src, dst, size in links),
+        forward_hold_s=tuple(link_hold_s(topology, src, dst, size) for src, dst, size in links),
+        backward_hold_s=tuple(link_hold_s(topology, dst, src, size) for src, dst, size in links),
         forward_bytes=costs.stash_bytes,
         input_bytes=tuple(k - s for k, s in zip(kept, costs.stash_bytes, strict=True)),
         update_s=costs.update_s,

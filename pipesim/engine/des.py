@@ -35,8 +35,8 @@ def run_des(
 
     Each rank runs its ops in order on its compute stream: an op starts once the rank is free
     and the output it waits for has arrived. Each directed link between two ranks serves
-    sends first-in first-out, one at a time, taking latency + bytes / bandwidth each, so
-    communication overlaps compute as with NCCL's separate streams.
+    sends first-in first-out, each holding it for bytes / bandwidth and arriving latency later
+    (latency pipelines), so communication overlaps compute as with NCCL's separate streams.
 
     SimPy drives the waits between ranks with conservative lookahead: a rank resumed by an
     event runs the timing kernel (``kernel.advance``), which computes its ops ahead of the

@@ -2,10 +2,15 @@
 
 The recurrence, written once (``advance``):
 
-    start(op)  = max(end of the rank's previous op, arrival of the op's input)
+    start(op)  = max(end of the rank's previous op, arrival of the op's input(s))
     end(op)    = start(op) + duration(op)
-    send(op)   = max(end(op), arrival of the previous send on the same link)   # first in, first out
+    send(op)   = max(end(op), send(previous op on the same link) + hold(previous))   # first in, first out
     arrival    = send(op) + transfer(op)            (end(op) when nothing crosses to another rank)
+
+A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
+(``transfer`` = latency + hold): latency pipelines, as on a real wire. An op waits for one
+input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
+too (``WAIT2``; -1 for every other op).
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -36,10 +41,10 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # Integer columns, then float columns; the header holds each one's offset in its buffer.
-WAIT, LINK, SEND_ROW, WAITER, NEXT, STOP = range(6)
-DURATION, TRANSFER, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(6, 14)
-NUM_RANKS = 14
-HEADER = 15
+WAIT, WAIT2, LINK, SEND_ROW, WAITER, NEXT, STOP = range(7)
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(7, 16)
+NUM_RANKS = 16
+HEADER = 17
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -61,10 +66,10 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, link, send_row, waiter, next_op, stop = ints[WAIT], ints[LINK], ints[SEND_ROW], ints[WAITER], \
-        ints[NEXT], ints[STOP]
-    duration, transfer, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
-        ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
+    wait, wait2, link, send_row, waiter, next_op, stop = ints[WAIT], ints[WAIT2], ints[LINK], ints[SEND_ROW], \
+        ints[WAITER], ints[NEXT], ints[STOP]
+    duration, transfer, hold, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
+        ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
@@ -72,8 +77,16 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
     t = floats[free + rank]
     while g < last:
         ready = floats[arrival + ints[wait + g]]
-        if ready != ready:  # NaN: the input's arrival is not known yet
-            ints[waiter + ints[wait + g]] = rank
+        second = ints[wait2 + g]
+        if second >= 0:  # an overlapped chunk: it waits for its partner's input too
+            other = floats[arrival + second]
+            if other > ready or other != other:
+                ready = other
+        if ready != ready:  # NaN: an input's arrival is not known yet
+            producer = ints[wait + g]
+            if floats[arrival + producer] == floats[arrival + producer]:
+                producer = second
+            ints[waiter + producer] = rank
             ints[next_op + rank] = g
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, BLOCKED, g
@@ -89,9 +102,9 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
                 done = t
             row = ints[send_row + g]
             floats[start + row] = done
+            floats[link_free + channel] = done + floats[hold + g]
             done = done + floats[transfer + g]
             floats[end + row] = done
-            floats[link_free + channel] = done
         elif channel == -1:
             done = t
         else:
@@ -172,11 +185,11 @@ class KernelState:
         remote = ops.is_remote_send
         num_sends = int(np.count_nonzero(remote))
         num_links = int(ops.link.max()) + 1 if n else 0
-        int_sizes = (n, n, n, n + 1, num_ranks, num_ranks)
+        int_sizes = (n, n, n, n, n + 1, num_ranks, num_ranks)
         num_spans = n + num_sends
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
-        state_sizes = (n, n, n + 1, num_links, num_ranks, num_ranks)
+        state_sizes = (n, n, n, n + 1, num_links, num_ranks, num_ranks)
         block_at = sum(state_sizes)
         offsets = [int(x) for x in np.cumsum((HEADER, *int_sizes[:-1]))] + \
             [int(x) for x in np.cumsum((0, *state_sizes[:-1]))] + \
@@ -193,6 +206,7 @@ class KernelState:
         wait = part(WAIT, n)
         wait[:] = ops.wait
         wait[wait < 0] = n  # the arrival slot that holds 0
+        part(WAIT2, n)[:] = ops.chunk_wait  # -1: no second input
         part(LINK, n)[:] = ops.link if link is None else link
         send_row = part(SEND_ROW, n)
         send_row[:] = -1
@@ -202,6 +216,7 @@ class KernelState:
         part(STOP, num_ranks)[:] = ops.rank_offsets[1:]
         part(DURATION, n)[:] = durations
         part(TRANSFER, n)[:] = ops.transfer_s
+        part(HOLD, n)[:] = ops.link_hold_s
         part(ARRIVAL, n)[:] = np.nan  # not known yet; the slot after them holds 0
         if not compiled:
             return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,
@@ -252,8 +267,10 @@ def deadlock_error(program: Program, stuck: list[int], arrival_s: FloatArray) ->
     flat = [op for ops_of_rank in schedule.ranks for op in ops_of_rank]
     lines, marked = [], set()
     for g in stuck:
-        rank_index, producer = int(ops.rank[g]), int(ops.wait[g])
-        waiting = str(flat[producer]) if producer >= 0 and not np.isfinite(arrival_s[producer]) else "nothing"
+        rank_index = int(ops.rank[g])
+        missing = [str(flat[p]) for p in (int(ops.wait[g]), int(ops.chunk_wait[g]))
+                   if p >= 0 and not np.isfinite(arrival_s[p])]
+        waiting = " and ".join(missing) or "nothing"
         lines.append(f"rank {rank_index} at {flat[g]} waits for {waiting}")
         marked.add((rank_index, int(ops.position[g])))
     return DeadlockError("deadlock: " + "; ".join(lines), grid(schedule.ranks, marked))

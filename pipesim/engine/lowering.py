@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pipesim.engine.chunks import ChunkModel, PipemareModel, overlap_chunks
 from pipesim.engine.run_info import RunInfo
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
@@ -36,6 +37,7 @@ class LoweredOp:
         waits_for: ops of other stages whose output must arrive first.
         send_rank: rank receiving this op's output, or -1.
         send_bytes: bytes sent; transfer_s: link time of the send (0 on the same rank).
+        link_hold_s: how long the send holds its link (bytes / bandwidth: latency pipelines).
         version: weight version used (for U: the version it updates).
         minibatch: the op's step index.
     """
@@ -47,6 +49,7 @@ class LoweredOp:
     send_rank: int
     send_bytes: float
     transfer_s: float
+    link_hold_s: float
     version: int
     minibatch: int
 
@@ -64,8 +67,12 @@ class OpTable:
         duration_s: compute time, seconds.
         wait: index of the op of another stage whose output must arrive first, or -1 (an
             op waits for at most one such input: see ``schedule.deps.dependencies``).
+        chunk_wait: for the F that opens an overlapped F&B chunk (``engine.chunks``), the
+            input its B waits for, which the chunk waits for too; -1 elsewhere.
         send_rank: rank receiving the op's output, or -1; send_bytes: its size.
-        transfer_s: link time of the send, seconds (0 on the same rank).
+        transfer_s: link time of the send, seconds, from leaving to arriving (0 on the same rank).
+        link_hold_s: how long the send holds its link, seconds: its bytes / bandwidth. Latency
+            pipelines (the next send on the link may leave before this one arrives).
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
@@ -81,9 +88,11 @@ class OpTable:
     version: IntArray
     duration_s: FloatArray
     wait: IntArray
+    chunk_wait: IntArray
     send_rank: IntArray
     send_bytes: FloatArray
     transfer_s: FloatArray
+    link_hold_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
 
@@ -148,14 +157,16 @@ class Program:
         """Per rank, its ops as LoweredOp rows (built on first use from the table)."""
         t = self.ops
         flat = [op for ops in self.schedule.ranks for op in ops]
-        rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.send_rank.tolist(),
-                   t.send_bytes.tolist(), t.transfer_s.tolist(), t.version.tolist(), t.minibatch.tolist(),
-                   strict=True)
+        rows = zip(flat, t.kind.tolist(), t.duration_s.tolist(), t.wait.tolist(), t.chunk_wait.tolist(),
+                   t.send_rank.tolist(),
+                   t.send_bytes.tolist(), t.transfer_s.tolist(), t.link_hold_s.tolist(), t.version.tolist(),
+                   t.minibatch.tolist(), strict=True)
         lowered = [
-            LoweredOp(op=op, kind_code=kind, duration_s=duration, waits_for=(flat[wait],) if wait >= 0 else (),
-                      send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, version=version,
-                      minibatch=minibatch)
-            for op, kind, duration, wait, send_rank, send_bytes, transfer_s, version, minibatch in rows
+            LoweredOp(op=op, kind_code=kind, duration_s=duration,
+                      waits_for=tuple(flat[w] for w in (wait, chunk_wait) if w >= 0),
+                      send_rank=send_rank, send_bytes=send_bytes, transfer_s=transfer_s, link_hold_s=link_hold_s,
+                      version=version, minibatch=minibatch)
+            for op, kind, duration, wait, chunk_wait, send_rank, send_bytes, transfer_s, link_hold_s, version, minibatch in rows
         ]
         offsets = t.rank_offsets.tolist()
         return tuple(tuple(lowered[offsets[r]:offsets[r + 1]]) for r in range(t.num_ranks))
@@ -178,11 +189,17 @@ def lower(
     microbatch_size: int = 1,
     optimizer_state_multiplier: float = 1.0,
     check: bool = True,
+    fb_chunks: ChunkModel = "dualpipe",
+    fb_overlap: float = 0.0,
+    pipemare_model: PipemareModel = "1f1b",
 ) -> Program:
     """Attach costs, transfers and versions to every op of ``schedule``.
 
     A schedule that splits backward (I/W ops) on a profile without a measured split runs I
-    and W with half the backward each (``split_evenly``).
+    and W with half the backward each (``split_evenly``). DualPipeV's paired F and B run as
+    overlapped chunks (``fb_chunks="dualpipe"``, taking F + B - ``fb_overlap`` x min(F, B)) or
+    one after the other as torch's runtime does (``"torch"``); with ``pipemare_model="paper"``
+    a pipemare schedule's paired F and B run as one time step of max(F, B) (``engine.chunks``).
 
     Raises:
         ConfigError: stage counts of schedule and costs differ, too few devices, or a
@@ -210,16 +227,19 @@ def lower(
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     output_bytes = np.asarray(costs.output_bytes, dtype=np.float64)
     link_bytes = np.where(links.boundary >= 0, output_bytes[links.boundary], 0.0)
-    link_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
+    link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
     send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
+    duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
+                                          pipemare_model=pipemare_model)
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
         _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
     ops = OpTable(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
-        duration_s=duration, wait=wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
+        link_hold_s=hold_s.take(send_link),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,

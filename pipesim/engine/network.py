@@ -124,6 +124,8 @@ class Network:
 class SharedLinks:
     """The links of a program whose paths cross shared NICs: one first-in first-out queue each,
     served one send at a time through a ``Network`` that splits NIC bandwidth between flows.
+    A send holds its link while its bytes move and arrives the path's latency after that: the
+    next send may start meanwhile (latency pipelines, as on a dedicated link).
 
     ``link`` is the program's per-op link column with those links relabelled ``-2 - index``
     (the timing kernel stops after an op whose send takes one). ``send(g, now)`` queues op
@@ -165,14 +167,19 @@ class SharedLinks:
         g, _ = self.queues[index][0]
         self.queues[index][0] = (g, now)
         path = self.paths[index]
-        process = self.env.process(self.network.transfer(self.send_bytes[g], path.latency_s, path.nics))
-        process.callbacks.append(lambda _event: self._arrived(index))
+        process = self.env.process(self.network.transfer(self.send_bytes[g], 0.0, path.nics))
+        process.callbacks.append(lambda _event: self._moved(index))
 
-    def _arrived(self, index: int) -> None:
-        """The link's head send arrived: report it, then start the next."""
+    def _moved(self, index: int) -> None:
+        """The bytes of the link's head send have left: start the next send, and report this
+        one arrived after the path's latency."""
         now = self.env.now
         queue = self.queues[index]
         g, started = queue.popleft()
-        self.arrived(g, started, now)
+        latency_s = self.paths[index].latency_s
+        if latency_s > 0:
+            self.env.timeout(latency_s).callbacks.append(lambda _event: self.arrived(g, started, self.env.now))
+        else:
+            self.arrived(g, started, now)
         if queue:
             self._begin(index, now)

@@ -29,31 +29,45 @@ class SharedPath:
     nics: tuple[str, ...]
 
 
+def link_hold_s(topology: Topology, src: int, dst: int, num_bytes: float) -> float:
+    """How long a message of ``num_bytes`` from device ``src`` to ``dst`` holds its link: its
+    bytes over the bandwidth (the latency pipelines); 0 on the same device."""
+    if src == dst or not num_bytes:
+        return 0.0
+    return num_bytes / topology.link_cost(src, dst)[1]
+
+
 def transfer_column(
     topology: Topology, devices: tuple[int, ...], stage_to_rank: IntArray, stage: IntArray, is_forward: BoolArray,
     remote: BoolArray, output_bytes: FloatArray,
-) -> FloatArray:
-    """Link time of every op's send: ``topology.transfer_s`` once per (stage, direction).
+) -> tuple[FloatArray, FloatArray]:
+    """Per (stage, direction) entry, its send's link time and how long the send holds the link.
 
-    An F sends stage s's output to s + 1, a B or I its gradient (the same size as stage s-1's
-    output) to s - 1, so stage and direction fix both ranks and the bytes.
+    The link time is ``topology.transfer_s`` (latency + bytes / bandwidth): from leaving to
+    arriving. Only the bytes hold the link: latency pipelines, so the next message may leave
+    ``bytes / bandwidth`` after this one, as on a real wire. An F sends stage s's output to
+    s + 1, a B or I its gradient (the size of stage s-1's output) to s - 1, so stage and
+    direction fix both ranks and the bytes.
     """
     transfer = np.zeros(stage.shape[0], dtype=np.float64)
+    hold = np.zeros(stage.shape[0], dtype=np.float64)
     senders = np.flatnonzero(remote)
     if senders.size == 0:
-        return transfer
+        return transfer, hold
     num_stages = output_bytes.shape[0]
     key = stage[senders] * 2 + is_forward[senders]
     present = np.zeros(2 * num_stages, dtype=np.bool_)
     present[key] = True
     times = np.zeros(2 * num_stages, dtype=np.float64)
+    holds = np.zeros(2 * num_stages, dtype=np.float64)
     for k in np.flatnonzero(present).tolist():
         s, downstream = divmod(k, 2)
         peer, boundary = (s + 1, s) if downstream else (s - 1, s - 1)
-        times[k] = topology.transfer_s(devices[int(stage_to_rank[s])], devices[int(stage_to_rank[peer])],
-                                       float(output_bytes[boundary]))
-    transfer[senders] = times[key]
-    return transfer
+        src, dst, num_bytes = devices[int(stage_to_rank[s])], devices[int(stage_to_rank[peer])], float(output_bytes[boundary])
+        times[k] = topology.transfer_s(src, dst, num_bytes)
+        holds[k] = link_hold_s(topology, src, dst, num_bytes)
+    transfer[senders], hold[senders] = times[key], holds[key]
+    return transfer, hold
 
 
 def shared_paths(

@@ -28,13 +28,25 @@ def _ns(seconds: Any) -> Any:
     return np.rint(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64)
 
 
+def _clipped_sends(s: Any, start_ns: Any, end_ns: Any, send: Any) -> Any:
+    """Every span's end, a send's cut at the start of the next send on the same link."""
+    shown = end_ns.copy()
+    rows = np.flatnonzero(send)
+    rows = rows[np.lexsort((start_ns[rows], s["peer"][rows], s["device"][rows]))]
+    same_link = (s["device"][rows][1:] == s["device"][rows][:-1]) & (s["peer"][rows][1:] == s["peer"][rows][:-1])
+    before, after = rows[:-1][same_link], rows[1:][same_link]
+    shown[before] = np.minimum(end_ns[before], start_ns[after])
+    return shown
+
+
 def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trace in Chrome's JSON trace-event format, as ui.perfetto.dev and chrome://tracing read it.
 
     Each device is a process ``device N`` (pid N+1); its compute stream is the thread
     ``compute`` and each link it sends on is a thread ``send -> device K``, so every thread's
     slices follow one another without overlapping (Perfetto drops slices that overlap without
-    nesting). Times are microseconds with nanosecond resolution (whole nanoseconds, so an op
+    nesting): a send's slice ends where the next send on its link starts when latency, which
+    pipelines, lets the two overlap (its ``arrives_us`` argument keeps the arrival). Times are microseconds with nanosecond resolution (whole nanoseconds, so an op
     that starts when another ends touches it exactly). Memory is a counter per stage, by
     category and in total, stepping after all the events of one instant. Each message is a flow
     (an arrow in Perfetto) from the op that sent it to the op that received it, so a microbatch
@@ -62,6 +74,7 @@ def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, A
             events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
                            "args": {"sort_index": tid}})
     start_ns, end_ns = _ns(s["start_s"]), _ns(s["end_s"])
+    shown_end_ns = _clipped_sends(s, start_ns, end_ns, send)
     order = np.lexsort((s["position"], start_ns, s["stream"], s["device"]))
     for row in order.tolist():
         kind = KINDS[int(s["kind"][row])]
@@ -69,7 +82,7 @@ def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, A
         op = f"{stage}{kind}{microbatch}"
         device = int(s["device"][row])
         event: dict[str, Any] = {"ph": "X", "pid": _pid(device), "ts": int(start_ns[row]) / 1000,
-                                 "dur": int(end_ns[row] - start_ns[row]) / 1000}
+                                 "dur": int(shown_end_ns[row] - start_ns[row]) / 1000}
         if s["stream"][row] == _COMPUTE:
             event.update(tid=COMPUTE_TID, name=op, cat=kind, args={
                 "stage": stage, "microbatch": microbatch, "minibatch": int(s["minibatch"][row]),
@@ -78,7 +91,8 @@ def to_chrome(trace: Trace, *, run: dict[str, Any] | None = None) -> dict[str, A
             peer = int(s["peer"][row])
             what = "activations" if kind == "F" else "gradients"
             event.update(tid=_send_tid(peer), name=f"{op} {what}", cat="send", args={
-                "op": op, "to_device": peer, "bytes": float(s["bytes"][row]), "minibatch": int(s["minibatch"][row])})
+                "op": op, "to_device": peer, "bytes": float(s["bytes"][row]), "minibatch": int(s["minibatch"][row]),
+                "arrives_us": int(end_ns[row]) / 1000})
         events.append(event)
     events.extend(_flows(trace, (start_ns + end_ns) // 2))
     events.extend(_memory_counters(trace))

@@ -12,13 +12,14 @@ from pipesim.spec.topology import Topology
 def predict(profile: Profile, topology: Topology | None, config: RunConfig) -> Result:
     """Simulate the run ``config`` describes on ``profile``'s op times and ``topology``'s links.
 
-    The harness keeps no optimizer state (plain SGD), so none is predicted.
+    The harness keeps no optimizer state (plain SGD), so none is predicted. It runs every op on
+    its own, as torch's runtime performs an OVERLAP_F_B, so dualpipev's pairs are predicted so too.
     """
     stages_per_rank = config.num_stages // config.num_ranks if config.num_ranks else 1
     return simulate(profile, topology, schedule=config.schedule, num_stages=config.num_stages,
                     num_microbatches=config.num_microbatches, num_minibatches=config.num_minibatches,
                     partition=config.partition, optimizer_state_multiplier=0.0,
-                    pipemare_update=config.pipemare_update, stages_per_rank=stages_per_rank)
+                    pipemare_update=config.pipemare_update, stages_per_rank=stages_per_rank, fb_chunks="torch")
 
 
 def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Emulation:

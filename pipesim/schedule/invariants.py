@@ -229,27 +229,32 @@ def _versions_held(schedule: Schedule, version_of: Mapping[Op, int]) -> list[tup
 
 def pipemare_discrepancy(
     num_stages: int, stage: int, microbatch: int, total_microbatches: int, update_every: int,
+    warmup_rounds: int = 1,
 ) -> int:
-    """PipeMare's discrepancy ``version(B) - version(F)`` of one microbatch on a 1F1B order.
+    """PipeMare's discrepancy ``version(B) - version(F)`` of one microbatch on a 1F1B order
+    (``warmup_rounds=1``) or on the PipeMare paper's pipeline (``warmup_rounds=2``).
 
-    Stage s runs a warm-up of ``w = min(p - s - 1, N)`` forwards, then F(i) right after the
-    backward of microbatch ``i - w - 1``; with an update after every ``u``-th backward, F(i) runs
-    on ``floor(max(0, i - w) / u)`` and B(i), after the backwards of microbatches 0..i-1, on
-    ``floor(i / u)``. The difference is ``min(i, w)`` for ``u = 1`` and at most ``ceil(w / u)``.
+    Stage s runs a warm-up of ``w = min(p - s - 1, N)`` forwards (the paper's pipeline:
+    ``min(2(p - s) - 1, N)``), then F(i) right after the backward of microbatch ``i - w - 1``;
+    with an update after every ``u``-th backward, F(i) runs on ``floor(max(0, i - w) / u)`` and
+    B(i), after the backwards of microbatches 0..i-1, on ``floor(i / u)``. The difference is
+    ``min(i, w)`` for ``u = 1`` and at most ``ceil(w / u)``.
     """
-    warmup = min(num_stages - stage - 1, total_microbatches)
+    warmup = min(warmup_rounds * (num_stages - stage) - 1, total_microbatches)
     return microbatch // update_every - max(0, microbatch - warmup) // update_every
 
 
-def find_pipemare_violations(schedule: Schedule, version_of: Mapping[Op, int], update_every: int) -> list[Violation]:
-    """Each B's version minus its F's must equal ``pipemare_discrepancy`` (1F1B order, cadence ``u``)."""
+def find_pipemare_violations(schedule: Schedule, version_of: Mapping[Op, int], update_every: int,
+                             warmup_rounds: int = 1) -> list[Violation]:
+    """Each B's version minus its F's must equal ``pipemare_discrepancy`` (cadence ``u``; the
+    paper's pipeline with ``warmup_rounds=2``)."""
     found = []
     for rank_index, ops in enumerate(schedule.ranks):
         for position, op in enumerate(ops):
             if op.kind is not OpKind.B and op.kind is not OpKind.I:
                 continue
             expected = pipemare_discrepancy(schedule.num_stages, op.stage, op.microbatch,
-                                            schedule.total_microbatches, update_every)
+                                            schedule.total_microbatches, update_every, warmup_rounds)
             forward = version_of.get(Op(op.stage, OpKind.F, op.microbatch), -1)
             actual = version_of.get(op, -1) - forward
             if actual != expected:

@@ -16,6 +16,7 @@ def one_f_one_b_schedule(
     weights: WeightPolicy,
     warmup_all: bool = False,
     update_every: int | None = None,
+    warmup_rounds: int = 1,
 ) -> Schedule:
     """Stage s on rank s runs blocks of n microbatches in 1F1B order, a U after every e-th backward.
 
@@ -23,7 +24,8 @@ def one_f_one_b_schedule(
     (n = m, a U after its last backward); the others run one block of n = K*m microbatches
     with a U after every e-th backward (e = ``update_every``). Within a block, stage s runs
     w = min(p - s - 1, n) warm-up forwards, then F(i + w), B(i) pairs, then the cool-down
-    backwards (as PyTorch's Schedule1F1B); GPipe (``warmup_all``) is the same with w = n::
+    backwards (as PyTorch's Schedule1F1B); GPipe (``warmup_all``) is the same with w = n, and
+    the PipeMare paper's pipeline (``warmup_rounds=2``) with w = min(2(p - s) - 1, n)::
 
         t:      0   1   2   3   4   5   6   7          p = 3, n = 4, no U
         s=0:   F0  F1  F2  B0  F3  B1  B2  B3          w = 2
@@ -44,7 +46,7 @@ def one_f_one_b_schedule(
     width = 2 * n + per_block
     length = num_blocks * width
     stages = np.arange(p, dtype=np.int64)[:, None]
-    warmup = np.full_like(stages, n) if warmup_all else np.minimum(p - 1 - stages, n)
+    warmup = np.full_like(stages, n) if warmup_all else np.minimum(warmup_rounds * (p - stages) - 1, n)
     i = np.arange(n, dtype=np.int64)[None, :]
     forward_updates = np.maximum(i - warmup, 0) // every
     backward_updates = i // every

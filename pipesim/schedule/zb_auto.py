@@ -32,6 +32,9 @@ class ZeroBubbleCosts:
             it re-creates recomputed activations that W needs; empty: 0. W frees the rest,
             ``-(forward_bytes + input_bytes)``.
         update_s: the stage's update (U), which follows its last W of a minibatch; empty: 0.
+        forward_hold_s, backward_hold_s: per boundary s, how long a send of the comm fields
+            holds its link (bytes / bandwidth: latency pipelines, as the engines run it); empty:
+            its whole link time.
     """
 
     forward_s: tuple[float, ...]
@@ -42,6 +45,8 @@ class ZeroBubbleCosts:
     forward_bytes: tuple[float, ...] = ()
     input_bytes: tuple[float, ...] = ()
     update_s: tuple[float, ...] = ()
+    forward_hold_s: tuple[float, ...] = ()
+    backward_hold_s: tuple[float, ...] = ()
 
     @classmethod
     def uniform(cls, num_stages: int) -> ZeroBubbleCosts:
@@ -55,16 +60,20 @@ class ZeroBubbleCosts:
         Raises:
             ConfigError: a field of the wrong length, or a value not finite or (times) negative.
         """
+        forward_comm_s = self.forward_comm_s or (0.0,) * (num_stages - 1)
+        backward_comm_s = self.backward_comm_s or (0.0,) * (num_stages - 1)
         filled = {
-            "forward_comm_s": self.forward_comm_s or (0.0,) * (num_stages - 1),
-            "backward_comm_s": self.backward_comm_s or (0.0,) * (num_stages - 1),
+            "forward_comm_s": forward_comm_s,
+            "backward_comm_s": backward_comm_s,
+            "forward_hold_s": self.forward_hold_s or forward_comm_s,
+            "backward_hold_s": self.backward_hold_s or backward_comm_s,
             "forward_bytes": self.forward_bytes or (1.0,) * num_stages,
             "input_bytes": self.input_bytes or (0.0,) * num_stages,
             "update_s": self.update_s or (0.0,) * num_stages,
         }
         costs = ZeroBubbleCosts(self.forward_s, self.backward_input_s, self.backward_weight_s, **filled)
         for name, values in vars(costs).items():
-            size = num_stages - 1 if name.endswith("comm_s") else num_stages
+            size = num_stages - 1 if name.endswith(("comm_s", "hold_s")) else num_stages
             if len(values) != size:
                 raise ConfigError(f"zb_auto.{name}", list(values), f"must have {size} entries for {num_stages} stages")
             signed = name == "input_bytes"
@@ -141,15 +150,18 @@ class Placement:
 
     def send(self, stage: int, kind: int, microbatch: int) -> None:
         """Send the output of the op just placed over its link, first in first out (as the
-        engines' kernel does): it leaves when the op ends and the link's previous send is in."""
+        engines' kernel does): it leaves when the op ends and the link's previous send has left
+        its bytes on the link (latency pipelines), and arrives its link time later."""
         if kind == F and stage < len(self.free_s) - 1:
-            receiver, link_s = stage + 1, self.costs.forward_comm_s[stage]
+            receiver, link_s, hold_s = stage + 1, self.costs.forward_comm_s[stage], self.costs.forward_hold_s[stage]
         elif kind == I and stage > 0:
-            receiver, link_s = stage - 1, self.costs.backward_comm_s[stage - 1]
+            receiver, link_s, hold_s = stage - 1, self.costs.backward_comm_s[stage - 1], \
+                self.costs.backward_hold_s[stage - 1]
         else:
             return
         leaves_s = max(self.free_s[stage], self.link_free_s.get((stage, kind), 0.0))
-        self.link_free_s[(stage, kind)] = self.arrival_s[(receiver, kind, microbatch)] = leaves_s + link_s
+        self.link_free_s[(stage, kind)] = leaves_s + hold_s
+        self.arrival_s[(receiver, kind, microbatch)] = leaves_s + link_s
 
     def has(self, stage: int, kind: int) -> bool:
         """Whether ``stage`` has a ``kind`` op left (a W only once its I ran)."""

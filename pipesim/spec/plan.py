@@ -45,6 +45,14 @@ class Plan(FrozenModel):
         zb_memory_limit: zb-auto's memory limit, the activations a stage may hold in microbatches
             (units of the most one microbatch keeps on any stage); None: ``num_stages`` (ZB-1p).
             ``2 * num_stages`` is ZB-2p.
+        pipemare_model: PipeMare's device: ``"1f1b"``, a stage alternating F and B on a 1F1B
+            order, or ``"paper"``, the PipeMare paper's pipeline, a stage running one forward
+            and one backward at once in every time step.
+        fb_chunks: how dualpipev runs its paired forward and backward: ``"dualpipe"``, one
+            overlapped chunk that waits for both inputs (deepseek-ai/DualPipe), or ``"torch"``,
+            one after the other (torch's runtime for OVERLAP_F_B).
+        fb_overlap: share of the shorter op of a ``"dualpipe"`` chunk hidden under the longer:
+            the chunk takes F + B - fb_overlap x min(F, B) (0: F + B).
     """
 
     schema_: str = Field(default=PLAN_SCHEMA, alias="schema")
@@ -60,6 +68,9 @@ class Plan(FrozenModel):
     recompute_stages: tuple[Literal["none", "full", "selective"], ...] = ()
     optimizer_state_multiplier: float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
+    pipemare_model: Literal["1f1b", "paper"] = "1f1b"
+    fb_chunks: Literal["dualpipe", "torch"] = "dualpipe"
+    fb_overlap: float = Field(default=0.0, ge=0, le=1)
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
     zb_memory_limit: float | None = Field(default=None, gt=0)
 

@@ -110,3 +110,27 @@ def test_op_count_estimate_is_exact_for_every_seed_schedule() -> None:
             result = run(name, p, m, k)
             assert estimate_num_ops(result.plan, uniform_profile(num_layers=p, forward_s=TF, backward_s=TB)) == \
                 result.schedule.num_ops, (name, p, m, k)
+
+
+@pytest.mark.parametrize("is_shared", [False, True])
+def test_latency_pipelines_on_a_busy_link(is_shared: bool) -> None:
+    # GPipe on two stages, m forwards on stage 0 faster than the link: the activations queue on
+    # link 0 -> 1. Each holds the link for h = bytes / bandwidth and arrives latency L later; the
+    # next one leaves when the bytes of the one before have left, not when it arrives, so
+    # microbatch i leaves at TF + i h and stage 1's last forward starts at TF + m h + L (a link
+    # that held each message for L + h would give TF + m (h + L)). With a shared NIC (the DES's
+    # fluid network) each flow is alone on its NIC and gets the same times.
+    m, latency, num_bytes, bandwidth = 6, 1e-3, 4e6, 1e9
+    profile = uniform_profile(num_layers=2, forward_s=TF, backward_s=TB, activation_bytes=num_bytes)
+    topology = Topology.uniform(num_devices=2, bandwidth=bandwidth, latency=latency).model_copy(
+        update={"shared": is_shared})
+    result = simulate(profile, topology, schedule="gpipe", num_stages=2, num_microbatches=m, engine="des")
+    hold = num_bytes / bandwidth
+    s = result.trace.spans
+    starts = {(int(st), int(k), int(mb)): float(t) for st, k, mb, t, stream in
+              zip(s["stage"], s["kind"], s["microbatch"], s["start_s"], s["stream"], strict=True) if stream == 0}
+    for i in range(m):
+        assert close(starts[(1, 0, i)], TF + (i + 1) * hold + latency), i
+    if not is_shared:
+        analytic = simulate(profile, topology, schedule="gpipe", num_stages=2, num_microbatches=m, engine="analytic")
+        assert analytic.trace.spans["end_s"].tobytes() == s["end_s"].tobytes()

@@ -124,3 +124,22 @@ def test_a_csv_written_by_torch_simulates_like_the_named_schedule(tmp_path) -> N
         read = simulate_schedule(profile, topology, from_csv(path.read_text(), num_microbatches=m))
         named = simulate(profile, topology, schedule=name, num_stages=r * v, num_microbatches=m, stages_per_rank=v)
         assert read.metrics.makespan_s == named.metrics.makespan_s, name
+
+
+def test_dualpipev_chunks_are_torchs_overlap_pairs() -> None:
+    # engine/chunks.py times as one overlapped chunk exactly the (F, B) pairs torch's
+    # ScheduleDualPipeV emits as OVERLAP_F_B actions (DualPipe's _forward_backward_chunk).
+    from pipesim.engine.chunks import chunk_starts
+
+    for r in RANKS:
+        for m in (2 * r, 2 * r + 1, 3 * r + 2):
+            stages = [StageStub(group_size=r, num_stages=2 * r) for _ in range(2)]
+            torch_schedule = schedules.ScheduleDualPipeV(stages, m)
+            expected = [(str(action.sub_actions[0]), str(action.sub_actions[1]))
+                        for rank in range(r) for action in torch_schedule.pipeline_order_with_comms[rank]
+                        if action.sub_actions is not None]
+            schedule = build_schedule("dualpipev", 2 * r, m, num_ranks=r)
+            flat = [str(op) for ops in schedule.ranks for op in ops]
+            pairs = [(flat[g], flat[g + 1]) for g in chunk_starts(schedule).tolist()]
+            assert pairs == expected, (r, m)
+            assert len(pairs) > 0

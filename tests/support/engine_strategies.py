@@ -107,7 +107,8 @@ def cases(draw: st.DrawFn, max_stages: int = 6, max_microbatches: int = 8, max_m
           names: tuple[str, ...] = ALL_SCHEDULE_NAMES) -> Case:
     """A random run of one of ``names`` (all twelve schedules by default): p <= 6 stages in all,
     m <= 8, K <= 3 by default; recomputation full, selective or none per stage; ranks placed on
-    a random permutation of the devices."""
+    a random permutation of the devices; PipeMare on either device model, DualPipeV's pairs as
+    overlapped chunks or op by op."""
     name = draw(st.sampled_from(names))
     p, per_rank, m = draw(shapes(name, max_stages, max_microbatches))
     num_ranks = p // per_rank
@@ -131,4 +132,8 @@ def cases(draw: st.DrawFn, max_stages: int = 6, max_microbatches: int = 8, max_m
     kwargs["placement"] = tuple(devices[rank] for rank in stage_to_rank)
     if name == "pipemare":
         kwargs["pipemare_update"] = draw(st.sampled_from(["minibatch", "microbatch"]))
+        kwargs["pipemare_model"] = draw(st.sampled_from(["1f1b", "paper"]))
+    if name == "dualpipev":
+        kwargs["fb_chunks"] = draw(st.sampled_from(["dualpipe", "torch"]))
+        kwargs["fb_overlap"] = draw(st.sampled_from([0.0, 0.5, 1.0]))
     return Case(profile=draw(profiles(p)), topology=draw(topologies(num_ranks)), kwargs=kwargs)

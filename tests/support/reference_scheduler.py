@@ -7,9 +7,10 @@ ops in order, each op's duration, the ops it waits for and where its output goes
 Rules, all of them:
 - a rank runs its ops in order, one at a time;
 - an op starts when the op before it on its rank has ended and each input has arrived;
-- an op's output to another rank travels over that direction's link, which carries one
-  transfer at a time, first come first served, taking ``transfer_s``; to its own rank it is
-  available as soon as the op ends.
+- an op's output to another rank travels over that direction's link, first come first served:
+  it leaves once the link is free, holds the link for ``link_hold_s`` (its bytes over the
+  bandwidth) and arrives ``transfer_s`` after leaving (latency pipelines: the next message may
+  leave before this one arrives); to its own rank it is available as soon as the op ends.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class ReferenceScheduler:
             link = (timed.rank, lowered.send_rank)
             start = max(timed.end_s, self.link_free_s.get(link, 0.0))
             end = start + lowered.transfer_s
-            self.link_free_s[link] = end
+            self.link_free_s[link] = start + lowered.link_hold_s
             self.arrived_s[lowered.op] = end
             self.sent.append(Timed(timed.rank, timed.position, lowered.op, start, end, lowered.send_rank))
 

@@ -91,20 +91,18 @@ def find_missing_spans(program: Program, trace: Trace) -> list[Violation]:
 
 
 def find_overlaps(trace: Trace) -> list[Violation]:
-    """No two compute spans overlap on a device, and no two sends overlap on a link direction."""
+    """No two compute spans overlap on a device. Sends on a link direction may overlap by their
+    latency, which pipelines (``find_idle_waits`` checks when each one leaves)."""
     index = _index(trace)
     streams: dict[tuple[int, int], list[tuple[float, float, int, Op]]] = defaultdict(list)
     for op, row in index.compute.items():
         streams[(row.device, -1)].append((row.start_s, row.end_s, row.position, op))
-    for op, row in index.sends.items():
-        streams[(row.device, row.peer)].append((row.start_s, row.end_s, row.position, op))
     found = []
-    for (device, peer), spans in streams.items():
+    for (device, _), spans in streams.items():
         spans.sort(key=lambda item: (item[0], item[1], item[2]))
         for before, after in zip(spans, spans[1:], strict=False):
             if after[0] < before[1]:
-                where = "on its compute stream" if peer < 0 else f"on the link to rank {peer}"
-                message = f"starts at {after[0]!r} s, before {before[3]} ends at {before[1]!r} s, {where}"
+                message = f"starts at {after[0]!r} s, before {before[3]} ends at {before[1]!r} s, on its compute stream"
                 found.append(Violation(device, after[2], str(after[3]), message))
     return found
 
@@ -153,7 +151,8 @@ def find_idle_waits(program: Program, trace: Trace) -> list[Violation]:
 
     A compute span starts exactly when the last of its inputs is available (the op before it
     on the rank ended, each input arrived); a send starts exactly when its producer ends or the
-    link's previous send (in the rank's order) ends, whichever is later.
+    link's previous send (in the rank's order) stops holding the link (``link_hold_s`` after it
+    leaves: latency pipelines), whichever is later.
     """
     index = _index(trace)
     found = []
@@ -173,7 +172,7 @@ def find_idle_waits(program: Program, trace: Trace) -> list[Violation]:
             if send.start_s != expected:
                 found.append(Violation(rank_index, position, str(lowered.op),
                                        f"its send starts at {send.start_s!r} s, the link is ready at {expected!r} s"))
-            link_free[pair] = send.end_s
+            link_free[pair] = send.start_s + lowered.link_hold_s
     return found
 
 

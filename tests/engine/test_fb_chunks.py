@@ -1,0 +1,107 @@
+"""Overlapped forward-and-backward chunks (DualPipeV), against DualPipe's published bubble.
+
+Source: deepseek-ai/DualPipe, README.md, "Pipeline Bubbles and Memory Usage Comparison": the
+bubble of DualPipe and DualPipeV is (PP/2-1)(F&B+B-3W) for PP stages, with F a forward chunk,
+B a full backward chunk, W a backward-for-weights chunk and F&B two mutually overlapped
+forward and backward chunks. The table counts the time slots of a uniform pipeline whose
+forward, backward-for-inputs and backward-for-weights take equal time (F = I = W, B = 2W),
+the zero-bubble papers' assumption; there the busiest device's idle time equals it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipesim import Topology, simulate, uniform_profile
+from pipesim.engine.chunks import chunk_starts
+from pipesim.errors import ConfigError
+from pipesim.schedule.registry import build_schedule
+
+
+def run(num_ranks: int, m: int, *, f: float, b: float, w: float, overlap: float, chunks: str, latency: float = 0.0,
+        bandwidth: float = math.inf):
+    profile = uniform_profile(num_layers=2 * num_ranks, forward_s=f, backward_s=b, backward_input_s=b - w,
+                              backward_weight_s=w, activation_bytes=1e3)
+    topology = Topology.uniform(num_devices=num_ranks, latency=latency, bandwidth=bandwidth)
+    return simulate(profile, topology, schedule="dualpipev",
+                    num_stages=2 * num_ranks, num_microbatches=m, stages_per_rank=2, fb_chunks=chunks,
+                    fb_overlap=overlap)
+
+
+def device_bubbles(result) -> list[float]:  # type: ignore[no-untyped-def]
+    """Per device, the run's makespan less its compute time."""
+    s = result.trace.spans
+    compute = s["stream"] == 0
+    makespan = float(s["end_s"][compute].max())
+    busy = s["end_s"] - s["start_s"]
+    return [makespan - float(busy[compute & (s["device"] == d)].sum()) for d in range(result.schedule.num_ranks)]
+
+
+@pytest.mark.parametrize("num_ranks", [2, 3, 4, 5])
+def test_dualpipe_bubble_table(num_ranks: int) -> None:
+    pp, w = 2 * num_ranks, 1.0
+    f, b = w, 2 * w
+    for m in (pp, pp + 3, 3 * pp):
+        for overlap in (0.0, 0.5, 1.0):
+            fb = f + b - overlap * min(f, b)
+            bubbles = device_bubbles(run(num_ranks, m, f=f, b=b, w=w, overlap=overlap, chunks="dualpipe"))
+            assert math.isclose(max(bubbles), (pp / 2 - 1) * (fb + b - 3 * w), rel_tol=1e-12), (m, overlap, bubbles)
+        # torch's runtime runs each OVERLAP_F_B's two ops one after the other, each on its own
+        # input: the bubble is (PP/2-1)(2B-3W) whatever the overlap would have been.
+        bubbles = device_bubbles(run(num_ranks, m, f=f, b=b, w=w, overlap=1.0, chunks="torch"))
+        assert math.isclose(max(bubbles), (pp / 2 - 1) * (2 * b - 3 * w), rel_tol=1e-12), (m, bubbles)
+
+
+def test_the_table_is_not_exact_where_forward_and_weight_times_differ() -> None:
+    # F = 2W breaks the equal-slot assumption: the table's count of slots understates the idle
+    # time of the critical device (9 W against 6 W here, as README says).
+    f, b, w, overlap = 2.0, 2.0, 1.0, 0.5
+    bubbles = device_bubbles(run(4, 16, f=f, b=b, w=w, overlap=overlap, chunks="dualpipe"))
+    assert max(bubbles) > (4 - 1) * (f + b - overlap * min(f, b) + b - 3 * w)
+
+
+def test_chunk_waits_for_both_inputs_and_sends_both_at_its_end() -> None:
+    # A chunk's two inputs often come from one chunk of the neighbour rank over one link, where
+    # the second queues behind the first for bytes / bandwidth (1 s here): the chunk starts after
+    # the later one (and after the rank's previous op), lasts F&B, and its B is empty at its end.
+    result = run(3, 8, f=1.0, b=2.0, w=1.0, overlap=0.5, chunks="dualpipe", latency=0.25, bandwidth=1e3)
+    schedule, s = result.schedule, result.trace.spans
+    compute = np.flatnonzero(s["stream"] == 0)
+    start, end = s["start_s"][compute], s["end_s"][compute]  # compute spans are in op order
+    program_wait = schedule.wait
+    arrival = {}
+    for row in np.flatnonzero(s["stream"] == 1).tolist():
+        g = int(np.flatnonzero((s["stage"][compute] == s["stage"][row]) & (s["kind"][compute] == s["kind"][row])
+                               & (s["microbatch"][compute] == s["microbatch"][row]))[0])
+        arrival[g] = float(s["end_s"][row])
+    starts = chunk_starts(schedule)
+    assert starts.size > 0
+    offsets = schedule.table.rank_offsets
+    bound_by_backward_input = 0
+    for g in starts.tolist():
+        inputs = [arrival.get(int(p), float(end[p])) if p >= 0 else 0.0 for p in (program_wait[g], program_wait[g + 1])]
+        previous = float(end[g - 1]) if g > offsets[schedule.table.rank[g]] else 0.0
+        assert start[g] == max([previous, *inputs])
+        bound_by_backward_input += inputs[1] > max(previous, inputs[0])
+        assert end[g] - start[g] == 1.0 + 2.0 - 0.5 * 1.0
+        assert start[g + 1] == end[g + 1] == end[g]
+    assert bound_by_backward_input > 0  # the case tells a chunk from its F alone
+
+
+def test_chunks_are_torch_overlap_pairs() -> None:
+    # torch 2.13 ScheduleDualPipeV, R = 2, m = 4 (the order in dualpipev's docstring): rank 0
+    # overlaps (0F3, 3B1), (3F2, 0B0), (3F3, 0B1); rank 1 runs its first step-4 pair (1F2, 2B0)
+    # as two chunks ("We don't overlap these two chunks to further reduce bubble size") and
+    # overlaps (2F2, 1B0), (1F3, 2B1), (2F3, 1B1).
+    schedule = build_schedule("dualpipev", 4, 4, num_ranks=2)
+    flat = [str(op) for ops in schedule.ranks for op in ops]
+    pairs = [(flat[g], flat[g + 1]) for g in chunk_starts(schedule).tolist()]
+    assert pairs == [("0F3", "3B1"), ("3F2", "0B0"), ("3F3", "0B1"), ("2F2", "1B0"), ("1F3", "2B1"), ("2F3", "1B1")]
+
+
+def test_overlap_outside_its_range_names_the_field() -> None:
+    with pytest.raises((ConfigError, ValueError), match="fb_overlap"):
+        run(2, 4, f=1.0, b=2.0, w=1.0, overlap=1.5, chunks="dualpipe")
