@@ -25,7 +25,7 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
 from pipesim.spec.units import parse_size
 
 
-# ``--model`` with the model options, ``--dp``, ``--zero``, ``--global-batch`` and ``--memory``.
+# ``--model`` with the model options, ``--dp``, ``--dp-overlap``, ``--zero``, ``--global-batch`` and ``--memory``.
 capacity_options = with_options([
     click.option("--model", "model", type=click.Choice(list(PRESETS), case_sensitive=False), default=None,
                  help="A published transformer (pipesim model) in place of --profile/--uniform; "
@@ -34,6 +34,10 @@ capacity_options = with_options([
     click.option("--dp", "dp", type=int, default=1, show_default=True,
                  help="Data-parallel pipelines D: each layer's update adds a ring all-reduce of its gradients "
                       "over the device's inter-node link."),
+    click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
+                 help="Overlap each layer's gradient all-reduce with the minibatch's last backward (it starts "
+                      "when the layer's gradient is ready, one layer at a time on the NIC): the update waits "
+                      "only for what outlasts the backward."),
     click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
                  help="1: ZeRO stage 1, optimizer state sharded over --dp."),
     click.option("--global-batch", "global_batch", type=int, default=None,
@@ -118,7 +122,7 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
             raise ConfigError("microbatch_size", options["microbatch_size"], "must equal the profile's "
                               f"({profile.microbatch_size}); only --model builds a profile at another size")
         profile = tensor_parallel_profile(profile, tp, device.intra_node_bandwidth_bytes_per_s)
-    profile = data_parallel_profile(profile, dp, device.inter_node_bandwidth_bytes_per_s)
+    profile = data_parallel_profile(profile, dp, device.inter_node_bandwidth_bytes_per_s, overlap=options["dp_overlap"])
     if options["global_batch"] is not None:
         derived = microbatches_per_pipeline(options["global_batch"], profile.microbatch_size, dp)
         if num_microbatches is not None and num_microbatches != derived:

@@ -33,6 +33,10 @@ class Layer(FrozenModel):
         update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
+        gradient_allreduce_s: optional all-reduce of this layer's gradients across data-parallel
+            pipelines that overlaps the stage's last backward (``data_parallel_profile(...,
+            overlap=True)``): it starts once the layer's gradient is ready and the NIC is free,
+            and only what outlasts the backward adds to the stage's update, seconds.
         inputs: optional indices of the earlier layers whose outputs this layer reads, for a
             model that is a DAG (PipeDream's graph.txt); unset means the layer before it. Only
             ``pipesim plan --cost-model pipedream`` reads it, to cut at the DAG's antichains.
@@ -51,6 +55,7 @@ class Layer(FrozenModel):
     update_s: float | None = Field(default=None, ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
     backward_std_s: float | None = Field(default=None, ge=0)
+    gradient_allreduce_s: float | None = Field(default=None, ge=0)
     inputs: tuple[int, ...] | None = None
 
     @model_validator(mode="after")

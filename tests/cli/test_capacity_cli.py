@@ -73,6 +73,19 @@ def test_tp_and_dp_reproduce_a_hand_computed_iteration_time() -> None:
     assert data["global_throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.040, rel=1e-12)
 
 
+def test_dp_overlap_leaves_the_update_only_the_all_reduce_tail() -> None:
+    # Four layers, two a stage, 1F1B, p = 2, m = 2, free pipeline links: F = 2 ms, B = 4 ms a stage,
+    # makespan (m + p - 1)(F + B) = 18 ms. DP = 2 all-reduces 1e8 bytes a layer over the H100
+    # preset's 400 Gbit/s NIC: 2 (2-1)/2 x 1e8 / 50e9 s = 2 ms a layer.
+    # Not overlapped: stage 0's update after its last B: 18 + 2 x 2 = 22 ms.
+    # Overlapped: in stage 0's last B (14-18 ms) layer 1's gradient is ready at 16 and all-reduced
+    # 16-18, layer 0's at 18, all-reduced 18-20: the update waits 2 ms, 20 ms in all.
+    args = ("--uniform", "layers=4,forward_ms=1,backward_ms=2,activation_bytes=0,param_bytes=1e8", "--stages", "2",
+            "--microbatches", "2", "--schedule", "1f1b", "--dp", "2")
+    assert simulate_json(*args)["iteration_time_s"] == pytest.approx(0.022, rel=1e-12)
+    assert simulate_json(*args, "--dp-overlap")["iteration_time_s"] == pytest.approx(0.020, rel=1e-12)
+
+
 def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
     data = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "5GB")
     peaks = data["device_peak_memory_bytes"]
