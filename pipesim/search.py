@@ -4,8 +4,9 @@ Each candidate is either dropped by arithmetic (degrees that do not divide the G
 batch; more stages than layers) or by a lower bound on its memory that already exceeds the
 budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
 stash), or simulated on the analytic engine, which then decides whether it fits from the
-simulated per-device peak. Placement is Megatron's: TP inside a node, pipeline and data-parallel
-peers over the device's NIC.
+simulated per-device peak. Placement is Megatron's unless told otherwise: TP inside a node,
+pipeline and data-parallel peers over the device's NIC; ``pp-in-node`` puts a pipeline inside a
+node instead (its hops over NVLink, TP groups across nodes over the NIC).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
-from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.devices import DeviceSpec, PlacedLinks, Placement, device_preset, placed_links
 from pipesim.spec.parallel import data_parallel_profile, zero_optimizer_multiplier
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
@@ -90,12 +91,17 @@ def _divisors(number: int) -> list[int]:
 
 
 def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
-                         global_batch: int) -> Iterator[Candidate | Outcome]:
-    """Every configuration in the space, or an Outcome saying why one cannot be formed."""
-    for tp in (t for t in _divisors(min(device.gpus_per_node, num_gpus)) if num_gpus % t == 0):
+                         global_batch: int, placement: Placement = "tp-in-node") -> Iterator[Candidate | Outcome]:
+    """Every configuration in the space, or an Outcome saying why one cannot be formed.
+
+    A node bounds TP under ``tp-in-node`` and PP under ``pp-in-node``.
+    """
+    per_node = device.gpus_per_node
+    widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
+    for tp in (t for t in _divisors(widest) if num_gpus % t == 0):
         if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
             continue
-        for pp in _divisors(num_gpus // tp):
+        for pp in (p for p in _divisors(num_gpus // tp) if placement == "tp-in-node" or p <= per_node):
             dp = num_gpus // (tp * pp)
             for size in MICROBATCH_SIZES:
                 for schedule, per_rank in SEARCH_SCHEDULES:
@@ -126,7 +132,7 @@ def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...],
 
 def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
-           progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
+           placement: Placement = "tp-in-node", progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
     The layers are cut as the model without recomputation balances them, whatever the
@@ -136,13 +142,14 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     and once one is over budget the ones that keep more are dropped without simulation.
 
     Raises:
-        ConfigError: a count below 1.
+        ConfigError: a count below 1 or an unknown placement.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
     for field, value in (("gpus", num_gpus), ("global_batch", global_batch)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
+    placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
     budget = spec.memory_bytes if memory_bytes is None else memory_bytes
     s = seq_len or config.seq_len
     flops = forward_flops_per_token(config, s)
@@ -151,13 +158,14 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     def profile_of(item: Candidate, recompute: Recompute) -> Profile:
         key = (item.tp, item.microbatch_size, recompute, item.dp)
         if key not in profiles:
-            base = transformer_profile(config, device=spec, microbatch_size=item.microbatch_size, seq_len=s,
+            links = placed_links(spec, placement, tp=item.tp)
+            base = transformer_profile(config, device=links.device, microbatch_size=item.microbatch_size, seq_len=s,
                                        tp=item.tp, recompute=recompute)
-            profiles[key] = data_parallel_profile(base, item.dp, spec.inter_node_bandwidth_bytes_per_s)
+            profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s)
         return profiles[key]
 
     # Candidates sharing a schedule order run one after another, so that Reuse builds it once.
-    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch),
+    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch, placement=placement),
                    key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
                    (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
                     item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
@@ -179,7 +187,8 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
                                     f"recomputation, whose simulated peak is {known.peak_memory_bytes / 1e9:.1f} GB",
                                     peak_memory_bytes=known.peak_memory_bytes, partition=_text(partition)))
             continue
-        outcome = _evaluate(item, profile_of(item, item.recompute), partition, spec, budget, zero, flops, s, reuse)
+        outcome = _evaluate(item, profile_of(item, item.recompute), partition, placed_links(spec, placement, tp=item.tp),
+                            budget, zero, flops, s, reuse)
         if outcome.status == "simulated" and not outcome.fits:
             over[group] = outcome
         outcomes.append(outcome)
@@ -192,15 +201,16 @@ def _text(partition: tuple[tuple[int, int], ...]) -> str:
     return ",".join(f"{start}:{end}" for start, end in partition)
 
 
-def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], spec: DeviceSpec,
+def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], links: PlacedLinks,
               budget: float, zero: int, flops: float, seq_len: int, reuse: Reuse) -> Outcome:
+    spec = links.device
     multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, zero)
     cut = _text(partition)
     bound = memory_lower_bound(profile, partition, multiplier)
     if bound > budget:
         return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
                        f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
-    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=spec.inter_node_bandwidth_bytes_per_s,
+    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=links.pipeline_bytes_per_s,
                                 memory_bytes=budget)
     try:
         plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),

@@ -86,6 +86,19 @@ def test_dp_overlap_leaves_the_update_only_the_all_reduce_tail() -> None:
     assert simulate_json(*args, "--dp-overlap")["iteration_time_s"] == pytest.approx(0.020, rel=1e-12)
 
 
+def test_pp_in_node_sends_the_tensor_parallel_all_reduces_over_the_nic() -> None:
+    # The hand-computed TP/DP case above, with TP across nodes: each all-reduce of 9e8 bytes takes
+    # 2 (2-1)/2 x 9e8 / 50e9 s = 18 ms over the 400 Gbit/s NIC instead of 1 ms over NVLink.
+    # F = 2 + 2 x 18 = 38 ms, B = 4 + 36 = 40 ms; 1F1B: 3 x 78 ms, then the 10 ms update: 244 ms.
+    args = ("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9", "--stages", "2",
+            "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+    assert simulate_json(*args, "--placement", "pp-in-node")["iteration_time_s"] == pytest.approx(0.244, rel=1e-12)
+    assert simulate_json(*args, "--placement", "tp-in-node") == simulate_json(*args)
+    refused = pipesim("simulate", *args[:-4], "--tp", "16", "--placement", "tp-in-node")
+    assert refused.returncode == 2 and "tp" in refused.stderr and "pp-in-node" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
     data = simulate_json(*UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe", "--memory", "5GB")
     peaks = data["device_peak_memory_bytes"]
