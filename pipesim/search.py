@@ -11,7 +11,7 @@ node instead (its hops over NVLink, TP groups across nodes over the NIC).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +29,9 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
 MICROBATCH_SIZES = (1, 2, 4)
+# Above this many candidates left to evaluate (about 0.1 s each here), search goes to Dask by
+# itself: Llama-3 70B on 512 GPUs has 924 and stays in process.
+DASK_MIN_CANDIDATES = 1000
 # Least stash first: a peak over budget rules out the modes after it (see ``search``).
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
 
@@ -130,9 +133,68 @@ def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...],
     return bound
 
 
+@dataclass(frozen=True)
+class _Setting:
+    """What every candidate of one search shares (sent to Dask workers with their batches)."""
+
+    config: TransformerConfig
+    spec: DeviceSpec
+    placement: Placement
+    seq_len: int
+    budget: float
+    zero: int
+    flops: float
+
+
+class _GroupRunner:
+    """Evaluates groups of candidates (one configuration's recomputation modes, full to none),
+    keeping the profiles it builds and the schedule orders it lowers (``Reuse``) between groups."""
+
+    def __init__(self, setting: _Setting) -> None:
+        self.setting = setting
+        self.reuse = Reuse()
+        self.profiles: dict[tuple[int, int, str, int], Profile] = {}
+
+    def profile_of(self, item: Candidate, recompute: Recompute) -> Profile:
+        key = (item.tp, item.microbatch_size, recompute, item.dp)
+        if key not in self.profiles:
+            setting = self.setting
+            links = placed_links(setting.spec, setting.placement, tp=item.tp)
+            base = transformer_profile(setting.config, device=links.device, microbatch_size=item.microbatch_size,
+                                       seq_len=setting.seq_len, tp=item.tp, recompute=recompute)
+            self.profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s)
+        return self.profiles[key]
+
+    def run(self, group: Sequence[Candidate]) -> list[Outcome]:
+        setting, outcomes = self.setting, []
+        over: Outcome | None = None
+        for item in group:
+            partition = balance_partition(self.profile_of(item, "none"), item.pp * item.stages_per_rank)
+            if over is not None:
+                outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with "
+                                        f"{over.candidate.recompute} recomputation, whose simulated peak is "
+                                        f"{over.peak_memory_bytes / 1e9:.1f} GB",
+                                        peak_memory_bytes=over.peak_memory_bytes, partition=_text(partition)))
+                continue
+            outcome = _evaluate(item, self.profile_of(item, item.recompute), partition,
+                                placed_links(setting.spec, setting.placement, tp=item.tp), setting.budget,
+                                setting.zero, setting.flops, setting.seq_len, self.reuse)
+            if outcome.status == "simulated" and not outcome.fits:
+                over = outcome
+            outcomes.append(outcome)
+        return outcomes
+
+
+def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list[Outcome]:
+    """The Dask task: a batch of groups on one worker, in order."""
+    runner = _GroupRunner(setting)
+    return [outcome for group in groups for outcome in runner.run(group)]
+
+
 def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
-           placement: Placement = "tp-in-node", progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
+           placement: Placement = "tp-in-node", workers: int | None = None, scheduler: str | None = None,
+           progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
     The layers are cut as the model without recomputation balances them, whatever the
@@ -141,8 +203,16 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     rank's op order alone, so its peak grows with the stash: the modes run from full to none,
     and once one is over budget the ones that keep more are dropped without simulation.
 
+    Args:
+        workers, scheduler: run on Dask (the sweep's ``dask_client``): an embedded cluster of
+            ``workers`` processes on 127.0.0.1, or the scheduler at that address. Neither: in this
+            process, unless more than ``DASK_MIN_CANDIDATES`` candidates are left to evaluate
+            (then an embedded cluster of one process per CPU). The outcomes are the same.
+        progress: called with (candidates done, candidates in all) at the start and as groups
+            finish.
+
     Raises:
-        ConfigError: a count below 1 or an unknown placement.
+        ConfigError: a count below 1, an unknown placement or an unreachable scheduler.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
@@ -150,50 +220,67 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
     placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
-    budget = spec.memory_bytes if memory_bytes is None else memory_bytes
     s = seq_len or config.seq_len
-    flops = forward_flops_per_token(config, s)
-    profiles: dict[tuple[int, int, str, int], Profile] = {}
-
-    def profile_of(item: Candidate, recompute: Recompute) -> Profile:
-        key = (item.tp, item.microbatch_size, recompute, item.dp)
-        if key not in profiles:
-            links = placed_links(spec, placement, tp=item.tp)
-            base = transformer_profile(config, device=links.device, microbatch_size=item.microbatch_size, seq_len=s,
-                                       tp=item.tp, recompute=recompute)
-            profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s)
-        return profiles[key]
-
-    # Candidates sharing a schedule order run one after another, so that Reuse builds it once.
+    setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
+                       budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
+                       flops=forward_flops_per_token(config, s))
+    # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
+    # configuration's recomputation modes (a group) are neighbours, full to none.
     space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch, placement=placement),
                    key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
                    (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
                     item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
-    reuse = Reuse()
-    over: dict[tuple[Any, ...], Outcome] = {}
-    outcomes = []
-    for index, item in enumerate(space):
-        if progress is not None:
-            progress(index, len(space))
-        if isinstance(item, Outcome):
-            outcomes.append(item)
-            continue
-        group = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
-        num_stages = item.pp * item.stages_per_rank
-        partition = balance_partition(profile_of(item, "none"), num_stages)
-        if group in over:
-            known = over[group]
-            outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with {known.candidate.recompute} "
-                                    f"recomputation, whose simulated peak is {known.peak_memory_bytes / 1e9:.1f} GB",
-                                    peak_memory_bytes=known.peak_memory_bytes, partition=_text(partition)))
-            continue
-        outcome = _evaluate(item, profile_of(item, item.recompute), partition, placed_links(spec, placement, tp=item.tp),
-                            budget, zero, flops, s, reuse)
-        if outcome.status == "simulated" and not outcome.fits:
-            over[group] = outcome
-        outcomes.append(outcome)
+    outcomes = [item for item in space if isinstance(item, Outcome)]
+    groups: list[list[Candidate]] = []
+    for item in space:
+        if isinstance(item, Candidate):
+            key = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+            if groups and _group_key(groups[-1][0]) == key:
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+    done, total = len(outcomes), len(space)
+    if progress is not None:
+        progress(done, total)
+    is_large = total - done > DASK_MIN_CANDIDATES
+    if workers is None and scheduler is None and not is_large:
+        runner = _GroupRunner(setting)
+        for group in groups:
+            outcomes += runner.run(group)
+            done += len(group)
+            if progress is not None:
+                progress(done, total)
+    else:
+        outcomes += _on_dask(setting, groups, workers=workers, scheduler=scheduler,
+                             progress=progress, done=done, total=total)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
+
+
+def _group_key(item: Candidate) -> tuple[Any, ...]:
+    return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+
+
+def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,
+             progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
+    """``run_groups`` over batches of neighbouring groups on Dask, the outcomes in the groups' order."""
+    from distributed import as_completed
+
+    from pipesim.sweep.runner import BATCHES_PER_WORKER, dask_client
+
+    with dask_client(workers=workers, scheduler=scheduler) as client:
+        num_batches = BATCHES_PER_WORKER * max(1, sum(client.nthreads().values()))
+        size = max(1, -(-len(groups) // num_batches))
+        batches = [groups[i : i + size] for i in range(0, len(groups), size)]
+        futures = [client.submit(run_groups, setting, batch, pure=False) for batch in batches]
+        results: dict[int, list[Outcome]] = {}
+        index = {future.key: position for position, future in enumerate(futures)}
+        for future in as_completed(futures):  # type: ignore[no-untyped-call]
+            results[index[future.key]] = future.result()
+            done += sum(len(group) for group in batches[index[future.key]])
+            if progress is not None:
+                progress(done, total)
+    return [outcome for position in range(len(batches)) for outcome in results[position]]
 
 
 def _text(partition: tuple[tuple[int, int], ...]) -> str:

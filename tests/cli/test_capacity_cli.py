@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,28 @@ def test_model_calibrate_takes_the_efficiency_of_a_measured_profile(tmp_path: Pa
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["layer_forward_s"] == pytest.approx(json.loads(first.stdout)["layer_forward_s"],
                                                                         rel=1e-9)
+
+
+SMALL_SEARCH = ("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
+                "--seq-len", "2048", "--json")
+
+
+def test_search_progress_is_a_line_at_every_tenth_off_a_terminal() -> None:
+    done = pipesim(*SMALL_SEARCH, "--progress")
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    counts = [int(re.match(r"search (\d+)/360 ", line).group(1)) for line in lines]  # type: ignore[union-attr]
+    assert 2 <= len(lines) <= 10 and counts == sorted(set(counts)), done.stderr
+    assert counts[0] >= 36  # the 12 dropped by arithmetic are done at the start, under a tenth
+    assert re.fullmatch(r"search 360/360 candidates [\d.]+ candidates/s elapsed \d+:\d\d:\d\d · 0:00:00 left",
+                        lines[-1]), lines[-1]
+
+
+@pytest.mark.slow
+def test_search_on_a_local_dask_cluster_gives_what_one_process_gives() -> None:
+    alone = pipesim(*SMALL_SEARCH)
+    on_dask = pipesim(*SMALL_SEARCH, "--workers", "2")
+    assert alone.returncode == 0 and on_dask.returncode == 0, on_dask.stderr
+    assert on_dask.stdout == alone.stdout
+    both = pipesim(*SMALL_SEARCH, "--workers", "2", "--scheduler", "tcp://127.0.0.1:1")
+    assert both.returncode == 2 and "either --workers" in both.stderr
