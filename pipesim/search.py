@@ -4,9 +4,10 @@ Each candidate is either dropped by arithmetic (degrees that do not divide the G
 batch; more stages than layers) or by a lower bound on its memory that already exceeds the
 budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
 stash), or simulated on the analytic engine, which then decides whether it fits from the
-simulated per-device peak. Placement is Megatron's unless told otherwise: TP inside a node,
-pipeline and data-parallel peers over the device's NIC; ``pp-in-node`` puts a pipeline inside a
-node instead (its hops over NVLink, TP groups across nodes over the NIC).
+simulated per-device peak. Large spaces run on Dask (the sweep's cluster). Placement is
+Megatron's unless told otherwise: TP inside a node, pipeline and data-parallel peers over the
+device's NIC; ``pp-in-node`` puts a pipeline inside a node instead (its hops over NVLink, TP
+groups across nodes over the NIC).
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ class _Setting:
     budget: float
     zero: int
     flops: float
+    dp_overlap: bool
 
 
 class _GroupRunner:
@@ -162,7 +164,8 @@ class _GroupRunner:
             links = placed_links(setting.spec, setting.placement, tp=item.tp)
             base = transformer_profile(setting.config, device=links.device, microbatch_size=item.microbatch_size,
                                        seq_len=setting.seq_len, tp=item.tp, recompute=recompute)
-            self.profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s)
+            self.profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s,
+                                                       overlap=setting.dp_overlap)
         return self.profiles[key]
 
     def run(self, group: Sequence[Candidate]) -> list[Outcome]:
@@ -193,8 +196,8 @@ def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list
 
 def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
-           placement: Placement = "tp-in-node", workers: int | None = None, scheduler: str | None = None,
-           progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
+           placement: Placement = "tp-in-node", dp_overlap: bool = False, workers: int | None = None,
+           scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
     The layers are cut as the model without recomputation balances them, whatever the
@@ -204,6 +207,8 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     and once one is over budget the ones that keep more are dropped without simulation.
 
     Args:
+        dp_overlap: the data-parallel all-reduce overlapped with the last backward (``simulate
+            --dp-overlap``) rather than after it.
         workers, scheduler: run on Dask (the sweep's ``dask_client``): an embedded cluster of
             ``workers`` processes on 127.0.0.1, or the scheduler at that address. Neither: in this
             process, unless more than ``DASK_MIN_CANDIDATES`` candidates are left to evaluate
@@ -223,10 +228,11 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     s = seq_len or config.seq_len
     setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
-                       flops=forward_flops_per_token(config, s))
+                       flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
     # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
     # configuration's recomputation modes (a group) are neighbours, full to none.
-    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch, placement=placement),
+    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
+                                        placement=placement),
                    key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
                    (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
                     item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
@@ -234,8 +240,7 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     groups: list[list[Candidate]] = []
     for item in space:
         if isinstance(item, Candidate):
-            key = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
-            if groups and _group_key(groups[-1][0]) == key:
+            if groups and _group_key(groups[-1][0]) == _group_key(item):
                 groups[-1].append(item)
             else:
                 groups.append([item])
@@ -258,6 +263,7 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
 
 
 def _group_key(item: Candidate) -> tuple[Any, ...]:
+    """A configuration without its recomputation mode."""
     return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
 
 

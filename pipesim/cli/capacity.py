@@ -25,7 +25,8 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
 from pipesim.spec.units import parse_size
 
 
-# ``--model`` with the model options, ``--placement``, ``--dp``, ``--dp-overlap``, ``--zero``, ``--global-batch`` and ``--memory``.
+# ``--model`` with the model options, ``--placement``, ``--dp``, ``--dp-overlap``, ``--zero``,
+# ``--global-batch`` and ``--memory``.
 capacity_options = with_options([
     click.option("--model", "model", type=click.Choice(list(PRESETS), case_sensitive=False), default=None,
                  help="A published transformer (pipesim model) in place of --profile/--uniform; "

@@ -37,6 +37,8 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
               help="tp-in-node (Megatron's): TP inside a node (TP <= its GPUs), pipeline and DP over the NIC; "
                    "pp-in-node: a pipeline inside a node (PP <= its GPUs, hops over NVLink), TP and DP over the NIC.")
+@click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
+              help="Overlap the DP gradient all-reduce with the last backward (as simulate --dp-overlap).")
 @click.option("--workers", type=int, default=None,
               help="Run on an embedded Dask cluster of this many processes on 127.0.0.1 (default: in this "
                    "process, or one process per CPU when more than 1,000 candidates are left to simulate).")
@@ -52,8 +54,8 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
                    memory: str | None, efficiency: float | None, zero: int, placement: Placement,
-                   workers: int | None, scheduler: str | None, progress: bool | None, top: int, as_json: bool,
-                   out_dir: str | None) -> None:
+                   dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
+                   as_json: bool, out_dir: str | None) -> None:
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
     fit, simulate the rest on the analytic engine, and rank by tokens/s."""
     if workers is not None and scheduler is not None:
@@ -63,8 +65,8 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="search", unit="candidates")
     try:
         outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
-                          memory_bytes=budget, zero=zero, placement=placement, workers=workers, scheduler=scheduler,
-                          progress=bar)
+                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap,
+                          workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()
     rows = [outcome.to_dict() for outcome in outcomes]

@@ -231,7 +231,8 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
             if j < num_states - 1:
                 last = np.maximum(last, 2.0 * out[j] / (bandwidth * primes))
             # A chain's splits are all earlier states: a slice, much cheaper than a gather.
-            earlier = time[m - primes[:, 0], : len(live), :j] if len(k) == j else time[np.ix_(m - primes[:, 0], live, k)]
+            rest = m - primes[:, 0]
+            earlier = time[rest, : len(live), :j] if len(k) == j else time[np.ix_(rest, live, k)]
             candidate = np.maximum(earlier, last[:, None, :])  # [r', i, k]
             if not final and states.is_dag:  # row i > 0 skips splits below state i-1, as the optimizer does
                 candidate[:, 1:][:, states.ancestors[live[1:] - 1][:, k]] = math.inf

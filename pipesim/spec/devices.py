@@ -136,7 +136,8 @@ def placed_links(spec: DeviceSpec, placement: str, *, tp: int, pp: int | None = 
         ConfigError: an unknown placement, TP wider than a node under ``tp-in-node``, or a
             pipeline (``pp``, when known) longer than a node under ``pp-in-node``.
     """
-    nvlink, nic, per_node = spec.intra_node_bandwidth_bytes_per_s, spec.inter_node_bandwidth_bytes_per_s, spec.gpus_per_node
+    nvlink, nic = spec.intra_node_bandwidth_bytes_per_s, spec.inter_node_bandwidth_bytes_per_s
+    per_node = spec.gpus_per_node
     if placement == "tp-in-node":
         if tp > per_node:
             raise ConfigError("tp", tp, f"must be <= the GPUs in a {spec.name} node ({per_node}) with "
