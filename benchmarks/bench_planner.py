@@ -42,6 +42,7 @@ def repeated(profile: Profile, num_layers: int) -> Profile:
     layers = [profile.layers[index % profile.num_layers].model_dump() for index in range(num_layers)]
     for index, layer in enumerate(layers):
         layer["name"] = f"{index} {layer['name']}"
+        layer["inputs"] = None  # a chain: the copies' DAG edges would point into the first copy
     data = profile.model_dump(by_alias=True)
     data.update(name=f"{profile.name} x{num_layers / profile.num_layers:.2f}", layers=layers)
     return build(Profile, data)

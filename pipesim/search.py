@@ -4,20 +4,22 @@ Each candidate is either dropped by arithmetic (degrees that do not divide the G
 batch; more stages than layers) or by a lower bound on its memory that already exceeds the
 budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
 stash), or simulated on the analytic engine, which then decides whether it fits from the
-simulated per-device peak. Placement is Megatron's: TP inside a node, pipeline and data-parallel
-peers over the device's NIC.
+simulated per-device peak. Large spaces run on Dask (the sweep's cluster). Placement is
+Megatron's unless told otherwise: TP inside a node, pipeline and data-parallel peers over the
+device's NIC; ``pp-in-node`` puts a pipeline inside a node instead (its hops over NVLink, TP
+groups across nodes over the NIC).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
-from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.devices import DeviceSpec, PlacedLinks, Placement, device_preset, placed_links
 from pipesim.spec.parallel import data_parallel_profile, zero_optimizer_multiplier
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
@@ -28,6 +30,9 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
 MICROBATCH_SIZES = (1, 2, 4)
+# Above this many candidates left to evaluate (about 0.1 s each here), search goes to Dask by
+# itself: Llama-3 70B on 512 GPUs has 924 and stays in process.
+DASK_MIN_CANDIDATES = 1000
 # Least stash first: a peak over budget rules out the modes after it (see ``search``).
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
 
@@ -90,12 +95,17 @@ def _divisors(number: int) -> list[int]:
 
 
 def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
-                         global_batch: int) -> Iterator[Candidate | Outcome]:
-    """Every configuration in the space, or an Outcome saying why one cannot be formed."""
-    for tp in (t for t in _divisors(min(device.gpus_per_node, num_gpus)) if num_gpus % t == 0):
+                         global_batch: int, placement: Placement = "tp-in-node") -> Iterator[Candidate | Outcome]:
+    """Every configuration in the space, or an Outcome saying why one cannot be formed.
+
+    A node bounds TP under ``tp-in-node`` and PP under ``pp-in-node``.
+    """
+    per_node = device.gpus_per_node
+    widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
+    for tp in (t for t in _divisors(widest) if num_gpus % t == 0):
         if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
             continue
-        for pp in _divisors(num_gpus // tp):
+        for pp in (p for p in _divisors(num_gpus // tp) if placement == "tp-in-node" or p <= per_node):
             dp = num_gpus // (tp * pp)
             for size in MICROBATCH_SIZES:
                 for schedule, per_rank in SEARCH_SCHEDULES:
@@ -124,9 +134,70 @@ def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...],
     return bound
 
 
+@dataclass(frozen=True)
+class _Setting:
+    """What every candidate of one search shares (sent to Dask workers with their batches)."""
+
+    config: TransformerConfig
+    spec: DeviceSpec
+    placement: Placement
+    seq_len: int
+    budget: float
+    zero: int
+    flops: float
+    dp_overlap: bool
+
+
+class _GroupRunner:
+    """Evaluates groups of candidates (one configuration's recomputation modes, full to none),
+    keeping the profiles it builds and the schedule orders it lowers (``Reuse``) between groups."""
+
+    def __init__(self, setting: _Setting) -> None:
+        self.setting = setting
+        self.reuse = Reuse()
+        self.profiles: dict[tuple[int, int, str, int], Profile] = {}
+
+    def profile_of(self, item: Candidate, recompute: Recompute) -> Profile:
+        key = (item.tp, item.microbatch_size, recompute, item.dp)
+        if key not in self.profiles:
+            setting = self.setting
+            links = placed_links(setting.spec, setting.placement, tp=item.tp)
+            base = transformer_profile(setting.config, device=links.device, microbatch_size=item.microbatch_size,
+                                       seq_len=setting.seq_len, tp=item.tp, recompute=recompute)
+            self.profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s,
+                                                       overlap=setting.dp_overlap)
+        return self.profiles[key]
+
+    def run(self, group: Sequence[Candidate]) -> list[Outcome]:
+        setting, outcomes = self.setting, []
+        over: Outcome | None = None
+        for item in group:
+            partition = balance_partition(self.profile_of(item, "none"), item.pp * item.stages_per_rank)
+            if over is not None:
+                outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with "
+                                        f"{over.candidate.recompute} recomputation, whose simulated peak is "
+                                        f"{over.peak_memory_bytes / 1e9:.1f} GB",
+                                        peak_memory_bytes=over.peak_memory_bytes, partition=_text(partition)))
+                continue
+            outcome = _evaluate(item, self.profile_of(item, item.recompute), partition,
+                                placed_links(setting.spec, setting.placement, tp=item.tp), setting.budget,
+                                setting.zero, setting.flops, setting.seq_len, self.reuse)
+            if outcome.status == "simulated" and not outcome.fits:
+                over = outcome
+            outcomes.append(outcome)
+        return outcomes
+
+
+def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list[Outcome]:
+    """The Dask task: a batch of groups on one worker, in order."""
+    runner = _GroupRunner(setting)
+    return [outcome for group in groups for outcome in runner.run(group)]
+
+
 def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
-           progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
+           placement: Placement = "tp-in-node", dp_overlap: bool = False, workers: int | None = None,
+           scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
     The layers are cut as the model without recomputation balances them, whatever the
@@ -135,56 +206,87 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     rank's op order alone, so its peak grows with the stash: the modes run from full to none,
     and once one is over budget the ones that keep more are dropped without simulation.
 
+    Args:
+        dp_overlap: the data-parallel all-reduce overlapped with the last backward (``simulate
+            --dp-overlap``) rather than after it.
+        workers, scheduler: run on Dask (the sweep's ``dask_client``): an embedded cluster of
+            ``workers`` processes on 127.0.0.1, or the scheduler at that address. Neither: in this
+            process, unless more than ``DASK_MIN_CANDIDATES`` candidates are left to evaluate
+            (then an embedded cluster of one process per CPU). The outcomes are the same.
+        progress: called with (candidates done, candidates in all) at the start and as groups
+            finish.
+
     Raises:
-        ConfigError: a count below 1.
+        ConfigError: a count below 1, an unknown placement or an unreachable scheduler.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
     for field, value in (("gpus", num_gpus), ("global_batch", global_batch)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
-    budget = spec.memory_bytes if memory_bytes is None else memory_bytes
+    placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
     s = seq_len or config.seq_len
-    flops = forward_flops_per_token(config, s)
-    profiles: dict[tuple[int, int, str, int], Profile] = {}
-
-    def profile_of(item: Candidate, recompute: Recompute) -> Profile:
-        key = (item.tp, item.microbatch_size, recompute, item.dp)
-        if key not in profiles:
-            base = transformer_profile(config, device=spec, microbatch_size=item.microbatch_size, seq_len=s,
-                                       tp=item.tp, recompute=recompute)
-            profiles[key] = data_parallel_profile(base, item.dp, spec.inter_node_bandwidth_bytes_per_s)
-        return profiles[key]
-
-    # Candidates sharing a schedule order run one after another, so that Reuse builds it once.
-    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch),
+    setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
+                       budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
+                       flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
+    # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
+    # configuration's recomputation modes (a group) are neighbours, full to none.
+    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
+                                        placement=placement),
                    key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
                    (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
                     item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
-    reuse = Reuse()
-    over: dict[tuple[Any, ...], Outcome] = {}
-    outcomes = []
-    for index, item in enumerate(space):
-        if progress is not None:
-            progress(index, len(space))
-        if isinstance(item, Outcome):
-            outcomes.append(item)
-            continue
-        group = (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
-        num_stages = item.pp * item.stages_per_rank
-        partition = balance_partition(profile_of(item, "none"), num_stages)
-        if group in over:
-            known = over[group]
-            outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with {known.candidate.recompute} "
-                                    f"recomputation, whose simulated peak is {known.peak_memory_bytes / 1e9:.1f} GB",
-                                    peak_memory_bytes=known.peak_memory_bytes, partition=_text(partition)))
-            continue
-        outcome = _evaluate(item, profile_of(item, item.recompute), partition, spec, budget, zero, flops, s, reuse)
-        if outcome.status == "simulated" and not outcome.fits:
-            over[group] = outcome
-        outcomes.append(outcome)
+    outcomes = [item for item in space if isinstance(item, Outcome)]
+    groups: list[list[Candidate]] = []
+    for item in space:
+        if isinstance(item, Candidate):
+            if groups and _group_key(groups[-1][0]) == _group_key(item):
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+    done, total = len(outcomes), len(space)
+    if progress is not None:
+        progress(done, total)
+    is_large = total - done > DASK_MIN_CANDIDATES
+    if workers is None and scheduler is None and not is_large:
+        runner = _GroupRunner(setting)
+        for group in groups:
+            outcomes += runner.run(group)
+            done += len(group)
+            if progress is not None:
+                progress(done, total)
+    else:
+        outcomes += _on_dask(setting, groups, workers=workers, scheduler=scheduler,
+                             progress=progress, done=done, total=total)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
+
+
+def _group_key(item: Candidate) -> tuple[Any, ...]:
+    """A configuration without its recomputation mode."""
+    return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+
+
+def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,
+             progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
+    """``run_groups`` over batches of neighbouring groups on Dask, the outcomes in the groups' order."""
+    from distributed import as_completed
+
+    from pipesim.sweep.runner import BATCHES_PER_WORKER, dask_client
+
+    with dask_client(workers=workers, scheduler=scheduler) as client:
+        num_batches = BATCHES_PER_WORKER * max(1, sum(client.nthreads().values()))
+        size = max(1, -(-len(groups) // num_batches))
+        batches = [groups[i : i + size] for i in range(0, len(groups), size)]
+        futures = [client.submit(run_groups, setting, batch, pure=False) for batch in batches]
+        results: dict[int, list[Outcome]] = {}
+        index = {future.key: position for position, future in enumerate(futures)}
+        for future in as_completed(futures):  # type: ignore[no-untyped-call]
+            results[index[future.key]] = future.result()
+            done += sum(len(group) for group in batches[index[future.key]])
+            if progress is not None:
+                progress(done, total)
+    return [outcome for position in range(len(batches)) for outcome in results[position]]
 
 
 def _text(partition: tuple[tuple[int, int], ...]) -> str:
@@ -192,15 +294,16 @@ def _text(partition: tuple[tuple[int, int], ...]) -> str:
     return ",".join(f"{start}:{end}" for start, end in partition)
 
 
-def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], spec: DeviceSpec,
+def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], links: PlacedLinks,
               budget: float, zero: int, flops: float, seq_len: int, reuse: Reuse) -> Outcome:
+    spec = links.device
     multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, zero)
     cut = _text(partition)
     bound = memory_lower_bound(profile, partition, multiplier)
     if bound > budget:
         return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
                        f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
-    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=spec.inter_node_bandwidth_bytes_per_s,
+    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=links.pipeline_bytes_per_s,
                                 memory_bytes=budget)
     try:
         plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),

@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "reuse": BASE | {"spec", "schedule"},
     "simulation": BASE | {"spec", "schedule", "engine", "metrics", "reuse"},
     "plan": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
-    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
+    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "sweep"},
     "sweep": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan"},
     "export": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},
     "plots": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},

@@ -11,7 +11,7 @@ from pipesim.errors import ConfigError
 from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
 from pipesim.cli.options import parse_uniform
 from pipesim.search import model_throughput
-from pipesim.spec.devices import DeviceSpec, device_preset
+from pipesim.spec.devices import PLACEMENTS, DeviceSpec, device_preset, placed_links
 from pipesim.spec.files import load_profile
 from pipesim.spec.parallel import (
     data_parallel_profile,
@@ -25,7 +25,8 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
 from pipesim.spec.units import parse_size
 
 
-# ``--model`` with the model options, ``--dp``, ``--zero``, ``--global-batch`` and ``--memory``.
+# ``--model`` with the model options, ``--placement``, ``--dp``, ``--dp-overlap``, ``--zero``,
+# ``--global-batch`` and ``--memory``.
 capacity_options = with_options([
     click.option("--model", "model", type=click.Choice(list(PRESETS), case_sensitive=False), default=None,
                  help="A published transformer (pipesim model) in place of --profile/--uniform; "
@@ -34,6 +35,13 @@ capacity_options = with_options([
     click.option("--dp", "dp", type=int, default=1, show_default=True,
                  help="Data-parallel pipelines D: each layer's update adds a ring all-reduce of its gradients "
                       "over the device's inter-node link."),
+    click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
+                 help="tp-in-node (Megatron's): TP over the node's NVLink, pipeline and DP over the NIC; "
+                      "pp-in-node: the pipeline's hops over NVLink, TP and DP over the NIC."),
+    click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
+                 help="Overlap each layer's gradient all-reduce with the minibatch's last backward (it starts "
+                      "when the layer's gradient is ready, one layer at a time on the NIC): the update waits "
+                      "only for what outlasts the backward."),
     click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
                  help="1: ZeRO stage 1, optimizer state sharded over --dp."),
     click.option("--global-batch", "global_batch", type=int, default=None,
@@ -53,7 +61,8 @@ class Capacity:
         num_microbatches: M from ``--global-batch`` (or the one given).
         optimizer_state_multiplier: optimizer bytes per weight byte on one replica.
         recompute, recompute_stages: what is left for the plan (a model takes its mode itself).
-        bandwidth: the pipeline link's default bandwidth (the device's NIC with ``--model``).
+        bandwidth: the pipeline link's default bandwidth (with ``--model``, the placement's: the NIC for
+            tp-in-node, NVLink for pp-in-node).
         memory_budget_bytes: per device, or None for no budget.
         device: the device preset used for links and peak FLOP/s.
         tp, dp, seq_len: degrees, and tokens per sample (0 without a model).
@@ -93,8 +102,9 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
     if len(given) != 1:
         raise ConfigError("profile", ", ".join(given) or None, "give exactly one of --profile FILE, --uniform ... "
                           "or --model NAME")
-    device = device_preset(options["device"])
     tp, dp = options["tp"], options["dp"]
+    links = placed_links(device_preset(options["device"]), options["placement"], tp=tp)
+    device = links.device
     seq_len, flops = 0, 0.0
     if model is not None:
         config = preset(model)
@@ -102,7 +112,7 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         if mode not in RECOMPUTE_MODES:
             raise ConfigError("recompute_stages", mode, "with --model give one mode for every layer: "
                               f"{', '.join(RECOMPUTE_MODES)}")
-        profile = build_model_profile(config.name, device=device.name, efficiency=options["efficiency"],
+        profile = build_model_profile(config.name, device=device, efficiency=options["efficiency"],
                                       calibrate_path=options["calibrate_path"],
                                       microbatch_size=options["microbatch_size"], seq_len=options["seq_len"], tp=tp,
                                       sequence_parallel=options["sequence_parallel"], recompute=mode)
@@ -111,14 +121,14 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         flops = forward_flops_per_token(config, seq_len)
         if context.get_parameter_source("optimizer_state_multiplier") is not click.core.ParameterSource.COMMANDLINE:
             optimizer_state_multiplier = ADAM_STATE_MULTIPLIER
-        bandwidth = bandwidth or f"{device.inter_node_bandwidth_bytes_per_s}B/s"
+        bandwidth = bandwidth or f"{links.pipeline_bytes_per_s}B/s"
     else:
         profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
         if options["microbatch_size"] is not None and options["microbatch_size"] != profile.microbatch_size:
             raise ConfigError("microbatch_size", options["microbatch_size"], "must equal the profile's "
                               f"({profile.microbatch_size}); only --model builds a profile at another size")
-        profile = tensor_parallel_profile(profile, tp, device.intra_node_bandwidth_bytes_per_s)
-    profile = data_parallel_profile(profile, dp, device.inter_node_bandwidth_bytes_per_s)
+        profile = tensor_parallel_profile(profile, tp, links.tensor_parallel_bytes_per_s)
+    profile = data_parallel_profile(profile, dp, links.data_parallel_bytes_per_s, overlap=options["dp_overlap"])
     if options["global_batch"] is not None:
         derived = microbatches_per_pipeline(options["global_batch"], profile.microbatch_size, dp)
         if num_microbatches is not None and num_microbatches != derived:

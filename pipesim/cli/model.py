@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from pipesim.spec.devices import DEVICES
+from pipesim.spec.devices import DEVICES, DeviceSpec
 from pipesim.spec.files import load_profile, save_model
 from pipesim.spec.profile import Profile
 from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, Recompute, preset
@@ -42,14 +42,14 @@ MODEL_OPTIONS: list[Callable[[Any], Any]] = [
 ]
 
 
-def build_model_profile(name: str, *, device: str, efficiency: float | None, calibrate_path: str | None,
+def build_model_profile(name: str, *, device: str | DeviceSpec, efficiency: float | None, calibrate_path: str | None,
                         microbatch_size: int | None, seq_len: int | None, tp: int, sequence_parallel: bool,
                         recompute: Recompute) -> Profile:
     """The profile ``model_options`` describe, calibrated on a measured profile when one is given."""
     if calibrate_path is not None:
         efficiency = calibrated_efficiency(load_profile(calibrate_path), name, device=device,
                                            microbatch_size=microbatch_size or 1, seq_len=seq_len)
-    return transformer_profile(name, device=device.lower(), microbatch_size=microbatch_size or 1, seq_len=seq_len,
+    return transformer_profile(name, device=device.lower() if isinstance(device, str) else device, microbatch_size=microbatch_size or 1, seq_len=seq_len,
                                tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                efficiency=efficiency)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -111,3 +112,59 @@ def out_file_option(suffixes: tuple[str, ...] | None) -> Any:
         return value
 
     return check
+
+
+class ProgressBar:
+    """Progress on stderr: ``sweep ━━━ 40/100 points 12.5 points/s elapsed 0:00:03 · 0:00:05 left``.
+
+    On a terminal a rich bar redrawn in place; elsewhere (a log, a CI job) the same words as one
+    line at every tenth of the work and at the end, so a redirected run still shows progress.
+    Call it with (done, total); the first call starts the clock.
+    """
+
+    def __init__(self, enabled: bool, *, label: str, unit: str) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import TimeRemainingColumn
+
+        console = Console(stderr=True)
+        self.label, self.unit, self.enabled = label, unit, enabled
+        self.is_live = enabled and console.is_terminal
+        self.progress = Progress(
+            TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+            TextColumn("{task.fields[rate]}"), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("·"),
+            TimeRemainingColumn(), TextColumn("left"),
+            console=console, disable=not self.is_live,
+        )
+        self.task: Any = None
+        self.start_done = 0
+        self.started = time.perf_counter()
+        self.printed_tenth = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.start_done = done
+            self.started = time.perf_counter()
+            self.task = self.progress.add_task(self.label, total=total, completed=done, rate="")
+            self.printed_tenth = 10 * done // max(1, total)
+            return
+        elapsed = time.perf_counter() - self.started
+        rate = (done - self.start_done) / elapsed if elapsed > 0 else 0.0
+        self.progress.update(self.task, completed=done, rate=f"{rate:.1f} {self.unit}/s")
+        tenth = 10 * done // max(1, total)
+        if self.enabled and not self.is_live and tenth > self.printed_tenth:
+            self.printed_tenth = tenth
+            left = (total - done) / rate if rate > 0 else 0.0
+            click.echo(f"{self.label} {done}/{total} {self.unit} {rate:.1f} {self.unit}/s elapsed {_clock(elapsed)} · "
+                       f"{_clock(left)} left", err=True)
+
+    def stop(self) -> None:
+        """End the bar (a terminal's last redraw stays on screen)."""
+        self.progress.stop()
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS``, as rich writes elapsed and remaining time."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"

@@ -77,7 +77,7 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
               help="Engine of the check: des (SimPy), analytic, or auto (analytic where it applies).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan, prediction and simulation as one JSON object.")
 @click.option("--out", "out_dir", default=None,
-              help="Write plan.json (for simulate --plan), topology.json and, if rescaled, profile.json.")
+              help="Write plan.json (for simulate --plan), topology.json and, if rescaled or reordered, profile.json.")
 def plan_command(profile_path: str, num_devices: int, devices_per_server: int | None, bandwidth: str,
                  inter_server_bandwidth: str | None, memory: str | None, planner: str, cost_model: str, straight: bool, overlap: bool,
                  batch_size: int | None, optimizer_state_multiplier: float, num_minibatches: int, engine: str,
@@ -116,8 +116,9 @@ def _model_json(model: FrozenModel) -> str:
 
 def write_plan(checked: CheckedPlan, out_dir: Path, profile_path: str, *, rescaled: bool,
                run: dict[str, Any] | None = None) -> list[str]:
-    """Write plan.json (with the ``run`` record), topology.json and (for a rescaled profile)
-    profile.json, all strict JSON; return lines to print."""
+    """Write plan.json (with the ``run`` record), topology.json and (for a profile rescaled, or with
+    its layers reordered for a plan that cuts a DAG off the file's order) profile.json, all strict
+    JSON; return lines to print."""
     plan = checked.to_dict(timings=False)
     if run is not None:
         plan["run"] = run

@@ -11,8 +11,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from pipesim.cli.outputs import ProgressBar
 from pipesim.search import Outcome, search
-from pipesim.spec.devices import DEVICES, device_preset
+from pipesim.spec.devices import DEVICES, PLACEMENTS, Placement, device_preset
 from pipesim.spec.transformer import PRESETS
 from pipesim.spec.units import parse_size
 
@@ -33,6 +34,18 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="1: ZeRO stage 1, optimizer state sharded over DP.")
+@click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
+              help="tp-in-node (Megatron's): TP inside a node (TP <= its GPUs), pipeline and DP over the NIC; "
+                   "pp-in-node: a pipeline inside a node (PP <= its GPUs, hops over NVLink), TP and DP over the NIC.")
+@click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
+              help="Overlap the DP gradient all-reduce with the last backward (as simulate --dp-overlap).")
+@click.option("--workers", type=int, default=None,
+              help="Run on an embedded Dask cluster of this many processes on 127.0.0.1 (default: in this "
+                   "process, or one process per CPU when more than 1,000 candidates are left to simulate).")
+@click.option("--scheduler", type=str, default=None, help="Run on an existing Dask scheduler, tcp://HOST:PORT.")
+@click.option("--progress/--no-progress", default=None,
+              help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
+                   "stderr is a terminal).")
 @click.option("--top", "top", type=click.IntRange(min=1), default=10, show_default=True,
               help="Configurations shown in the table.")
 @click.option("--json", "as_json", is_flag=True,
@@ -40,14 +53,22 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
-                   memory: str | None, efficiency: float | None, zero: int, top: int, as_json: bool,
-                   out_dir: str | None) -> None:
+                   memory: str | None, efficiency: float | None, zero: int, placement: Placement,
+                   dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
+                   as_json: bool, out_dir: str | None) -> None:
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
     fit, simulate the rest on the analytic engine, and rank by tokens/s."""
+    if workers is not None and scheduler is not None:
+        raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
     budget = parse_size(memory, "memory") if memory else None
     spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
-    outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch,
-                      seq_len=seq_len, memory_bytes=budget, zero=zero, progress=_progress())
+    bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="search", unit="candidates")
+    try:
+        outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
+                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap,
+                          workers=workers, scheduler=scheduler, progress=bar)
+    finally:
+        bar.stop()
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
     if out_dir is not None:
@@ -58,17 +79,6 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     _print(outcomes, top)
     if best is None:
         click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
-
-
-def _progress() -> Any:
-    """Progress on stderr, at every tenth of the space, when stderr is a terminal."""
-    if not sys.stderr.isatty():
-        return None
-
-    def report(index: int, total: int) -> None:
-        if index % max(1, total // 10) == 0:
-            click.echo(f"searched {index}/{total}", err=True)
-    return report
 
 
 def _print(outcomes: list[Outcome], top: int) -> None:

@@ -2,50 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import click
 
-from pipesim.cli.outputs import out_file_option
+from pipesim.cli.outputs import ProgressBar, out_file_option
 from pipesim.sweep.runner import WORKER_TIMEOUT_S, run_sweep
 from pipesim.sweep.store import SweepFailedError
-
-
-class _ProgressBar:
-    """A rich progress bar on stderr: ``sweep ━━━ 40/100 points 12.5 points/s elapsed 0:00:03 · 0:00:05 left``."""
-
-    def __init__(self, enabled: bool) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.progress import TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("points"),
-            TextColumn("{task.fields[rate]}"), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("·"),
-            TimeRemainingColumn(), TextColumn("left"),
-            console=Console(stderr=True), disable=not enabled,
-        )
-        self.task: Any = None
-        self.start_done = 0
-        self.started = time.perf_counter()
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.task is None:
-            self.progress.start()
-            self.start_done = done
-            self.started = time.perf_counter()
-            self.task = self.progress.add_task("sweep", total=total, completed=done, rate="")
-            return
-        elapsed = time.perf_counter() - self.started
-        rate = (done - self.start_done) / elapsed if elapsed > 0 else 0.0
-        self.progress.update(self.task, completed=done, rate=f"{rate:.1f} points/s")
-
-    def stop(self) -> None:
-        self.progress.stop()
 
 
 @click.command("sweep")
@@ -56,7 +20,9 @@ class _ProgressBar:
 @click.option("--scheduler", type=str, default=None, help="Address of an existing Dask scheduler, tcp://HOST:PORT.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep from OUT.parts/, skipping finished points.")
 @click.option("--batch-size", type=int, default=None, help="Points per Dask task (default: about 32 tasks per worker).")
-@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: when stderr is a terminal).")
+@click.option("--progress/--no-progress", default=None,
+              help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
+                   "stderr is a terminal).")
 @click.option("--worker-timeout", "worker_timeout_s", type=float, default=WORKER_TIMEOUT_S, show_default=True,
               help="Seconds the cluster may have no worker before the sweep stops (finished points are kept).")
 def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str | None, resume: bool,
@@ -67,13 +33,7 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
     """
     if workers is not None and scheduler is not None:
         raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
-    import distributed  # noqa: F401 - sets its loggers' levels on import, so quiet them after
-
-    # Dask's and tornado's own logs of a lost worker or scheduler would break the one-line messages below.
-    for name in [*logging.root.manager.loggerDict, "distributed", "tornado"]:
-        if name.split(".")[0] in ("distributed", "tornado"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    bar = _ProgressBar(sys.stderr.isatty() if progress is None else progress)
+    bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="sweep", unit="points")
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
                             batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)

@@ -21,7 +21,8 @@ from pipesim.spec.validation import build
 PlannerName = Literal["pipedream", "2bw"]
 COMPAT_PROPOSAL_MAX_WORK = 1e8
 """The released optimizer's plan is also a candidate where its solve costs at most this much
-(``compat.solve_work``: about 0.3 s; ResNet-50 on 2 servers of 8 is 9e7, nasnetalarge on 16 flat 2e8)."""
+(``compat.solve_work``: about 0.3 s; ResNet-50's 240 states on 2 servers of 8 are 2.2e8, nasnetalarge on 16
+flat 2e8)."""
 PLANNERS: tuple[PlannerName, ...] = ("pipedream", "2bw")
 
 SIMULATION_MODEL = (
@@ -307,15 +308,16 @@ def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostMod
                     engine: EngineName) -> CheckedPlan:
     """PipeDream's planner: propose (``propose``), simulate every proposal, choose (see ``plan_and_check``)."""
     model = CostModel.named(cost_model, overlap=overlap, optimizer_state_multiplier=multiplier)
-    chain, row = Chain.from_profile(profile), DeviceRow.from_topology(topology)
     first: tuple[str, tuple[StageSpec, ...]] | None = None
     others: tuple[tuple[str, tuple[StageSpec, ...]], ...] = ()
     if cost_model == "pipedream":
         found = pipedream_optimizer(profile, levels_of(topology), straight=straight,
                                     memory_bytes=None if math.isinf(memory_bytes) else memory_bytes)
         first = ("PipeDream's optimizer", found.stages)
+        profile = found.profile  # its layers in the order its stages cut (a DAG may need another order)
     else:
         others = _released_choice(profile, topology, straight)
+    chain, row = Chain.from_profile(profile), DeviceRow.from_topology(topology)
     proposals = propose(chain, row, model, memory_bytes=memory_bytes, straight=straight, first=first, others=others)
     if not proposals:
         solver = Partitioner(chain, row, model, replicas="straight" if straight else "free")
@@ -336,13 +338,16 @@ def _plan_pipedream(profile: Profile, topology: Topology, *, cost_model: CostMod
 
 def _released_choice(profile: Profile, topology: Topology, straight: bool) -> tuple[tuple[str, tuple[StageSpec, ...]], ...]:
     """The released optimizer's plan as one more candidate; none where it finds none, the topology
-    has no PipeDream levels, or the solve would cost more than ``COMPAT_PROPOSAL_MAX_WORK``."""
+    has no PipeDream levels, the solve would cost more than ``COMPAT_PROPOSAL_MAX_WORK``, or its
+    stages cut a DAG where the profile's layer order has no boundary."""
     try:
         levels = levels_of(topology)
-        if solve_work(profile.num_layers, levels) > COMPAT_PROPOSAL_MAX_WORK:
+        if solve_work(profile, levels) > COMPAT_PROPOSAL_MAX_WORK:
             return ()
         found = pipedream_optimizer(profile, levels, straight=straight)
     except ConfigError:
+        return ()
+    if found.profile is not profile:
         return ()
     return (("PipeDream's optimizer", found.stages),)
 

@@ -29,12 +29,17 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
+from pipesim.plan.antichain import BoolArray, DagStates, antichain_states
 from pipesim.plan.costs import StageSpec
-from pipesim.spec.profile import Profile
+from pipesim.spec.graphtxt import reorder_layers
+from pipesim.spec.profile import Layer, Profile
 from pipesim.spec.topology import Topology
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+# Beyond this many antichain states per layer the DAG is too wide to search in time (NASNet's cells);
+# the chain's prefixes are used instead. ResNet-50 has 240 states for 177 layers.
+MAX_STATES_PER_LAYER = 2
 
 
 @dataclass(frozen=True)
@@ -54,25 +59,35 @@ class CompatPlan:
     """The released optimizer's answer.
 
     Attributes:
-        stages: per stage ``(start_layer, end_layer, replicas)``, replicas multiplied over levels.
+        stages: per stage ``(start_layer, end_layer, replicas)`` of ``profile``, replicas multiplied
+            over levels.
         time_per_minibatch_s: the optimizer's objective ``A[0][S-1][M-1]``, per profiled minibatch.
         data_parallel_time_per_minibatch_s: its printed estimate for data parallelism on all GPUs.
+        profile: the profile planned, its layers in an order where every stage is contiguous: the
+            given one, or, where a stage cuts a DAG at an antichain that is no prefix of the given
+            order, the same layers reordered (``pipesim.spec.graphtxt.reorder_layers``).
     """
 
     stages: tuple[StageSpec, ...]
     time_per_minibatch_s: float
     data_parallel_time_per_minibatch_s: float
+    profile: Profile
 
 
 @dataclass(frozen=True, eq=False)
 class _States:
-    """Range sums over the chain's states: ``x[i, j]`` covers states ``(i-1, j]`` (row 0: from the start)."""
+    """Range sums over the optimizer's states: ``x[i, j]`` covers states ``(i-1, j]`` (row 0: from the start).
+
+    A state is a down-closed set of layers (``members``); a chain's are its prefixes.
+    """
 
     compute_s: FloatArray  # (S+1, S), nan where j < i
     stash_bytes: FloatArray
     param_bytes: FloatArray
     output_bytes: FloatArray  # (S,): bytes crossing the cut after state j
-    first_layer: int  # layer index of state 0's last layer (1 after an Input layer)
+    members: BoolArray  # (S, L): [state, layer]
+    ancestors: BoolArray  # (S, S): [j, k] when a stage (k, j] is allowed
+    is_dag: bool
 
 
 def levels_of(topology: Topology) -> tuple[Level, ...]:
@@ -97,43 +112,77 @@ def levels_of(topology: Topology) -> tuple[Level, ...]:
     return tuple(levels)
 
 
-def solve_work(num_layers: int, levels: Sequence[Level]) -> float:
-    """Roughly how many table entries ``pipedream_optimizer`` evaluates: S^2 M^2 / 2 for the outermost
-    level (solved from state 0), S^3 M^2 / 4 for each inner one (solved from every start state).
+def solve_work(profile: Profile, levels: Sequence[Level]) -> float:
+    """Roughly how many table entries ``pipedream_optimizer`` evaluates on S states: S^2 M^2 / 2 for
+    the outermost level (solved from state 0), S^3 M^2 / 4 for each inner one (every start state).
 
-    About 3e8 a second here (ResNet-50's 177 layers on 2 servers of 8: 9e7, 0.3 s).
+    About 3e8 a second here (ResNet-50's 240 antichain states on 2 servers of 8: 2.2e8, 0.7 s).
     """
+    zeroed = _zeroed_inputs(profile)
+    dag = _dag_states(profile, zeroed) if profile.is_dag else None
+    num_states = profile.num_layers - len(zeroed) if dag is None else dag.num_states
     work = 0.0
     for index, level in enumerate(levels):
-        rows = 1 if index == len(levels) - 1 else num_layers / 2
-        work += rows * num_layers**2 * level.num_machines**2 / 2
+        rows = 1 if index == len(levels) - 1 else num_states / 2
+        work += rows * num_states**2 * level.num_machines**2 / 2
     return work
 
 
 def _states(profile: Profile) -> _States:
+    """The chain's prefixes, or the DAG's antichain states (``pipesim.plan.antichain``) where the
+    profile names its layers' inputs and they number at most ``MAX_STATES_PER_LAYER`` per layer."""
     layers = profile.layers
-    first = 1 if len(layers) > 1 and _is_input(profile) else 0
+    inputs = _zeroed_inputs(profile)
     compute = np.array([layer.forward_s + layer.backward_s for layer in layers])
     stash = np.array([float(layer.stashed_bytes) for layer in layers])
     params = np.array([layer.param_bytes for layer in layers])
-    compute[:first], stash[:first], params[:first] = 0.0, 0.0, 0.0
+    compute[inputs], stash[inputs], params[inputs] = 0.0, 0.0, 0.0
+    dag = _dag_states(profile, inputs) if profile.is_dag else None
+    if dag is None:
+        first = len(inputs)
+        members = np.tri(len(layers), dtype=bool)[first:]
+        members[:, :first] = True
+        ancestors = np.tri(len(members), k=-1, dtype=bool)
+        output = np.array([layer.activation_bytes for layer in layers])[first:]
+    else:
+        members, ancestors, output = dag.members, dag.ancestors, dag.output_bytes
 
     def ranges(values: FloatArray) -> FloatArray:
-        prefix = np.cumsum(values)[first:]  # through state j
-        before = np.concatenate(([0.0], prefix))  # through state i-1 (nothing for row 0)
-        table = prefix[None, :] - before[:, None]
-        valid = np.arange(len(prefix))[None, :] >= np.arange(len(prefix) + 1)[:, None]
+        through = members.astype(np.float64) @ values  # through state j
+        before = np.concatenate(([0.0], through))  # through state i-1 (nothing for row 0)
+        table = through[None, :] - before[:, None]
+        valid = np.arange(len(through))[None, :] >= np.arange(len(through) + 1)[:, None]
         return np.where(valid, table, math.nan)
 
-    return _States(
-        compute_s=ranges(compute), stash_bytes=ranges(stash), param_bytes=ranges(params),
-        output_bytes=np.array([layer.activation_bytes for layer in layers])[first:],
-        first_layer=first,
-    )
+    return _States(compute_s=ranges(compute), stash_bytes=ranges(stash), param_bytes=ranges(params),
+                   output_bytes=output, members=members, ancestors=ancestors, is_dag=dag is not None)
 
 
-def _is_input(profile: Profile) -> bool:
-    layer = profile.layers[0]
+def _zeroed_inputs(profile: Profile) -> list[int]:
+    """The leading input layers the optimizer zeroes and ties to stage 0: layer 0 of a chain; every
+    named input source of a DAG."""
+    if not profile.is_dag:
+        return [0] if len(profile.layers) > 1 and _is_input(profile.layers[0]) else []
+    return [index for index, layer in enumerate(profile.layers) if not layer.inputs and _is_input(layer)]
+
+
+def _dag_states(profile: Profile, zeroed: list[int]) -> DagStates | None:
+    """The antichain states of a DAG profile without its input layers, members widened to every
+    layer (input layers belong to every state); None past the state budget."""
+    kept = [index for index in range(profile.num_layers) if index not in set(zeroed)]
+    position = {layer: rank for rank, layer in enumerate(kept)}
+    reads = [[position[source] for source in (profile.layers[layer].inputs or ()) if source in position]
+             for layer in kept]
+    sizes = [float(profile.layers[layer].stashed_bytes) for layer in kept]
+    dag = antichain_states(reads, sizes, max_states=MAX_STATES_PER_LAYER * len(kept))
+    if dag is None:
+        return None
+    members = np.ones((dag.num_states, profile.num_layers), dtype=bool)
+    members[:, kept] = dag.members
+    return DagStates(members=members, ancestors=dag.ancestors, output_bytes=dag.output_bytes)
+
+
+def _is_input(layer: Layer) -> bool:
     words = layer.name.split()
     is_named_input = len(words) >= 2 and words[1].startswith("Input")
     return is_named_input and layer.forward_s == 0 and layer.backward_s == 0 and layer.param_bytes == 0
@@ -173,7 +222,7 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
         primes = np.arange(1, 2 if straight else m + 1)[:, None]  # r' as a column
         for j in range(1, num_states):
             live = np.arange(1 if final else min(j, num_rows))  # rows i with i < j
-            k = np.arange(j)
+            k = np.flatnonzero(states.ancestors[j])  # split states: the state DAG's ancestors of j
             last = (compute[k + 1, j] + 4 * (primes - 1) * par[k + 1, j] / (bandwidth * primes)) / primes  # [r', k]
             if memory_bytes is not None:
                 inflight = np.array([[math.ceil((n - (m + 1)) / p)] for p in primes[:, 0].tolist()])
@@ -181,7 +230,12 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
             last = np.maximum(last, 2.0 * out[k] / (bandwidth * primes))
             if j < num_states - 1:
                 last = np.maximum(last, 2.0 * out[j] / (bandwidth * primes))
-            candidate = np.maximum(time[m - primes[:, 0], : len(live), :j], last[:, None, :])  # [r', i, k]
+            # A chain's splits are all earlier states: a slice, much cheaper than a gather.
+            rest = m - primes[:, 0]
+            earlier = time[rest, : len(live), :j] if len(k) == j else time[np.ix_(rest, live, k)]
+            candidate = np.maximum(earlier, last[:, None, :])  # [r', i, k]
+            if not final and states.is_dag:  # row i > 0 skips splits below state i-1, as the optimizer does
+                candidate[:, 1:][:, states.ancestors[live[1:] - 1][:, k]] = math.inf
             # The optimizer's order: split states ascending, then r' ascending; the first minimum stays.
             by_split, prime_index = candidate.min(axis=0), candidate.argmin(axis=0)
             split = by_split.argmin(axis=1)
@@ -189,7 +243,7 @@ def _solve_level(compute: FloatArray, states: _States, level: Level, inner: int,
             better = best < time[m, live, j]
             winners, split, prime_index = live[better], split[better], prime_index[live, split][better]
             time[m, winners, j] = best[better]
-            split_state[winners, j, m] = split
+            split_state[winners, j, m] = k[split]
             split_machines[winners, j, m] = m - primes[prime_index, 0]
             replicas[winners, j, m] = primes[prime_index, 0]
     return _Table(np.moveaxis(time, 0, -1), split_state, split_machines, replicas)
@@ -245,10 +299,16 @@ def pipedream_optimizer(profile: Profile, levels: Sequence[Level], *, straight: 
     for level, table in zip(reversed(levels), reversed(tables), strict=True):
         splits = [(first, end, replicas * outer) for start, stop, outer in splits
                   for first, end, replicas in _unroll(table, start, stop, level.num_machines)]
-    offset = states.first_layer
-    stages = tuple((0 if first == 0 else first + offset, end + offset, replicas) for first, end, replicas in splits)
+    layers = [np.flatnonzero(states.members[end - 1] & ~(states.members[first - 1] if first else False))
+              for first, end, _ in splits]
+    order = np.concatenate(layers)
+    if (order != np.arange(profile.num_layers)).any():
+        profile = reorder_layers(profile, order.tolist())
+    bounds = np.cumsum([0] + [len(stage) for stage in layers])
+    stages = tuple((int(start), int(end), replicas)
+                   for start, end, (_, _, replicas) in zip(bounds[:-1], bounds[1:], splits, strict=True))
     return CompatPlan(stages=stages, time_per_minibatch_s=objective,
-                      data_parallel_time_per_minibatch_s=_data_parallel(states, levels))
+                      data_parallel_time_per_minibatch_s=_data_parallel(states, levels), profile=profile)
 
 
 def _data_parallel(states: _States, levels: Sequence[Level]) -> float:

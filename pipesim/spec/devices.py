@@ -21,6 +21,7 @@ A100; calibrate it on a measured profile (``pipesim.transformer.calibrated_effic
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from pipesim.errors import ConfigError
 from pipesim.spec.presets import lookup
@@ -102,3 +103,51 @@ def device_preset(name: str) -> DeviceSpec:
         ConfigError: an unknown name; the message lists the known ones.
     """
     return lookup(DEVICES, "device", name)
+
+
+Placement = Literal["tp-in-node", "pp-in-node"]
+PLACEMENTS: tuple[Placement, ...] = ("tp-in-node", "pp-in-node")
+
+
+@dataclass(frozen=True)
+class PlacedLinks:
+    """Which link each kind of traffic takes under a placement of TP, PP and DP on nodes.
+
+    Attributes:
+        placement: ``tp-in-node`` (Megatron's: a stage's TP ranks share a node's NVLink; pipeline
+            and data-parallel peers are on other nodes) or ``pp-in-node`` (a pipeline's stages
+            share a node's NVLink; TP groups span nodes over the NIC).
+        tensor_parallel_bytes_per_s, pipeline_bytes_per_s, data_parallel_bytes_per_s: per GPU.
+        device: the device as a transformer profile sees it: its NVLink field is the TP link.
+    """
+
+    placement: Placement
+    tensor_parallel_bytes_per_s: float
+    pipeline_bytes_per_s: float
+    data_parallel_bytes_per_s: float
+    device: DeviceSpec
+
+
+def placed_links(spec: DeviceSpec, placement: str, *, tp: int, pp: int | None = None) -> PlacedLinks:
+    """The links of ``placement`` on nodes of ``spec.gpus_per_node`` GPUs (data parallelism always
+    crosses nodes).
+
+    Raises:
+        ConfigError: an unknown placement, TP wider than a node under ``tp-in-node``, or a
+            pipeline (``pp``, when known) longer than a node under ``pp-in-node``.
+    """
+    nvlink, nic = spec.intra_node_bandwidth_bytes_per_s, spec.inter_node_bandwidth_bytes_per_s
+    per_node = spec.gpus_per_node
+    if placement == "tp-in-node":
+        if tp > per_node:
+            raise ConfigError("tp", tp, f"must be <= the GPUs in a {spec.name} node ({per_node}) with "
+                              "--placement tp-in-node; pp-in-node lets TP span nodes")
+        return PlacedLinks("tp-in-node", nvlink, nic, nic, spec)
+    if placement == "pp-in-node":
+        if pp is not None and pp > per_node:
+            raise ConfigError("pp", pp, f"must be <= the GPUs in a {spec.name} node ({per_node}) with "
+                              "--placement pp-in-node")
+        # TP over the NIC may be as wide as it likes: the profile's node-size check is the TP group's.
+        return PlacedLinks("pp-in-node", nic, nvlink, nic,
+                           replace(spec, intra_node_bandwidth_bytes_per_s=nic, gpus_per_node=max(per_node, tp)))
+    raise ConfigError("placement", placement, f"must be one of {', '.join(PLACEMENTS)}")

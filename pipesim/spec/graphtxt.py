@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from collections.abc import Sequence
 from pathlib import PurePath
 
 from pipesim.errors import ConfigError
@@ -58,7 +59,7 @@ def parse_graph_txt(
     their id, then the id string, so the original files come out in node-number order. A layer's
     ``activation_bytes`` is what crosses the cut right after it (PipeDream's antichain rule: the
     outputs of every node at or before it with an edge to a node after it); ``stash_bytes`` is the
-    node's own output.
+    node's own output; ``inputs`` keeps the DAG's edges (the positions each node reads).
 
     Args:
         text: the file's content.
@@ -78,6 +79,7 @@ def parse_graph_txt(
     nodes, edges = _parse_lines(text, source)
     order = _topological_order(nodes, edges, source)
     crossing = _cut_bytes(order, edges)
+    inputs = _inputs(order, edges)
     layers = [
         {
             "name": _layer_name(node),
@@ -88,8 +90,9 @@ def parse_graph_txt(
             "activation_bytes": float(cut),
             "stash_bytes": float(node.activation_bytes),
             "param_bytes": float(node.param_bytes),
+            "inputs": reads,
         }
-        for node, cut in zip(order, crossing)
+        for node, cut, reads in zip(order, crossing, inputs, strict=True)
     ]
     data = {
         "name": name if name is not None else _profile_name(source),
@@ -249,28 +252,67 @@ def _cycle_error(in_degree: dict[str, int], edges: list[tuple[str, str, int]], s
     return ConfigError(f"line {closing_line}", shown, rule, source=source)
 
 
+def _inputs(order: list[_Node], edges: list[tuple[str, str, int]]) -> list[list[int]]:
+    """Per position, the positions of the nodes it reads, ascending (the DAG kept beside the chain)."""
+    position = {node.node_id: index for index, node in enumerate(order)}
+    reads: list[set[int]] = [set() for _ in order]
+    for src, dst, _ in edges:
+        reads[position[dst]].add(position[src])
+    return [sorted(sources) for sources in reads]
+
+
 def _cut_bytes(order: list[_Node], edges: list[tuple[str, str, int]]) -> list[Fraction]:
+    """Bytes crossing the cut after each position of ``order`` (see ``cut_bytes``)."""
+    position = {node.node_id: index for index, node in enumerate(order)}
+    reads: list[list[int]] = [[] for _ in order]
+    for src, dst, _ in edges:
+        reads[position[dst]].append(position[src])
+    return cut_bytes([node.activation_bytes for node in order], reads)
+
+
+def cut_bytes(output_bytes: Sequence[Fraction], reads: Sequence[Sequence[int]]) -> list[Fraction]:
     """Bytes crossing the cut after each position: outputs of earlier nodes still awaited later.
 
-    A node's output is live from its own position up to (not including) its last consumer's,
-    so a difference array over positions gives every cut in O(N + E). Sums are exact fractions,
-    so a cut that nothing crosses is exactly 0.
+    ``reads[i]`` are the positions node i reads. A node's output is live from its own position up
+    to (not including) its last consumer's, so a difference array over positions gives every cut
+    in O(N + E). Sums are exact fractions, so a cut that nothing crosses is exactly 0.
     """
-    position = {node.node_id: index for index, node in enumerate(order)}
-    last_use = list(range(len(order)))
-    for src, dst, _ in edges:
-        last_use[position[src]] = max(last_use[position[src]], position[dst])
-    delta = [Fraction(0)] * (len(order) + 1)
-    for index, node in enumerate(order):
+    last_use = list(range(len(output_bytes)))
+    for dst, sources in enumerate(reads):
+        for src in sources:
+            last_use[src] = max(last_use[src], dst)
+    delta = [Fraction(0)] * (len(output_bytes) + 1)
+    for index, size in enumerate(output_bytes):
         if last_use[index] > index:
-            delta[index] += node.activation_bytes
-            delta[last_use[index]] -= node.activation_bytes
+            delta[index] += size
+            delta[last_use[index]] -= size
     crossing: list[Fraction] = []
     running = Fraction(0)
-    for index in range(len(order)):
+    for index in range(len(output_bytes)):
         running += delta[index]
         crossing.append(running)
     return crossing
+
+
+def reorder_layers(profile: Profile, order: Sequence[int]) -> Profile:
+    """A DAG profile's layers in another topological ``order`` (old indices, new order first).
+
+    Inputs are renumbered and each layer's ``activation_bytes`` is the new cut's, with a node's
+    output taken as its ``stash_bytes``, as ``parse_graph_txt`` writes them.
+
+    Raises:
+        ConfigError: ``order`` is no permutation of the layers, or puts a layer before one it reads.
+    """
+    if sorted(order) != list(range(profile.num_layers)):
+        raise ConfigError("order", list(order), f"must list each of the {profile.num_layers} layers once")
+    position = {old: new for new, old in enumerate(order)}
+    reads = [sorted(position[source] for source in (profile.layers[old].inputs or ())) for old in order]
+    if any(source >= new for new, sources in enumerate(reads) for source in sources):
+        raise ConfigError("order", list(order), "must put every layer after the layers it reads")
+    crossing = cut_bytes([Fraction(profile.layers[old].stashed_bytes) for old in order], reads)
+    layers = [profile.layers[old].model_copy(update={"inputs": tuple(sources), "activation_bytes": float(cut)})
+              for old, sources, cut in zip(order, reads, crossing, strict=True)]
+    return profile.model_copy(update={"layers": tuple(layers)})
 
 
 def _seconds(milliseconds: Decimal) -> float:

@@ -8,11 +8,15 @@ pipeline to simulate:
   stash by T and adds two ring all-reduces of the layer's output to its forward and two to its
   backward (the attention and MLP blocks' all-reduces of Megatron, Shoeybi et al. 2019);
 - data parallelism (``data_parallel_profile``) adds to each layer's optimizer step the ring
-  all-reduce of its gradients over the D replicas, once per minibatch; ZeRO stage 1 divides the
-  optimizer state by D (``zero_optimizer_multiplier``).
+  all-reduce of its gradients over the D replicas, once per minibatch, or, overlapped, starts
+  each layer's all-reduce as soon as the last backward has produced its gradient
+  (``overlapped_allreduce_tail_s``: what outlasts the backward is all the update waits for);
+  ZeRO stage 1 divides the optimizer state by D (``zero_optimizer_multiplier``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pipesim.errors import ConfigError
 from pipesim.spec.profile import Profile
@@ -57,8 +61,12 @@ def tensor_parallel_profile(profile: Profile, tp: int, bandwidth_bytes_per_s: fl
                            "source": f"{profile.source}; tensor parallel over {tp}"})
 
 
-def data_parallel_profile(profile: Profile, dp: int, bandwidth_bytes_per_s: float) -> Profile:
-    """``profile`` with each layer's gradient all-reduce over ``dp`` replicas in its update (same when ``dp`` is 1).
+def data_parallel_profile(profile: Profile, dp: int, bandwidth_bytes_per_s: float, *, overlap: bool = False) -> Profile:
+    """``profile`` with each layer's gradient all-reduce over ``dp`` replicas (the same profile when ``dp`` is 1).
+
+    Without ``overlap`` the all-reduce joins the layer's update (after the minibatch's last
+    backward); with it, it becomes the layer's ``gradient_allreduce_s``, overlapped with the
+    stage's last backward (``overlapped_allreduce_tail_s``).
 
     Raises:
         ConfigError: ``dp < 1``.
@@ -69,10 +77,29 @@ def data_parallel_profile(profile: Profile, dp: int, bandwidth_bytes_per_s: floa
     layers = []
     for layer in profile.layers:
         data = layer.model_dump()
-        data["update_s"] = (layer.update_s or 0.0) + ring_allreduce_s(layer.param_bytes, dp, bandwidth_bytes_per_s)
+        allreduce = ring_allreduce_s(layer.param_bytes, dp, bandwidth_bytes_per_s)
+        if overlap:
+            data["gradient_allreduce_s"] = (layer.gradient_allreduce_s or 0.0) + allreduce
+        else:
+            data["update_s"] = (layer.update_s or 0.0) + allreduce
         layers.append(data)
     return build(Profile, {**profile.model_dump(by_alias=True), "layers": layers,
-                           "source": f"{profile.source}; data parallel over {dp}"})
+                           "source": f"{profile.source}; data parallel over {dp}"
+                                     + (", all-reduce overlapped with the last backward" if overlap else "")})
+
+
+def overlapped_allreduce_tail_s(backward_s: Sequence[float], allreduce_s: Sequence[float]) -> float:
+    """Seconds the gradient all-reduces of one stage outlast its last backward.
+
+    The backward runs the stage's layers last to first (``backward_s`` and ``allreduce_s`` in
+    layer order); a layer's all-reduce starts when its gradient is ready and the previous one has
+    finished (one NIC, layer by layer, as DDP's buckets go), so the update waits only for the tail.
+    """
+    ready = finished = 0.0
+    for backward, allreduce in zip(reversed(backward_s), reversed(allreduce_s), strict=True):
+        ready += backward
+        finished = max(finished, ready) + allreduce
+    return max(0.0, finished - ready)
 
 
 def zero_optimizer_multiplier(multiplier: float, dp: int, zero_stage: int) -> float:

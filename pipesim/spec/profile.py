@@ -33,6 +33,13 @@ class Layer(FrozenModel):
         update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
+        gradient_allreduce_s: optional all-reduce of this layer's gradients across data-parallel
+            pipelines that overlaps the stage's last backward (``data_parallel_profile(...,
+            overlap=True)``): it starts once the layer's gradient is ready and the NIC is free,
+            and only what outlasts the backward adds to the stage's update, seconds.
+        inputs: optional indices of the earlier layers whose outputs this layer reads, for a
+            model that is a DAG (PipeDream's graph.txt); unset means the layer before it. Only
+            ``pipesim plan --cost-model pipedream`` reads it, to cut at the DAG's antichains.
     """
 
     name: str
@@ -48,6 +55,8 @@ class Layer(FrozenModel):
     update_s: float | None = Field(default=None, ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
     backward_std_s: float | None = Field(default=None, ge=0)
+    gradient_allreduce_s: float | None = Field(default=None, ge=0)
+    inputs: tuple[int, ...] | None = None
 
     @model_validator(mode="after")
     def _split_backward_pairs(self) -> Layer:
@@ -111,7 +120,17 @@ class Profile(FrozenModel):
     def _known_schema(self) -> Profile:
         if self.schema_ != PROFILE_SCHEMA:
             raise ValueError(f"schema must be {PROFILE_SCHEMA!r}")
+        for index, layer in enumerate(self.layers):
+            for source in layer.inputs or ():
+                if not 0 <= source < index:
+                    raise ValueError(f"layers[{index}].inputs names layer {source}: a layer reads only "
+                                     f"earlier layers (0 to {index - 1})")
         return self
+
+    @property
+    def is_dag(self) -> bool:
+        """True when some layer names its inputs (a DAG profile rather than a chain)."""
+        return any(layer.inputs is not None for layer in self.layers)
 
     @property
     def num_layers(self) -> int:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
-from pipesim.spec.parallel import ring_allreduce_s
+from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
@@ -25,7 +25,8 @@ class StageCosts:
         backward_weight_s: W time when the profile splits backward, else None.
         update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``)
             plus the gradient all-reduce over the stage's replicas, seconds (see
-            ``replica_allreduce_s``).
+            ``replica_allreduce_s``), plus what the layers' overlapped data-parallel all-reduces
+            (``gradient_allreduce_s``) leave after the last backward.
         output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
         param_bytes: bytes of stage s's weights.
@@ -154,8 +155,13 @@ def stage_costs(
         output.append(layers[-1].activation_bytes)
         stage_params = sum(layer.param_bytes for layer in layers)
         params.append(stage_params)
-        # The optimizer step on the stage's weights (each replica steps its own copy at once).
+        # The optimizer step on the stage's weights (each replica steps its own copy at once), after
+        # whatever of the data-parallel all-reduce outlasts the last backward.
         step = sum(layer.update_s or 0.0 for layer in layers) / topology.devices[device].speed + update_overhead
+        if any(layer.gradient_allreduce_s for layer in layers):
+            gradients = [(layer.backward_weight_s if split else layer.backward_s) or 0.0 for layer in layers]
+            step += overlapped_allreduce_tail_s([time / speed for time in gradients],
+                                                [layer.gradient_allreduce_s or 0.0 for layer in layers])
         if round_robin:
             allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
             update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))

@@ -120,7 +120,9 @@ PRESETS: dict[str, TransformerConfig] = {
                                     num_heads=16, num_kv_heads=16, vocab_size=30522, seq_len=512, has_bias=True,
                                     has_tied_embeddings=True,
                                     num_positions=512, is_encoder=True, published_parameters=340e6,
-                                    source="Devlin et al. 2019, BERT, section 3 (340M, rounded)"),
+                                    source="Devlin et al. 2019, BERT, section 3: 340M, two significant figures "
+                                           "(336.2M with the MLM head, 335.1M without; BERT-base's 110M is "
+                                           "109.5M rounded the same way)"),
 }
 
 

@@ -86,6 +86,11 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     import dask.config
     from distributed import Client, LocalCluster
 
+    # Dask's and tornado's own logs of a lost worker or scheduler would break the commands' one-line
+    # messages; distributed sets its loggers' levels on import, so they are quieted after it.
+    for name in [*logging.root.manager.loggerDict, "distributed", "tornado"]:
+        if name.split(".")[0] in ("distributed", "tornado"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout="10s")  # type: ignore[no-untyped-call]

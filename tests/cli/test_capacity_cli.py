@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,32 @@ def test_tp_and_dp_reproduce_a_hand_computed_iteration_time() -> None:
     assert data["iteration_time_s"] == pytest.approx(0.040, rel=1e-12)
     assert (data["tp"], data["dp"]) == (2, 2)
     assert data["global_throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.040, rel=1e-12)
+
+
+def test_dp_overlap_leaves_the_update_only_the_all_reduce_tail() -> None:
+    # Four layers, two a stage, 1F1B, p = 2, m = 2, free pipeline links: F = 2 ms, B = 4 ms a stage,
+    # makespan (m + p - 1)(F + B) = 18 ms. DP = 2 all-reduces 1e8 bytes a layer over the H100
+    # preset's 400 Gbit/s NIC: 2 (2-1)/2 x 1e8 / 50e9 s = 2 ms a layer.
+    # Not overlapped: stage 0's update after its last B: 18 + 2 x 2 = 22 ms.
+    # Overlapped: in stage 0's last B (14-18 ms) layer 1's gradient is ready at 16 and all-reduced
+    # 16-18, layer 0's at 18, all-reduced 18-20: the update waits 2 ms, 20 ms in all.
+    args = ("--uniform", "layers=4,forward_ms=1,backward_ms=2,activation_bytes=0,param_bytes=1e8", "--stages", "2",
+            "--microbatches", "2", "--schedule", "1f1b", "--dp", "2")
+    assert simulate_json(*args)["iteration_time_s"] == pytest.approx(0.022, rel=1e-12)
+    assert simulate_json(*args, "--dp-overlap")["iteration_time_s"] == pytest.approx(0.020, rel=1e-12)
+
+
+def test_pp_in_node_sends_the_tensor_parallel_all_reduces_over_the_nic() -> None:
+    # The hand-computed TP/DP case above, with TP across nodes: each all-reduce of 9e8 bytes takes
+    # 2 (2-1)/2 x 9e8 / 50e9 s = 18 ms over the 400 Gbit/s NIC instead of 1 ms over NVLink.
+    # F = 2 + 2 x 18 = 38 ms, B = 4 + 36 = 40 ms; 1F1B: 3 x 78 ms, then the 10 ms update: 244 ms.
+    args = ("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9", "--stages", "2",
+            "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+    assert simulate_json(*args, "--placement", "pp-in-node")["iteration_time_s"] == pytest.approx(0.244, rel=1e-12)
+    assert simulate_json(*args, "--placement", "tp-in-node") == simulate_json(*args)
+    refused = pipesim("simulate", *args[:-4], "--tp", "16", "--placement", "tp-in-node")
+    assert refused.returncode == 2 and "tp" in refused.stderr and "pp-in-node" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
@@ -157,3 +184,28 @@ def test_model_calibrate_takes_the_efficiency_of_a_measured_profile(tmp_path: Pa
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["layer_forward_s"] == pytest.approx(json.loads(first.stdout)["layer_forward_s"],
                                                                         rel=1e-9)
+
+
+SMALL_SEARCH = ("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
+                "--seq-len", "2048", "--json")
+
+
+def test_search_progress_is_a_line_at_every_tenth_off_a_terminal() -> None:
+    done = pipesim(*SMALL_SEARCH, "--progress")
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    counts = [int(re.match(r"search (\d+)/360 ", line).group(1)) for line in lines]  # type: ignore[union-attr]
+    assert 2 <= len(lines) <= 10 and counts == sorted(set(counts)), done.stderr
+    assert counts[0] >= 36  # the 12 dropped by arithmetic are done at the start, under a tenth
+    assert re.fullmatch(r"search 360/360 candidates [\d.]+ candidates/s elapsed \d+:\d\d:\d\d · 0:00:00 left",
+                        lines[-1]), lines[-1]
+
+
+@pytest.mark.slow
+def test_search_on_a_local_dask_cluster_gives_what_one_process_gives() -> None:
+    alone = pipesim(*SMALL_SEARCH)
+    on_dask = pipesim(*SMALL_SEARCH, "--workers", "2")
+    assert alone.returncode == 0 and on_dask.returncode == 0, on_dask.stderr
+    assert on_dask.stdout == alone.stdout
+    both = pipesim(*SMALL_SEARCH, "--workers", "2", "--scheduler", "tcp://127.0.0.1:1")
+    assert both.returncode == 2 and "either --workers" in both.stderr

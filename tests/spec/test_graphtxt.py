@@ -14,7 +14,7 @@ import pytest
 
 from pipesim.errors import ConfigError
 from pipesim.spec.files import load_profile, model_to_json, save_model
-from pipesim.spec.graphtxt import DEVICE, parse_graph_txt
+from pipesim.spec.graphtxt import DEVICE, parse_graph_txt, reorder_layers
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
@@ -249,3 +249,24 @@ def test_saved_profile_round_trips_and_follows_the_umask(tmp_path: Path) -> None
     assert (tmp_path / "diamond.json").stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
     assert load_profile(tmp_path / "diamond.json") == profile
     assert [path.name for path in tmp_path.iterdir()] == ["diamond.json"]  # no temporary left behind
+
+
+def test_reordered_layers_cut_as_the_graph_read_in_that_order() -> None:
+    """The diamond with its ReLU before its Conv2d: as if the file had numbered them that way."""
+    reordered = reorder_layers(parse_graph_txt(DIAMOND, source="diamond/graph.txt"), [0, 2, 1, 3, 4])
+    relu_first = "\n".join([
+        "node1 -- Input -- forward_compute_time=50.000, backward_compute_time=0.000, activation_size=100.0, parameter_size=0.000",
+        "node2 -- ReLU(inplace) -- forward_compute_time=3.000, backward_compute_time=6.000, activation_size=300.0, parameter_size=0.000",
+        "node10 -- Conv2d(3, 8) -- forward_compute_time=2.500, backward_compute_time=5.000, activation_size=[150.0; 50.0], parameter_size=1000.000",
+        "node11 -- Add -- forward_compute_time=4.000, backward_compute_time=8.000, activation_size=400.0, parameter_size=0.000",
+        "node12 -- Linear -- forward_compute_time=1.000, backward_compute_time=2.000, activation_size=500.0, parameter_size=2000.000",
+        "\tnode1 -- node2", "\tnode1 -- node10", "\tnode2 -- node11", "\tnode10 -- node11", "\tnode11 -- node12",
+    ])
+    expected = parse_graph_txt(relu_first, source="diamond/graph.txt")
+    # input 100 (both still read it); + ReLU 300; ReLU 300 + Conv 200; Add 400; the sink sends nothing
+    assert [layer.activation_bytes for layer in reordered.layers] == [100.0, 400.0, 500.0, 400.0, 0.0]
+    assert [layer.model_copy(update={"name": ""}) for layer in reordered.layers] == [
+        layer.model_copy(update={"name": ""}) for layer in expected.layers]
+    assert [layer.inputs for layer in reordered.layers] == [(), (0,), (0,), (1, 2), (3,)]
+    with pytest.raises(ConfigError, match="after the layers it reads"):
+        reorder_layers(reordered, [1, 0, 2, 3, 4])

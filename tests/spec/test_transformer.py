@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import pipesim
@@ -34,12 +36,23 @@ def test_preset_parameters_within_one_percent_of_the_published_size(name: str) -
     assert parameters(config) == pytest.approx(config.published_parameters, rel=0.01)
 
 
-def test_bert_large_parameters_match_the_rounded_published_size() -> None:
-    # Devlin et al. round to "340M"; the layers, embeddings, pooler and MLM head count 336.2M
-    # (the figure Hugging Face's model card gives), 1.1% under the rounded number.
-    config = PRESETS["bert-large"]
-    assert parameters(config) == pytest.approx(336.2e6, rel=0.001)
-    assert parameters(config) == pytest.approx(config.published_parameters, rel=0.015)
+def test_bert_parameters_round_to_the_papers_two_significant_figures() -> None:
+    """Devlin et al. give sizes to two significant figures: "340M" is any count in [335M, 345M).
+
+    BERT-large: embeddings 31,782,912 (30522 x 1024 tokens, 512 x 1024 positions, 2 x 1024 token
+    types, a 2 x 1024 norm), 24 layers of 12h^2 + 13h = 12,596,224, pooler 1,049,600: 335,141,888;
+    the MLM head (an h x h transform, its norm, the output bias; the decoder is the tied
+    embedding) adds 1,082,170: 336,224,058, 1.1% under 340M and within its rounding. BERT-base
+    (L=12, H=768, A=12) counts 109,482,240 + 622,650 the same way, the paper's "110M".
+    """
+    large = PRESETS["bert-large"]
+    assert parameters(large) == 31_782_912 + 24 * 12_596_224 + 1_049_600 + 1_082_170
+    base = replace(large, name="bert-base", num_layers=12, hidden_size=768, ffn_hidden_size=3072, num_heads=12,
+                   num_kv_heads=12, published_parameters=110e6)
+    assert parameters(base) == 109_482_240 + 622_650
+    for config, mlm_head in ((large, 1_082_170), (base, 622_650)):
+        for count in (parameters(config), parameters(config) - mlm_head):
+            assert float(f"{count:.2g}") == config.published_parameters
 
 
 def test_gpt_layer_parameters_are_12h2_plus_13h() -> None:

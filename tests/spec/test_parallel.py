@@ -1,0 +1,49 @@
+"""Tensor and data parallelism around a pipeline: the overlapped gradient all-reduce, and placements on nodes."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipesim.search import Candidate, enumerate_candidates
+from pipesim.spec.devices import device_preset, placed_links
+from pipesim.spec.parallel import data_parallel_profile, overlapped_allreduce_tail_s
+from pipesim.spec.plan import Plan
+from pipesim.spec.profile import uniform_profile
+from pipesim.spec.stages import stage_costs
+from pipesim.spec.topology import Topology
+from pipesim.spec.transformer import preset
+
+
+def test_the_tail_is_what_outlasts_the_backward() -> None:
+    # Backward runs layer 1 then layer 0, 2 ms each. Layer 1's all-reduce (3 ms) runs 2-5; layer
+    # 0's gradient is ready at 4 but the NIC is busy until 5: 5-6. The backward ends at 4: tail 2.
+    assert overlapped_allreduce_tail_s([2.0, 2.0], [1.0, 3.0]) == 2.0
+    # Small all-reduces hide behind the backward except the last layer's own.
+    assert overlapped_allreduce_tail_s([2.0, 2.0], [0.5, 0.5]) == 0.5
+    assert overlapped_allreduce_tail_s([], []) == 0.0
+
+
+def test_overlap_moves_the_all_reduce_out_of_the_update() -> None:
+    profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, param_bytes=1e8)
+    topology = Topology.uniform(num_devices=2, bandwidth=1e12)
+    plan = Plan(schedule="1f1b", num_stages=2, num_microbatches=2)
+    after = stage_costs(data_parallel_profile(profile, 2, 50e9), plan, topology)
+    overlapped_profile = data_parallel_profile(profile, 2, 50e9, overlap=True)
+    overlapped = stage_costs(overlapped_profile, plan, topology)
+    assert after.update_s == pytest.approx((4e-3, 4e-3), rel=1e-12)  # 2 layers x 2 ms
+    assert overlapped.update_s == pytest.approx((2e-3, 2e-3), rel=1e-12)  # the last layer's 2 ms
+    assert [layer.gradient_allreduce_s for layer in overlapped_profile.layers] == [pytest.approx(2e-3)] * 4
+    assert data_parallel_profile(profile, 1, 50e9, overlap=True) is profile
+
+
+def test_pp_in_node_bounds_the_pipeline_by_a_node_and_lets_tp_span_nodes() -> None:
+    config, device = preset("llama3-70b"), device_preset("h100")
+    megatron = [item for item in enumerate_candidates(config, device, num_gpus=64, global_batch=64)
+                if isinstance(item, Candidate)]
+    pipelines_in_nodes = [item for item in enumerate_candidates(config, device, num_gpus=64, global_batch=64,
+                                                                placement="pp-in-node") if isinstance(item, Candidate)]
+    assert max(item.tp for item in megatron) == 8 and max(item.pp for item in megatron) == 64
+    assert max(item.pp for item in pipelines_in_nodes) == 8 and max(item.tp for item in pipelines_in_nodes) == 64
+    links = placed_links(device, "pp-in-node", tp=16)
+    assert (links.tensor_parallel_bytes_per_s, links.pipeline_bytes_per_s) == (50e9, 900e9)
+    assert links.device.intra_node_bandwidth_bytes_per_s == 50e9  # what transformer_profile's TP reads
