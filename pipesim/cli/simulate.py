@@ -50,7 +50,8 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Profile file: pipesim JSON or PipeDream graph.txt (told apart by content).")
 @click.option("--uniform", type=str, default=None,
               help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W "
-                   "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=].")
+                   "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=,input_bytes=,loss_bytes=] "
+                   "(input_bytes: the model input stage 0 keeps; loss_bytes: the loss buffer the last stage keeps).")
 @click.option("--plan", "plan_path", type=str, default=None,
               help="A plan file (pipesim.plan/1, or the output of pipesim plan) instead of --stages ... --schedule.")
 @click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P, one per device.")
@@ -74,7 +75,9 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--shared-nics", is_flag=True,
               help="Flows leaving or entering a device share its NIC's bandwidth (des engine only).")
 @click.option("--topology", "topology_path", type=str, default=None, help="Topology JSON (instead of --bandwidth).")
-@click.option("--recompute/--no-recompute", default=False, help="Full activation recomputation on every stage.")
+@click.option("--recompute/--no-recompute", default=False,
+              help="Full activation recomputation on every stage: it keeps its input, and a backward holds the "
+                   "activations it re-creates while it runs.")
 @click.option("--recompute-stages", "recompute_stages", type=str, default=None,
               help="Recomputation per stage: one of none|full|selective, or one per stage (full,none,...).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,

@@ -148,29 +148,17 @@ def stage_costs(
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
         mode = plan.recompute_of(stage)
-        data = input_layers(layers) if start == 0 else 0
-        # Bytes kept whatever the recomputation: the model's input on stage 0, the loss buffer on the last.
-        fixed = (profile.input_bytes or 0.0 if start == 0 else 0.0) + sum(layer.stashed_bytes for layer in layers[:data])
-        fixed += profile.loss_bytes or 0.0 if end == profile.num_layers else 0.0
-        computed = layers[data:]
-        per_layer = max((layer.recomputed_bytes or 0.0 for layer in layers), default=0.0)
+        stage_stash, stage_kept, stage_working = stage_memory(profile, start, end, mode)
+        stash.append(stage_stash)
+        weight_stash.append(stage_kept)
+        working.append(stage_working)
         if mode == "full":
             recompute_s = f
-            kept = profile.layers[start - 1].activation_bytes if start > 0 else 0.0
-            again = sum(layer.stashed_bytes for layer in computed) + per_layer
         elif mode == "selective":
-            recompute_s = sum(layer.forward_s for layer in computed if layer.is_selectively_recomputed) / speed
-            kept = sum(layer.stashed_bytes for layer in computed if not layer.is_selectively_recomputed)
-            again = max((layer.stashed_bytes * layer.is_selectively_recomputed + (layer.recomputed_bytes or 0.0)
-                         for layer in computed), default=0.0)
+            recompute_s = sum(layer.forward_s for layer in layers if layer.is_selectively_recomputed) / speed
         else:
             recompute_s = 0.0
-            kept = sum(layer.stashed_bytes for layer in computed)
-            again = per_layer
-        stash.append(fixed + kept)
-        working.append(again)
         recomputed.append(recompute_s)
-        weight_stash.append(sum(layer.weight_stashed_bytes for layer in computed) + fixed)
         forward.append(f + forward_overhead)
         backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s + backward_overhead)
         if split:
@@ -204,6 +192,30 @@ def stage_costs(
         recompute_s=tuple(recomputed) if any(recomputed) else None,
         working_bytes=tuple(working) if any(working) else None,
     )
+
+
+def stage_memory(profile: Profile, start: int, end: int, mode: str = "none") -> tuple[float, float, float]:
+    """``(stash, weight_stash, working)`` bytes of one microbatch on the stage of layers
+    ``[start, end)`` under recomputation ``mode`` (see ``stage_costs``): what it keeps from F to
+    B (or I), what W keeps after I, and what its backward re-creates and holds while it runs."""
+    layers = profile.layers[start:end]
+    data = input_layers(layers) if start == 0 else 0
+    # Bytes kept whatever the recomputation: the model's input on stage 0, the loss buffer on the last.
+    fixed = (profile.input_bytes or 0.0 if start == 0 else 0.0) + sum(layer.stashed_bytes for layer in layers[:data])
+    fixed += profile.loss_bytes or 0.0 if end == profile.num_layers else 0.0
+    computed = layers[data:]
+    per_layer = max((layer.recomputed_bytes or 0.0 for layer in layers), default=0.0)
+    if mode == "full":
+        kept = profile.layers[start - 1].activation_bytes if start > 0 else 0.0
+        again = sum(layer.stashed_bytes for layer in computed) + per_layer
+    elif mode == "selective":
+        kept = sum(layer.stashed_bytes for layer in computed if not layer.is_selectively_recomputed)
+        again = max((layer.stashed_bytes * layer.is_selectively_recomputed + (layer.recomputed_bytes or 0.0)
+                     for layer in computed), default=0.0)
+    else:
+        kept = sum(layer.stashed_bytes for layer in computed)
+        again = per_layer
+    return fixed + kept, sum(layer.weight_stashed_bytes for layer in computed) + fixed, again
 
 
 def input_layers(layers: Sequence[Layer]) -> int:
