@@ -281,7 +281,7 @@ def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int, stages
     for device, stages_held in enumerate(held):
         if len(stages_held) == 1:
             peaks.append(stages[stages_held[0]].peak_memory_bytes)
-            breakdowns.append(dict(stages[stages_held[0]].peak_breakdown_bytes))
+            breakdowns.append(stages[stages_held[0]].peak_breakdown_bytes)
         elif stages_held:
             peaks.append(summed[0][device])
             breakdowns.append(dict(zip(CATEGORIES, summed[1][device], strict=True)))
