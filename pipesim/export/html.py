@@ -123,6 +123,8 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
     if run and not title:
         links = dict(describe(run))
         heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
+    if "fits" in m and not title:
+        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {m['memory_budget_bytes'] / 1e9:.1f} GB"
     return page(heading, sections, version=version)
 
 

@@ -54,6 +54,7 @@ def test_the_headline_and_the_budget_read_the_largest_device_not_the_largest_sta
     text = report.read_text()
     verdict = "does NOT fit in 3.0 GB per device (worst overshoot 0.40 GB, device 0)"
     assert f'<p class="verdict"><strong>{verdict}</strong></p>' in text
+    assert "does NOT fit in 3.0 GB</h1>" in text
     assert text.index(verdict) < text.index("<h2>Summary</h2>") and "<h2>Per device</h2>" in text
     looser = tmp_path / "looser.html"
     assert pipesim("report", str(out), "--out", str(looser), "--memory", "3.5GB").returncode == 0

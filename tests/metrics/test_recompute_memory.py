@@ -92,3 +92,15 @@ def test_a_profile_input_layer_is_kept_by_recomputation() -> None:
     end = result.plan.partition[0][1]
     again = sum(layer.stashed_bytes for layer in profile.layers[1:end])
     assert activation_peaks(result)[0] == 2 * data.stashed_bytes + again
+
+
+def test_tensor_parallelism_divides_the_loss_buffer_and_the_re_created_bytes_not_the_input() -> None:
+    from pipesim.spec.parallel import tensor_parallel_profile
+
+    model = pipesim.transformer_profile("llama3-8b", microbatch_size=1, seq_len=1024, recompute="selective")
+    # Selective recomputation re-creates the attention scores: without dropout (Llama) the softmax
+    # output alone, 2 bytes a score, a s^2 b of them.
+    assert model.layers[1].recomputed_bytes == 2 * 32 * 1024 * 1024
+    split = tensor_parallel_profile(model, 4, 900e9)
+    assert split.layers[1].recomputed_bytes == model.layers[1].recomputed_bytes / 4  # type: ignore[operator]
+    assert (split.input_bytes, split.loss_bytes) == (model.input_bytes, model.loss_bytes / 4)  # type: ignore[operator]
