@@ -46,7 +46,7 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
+        np.append(np.argsort(ends, kind="stable"), -1), ops.rank, ops.stage, ops.kind, ops.version, ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
@@ -62,21 +62,18 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                   start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in two passes over the ops: the columns in MEMORY_COLUMNS order.
 
-    ``order`` is the ops' stable order by end (flat indices), ``start_order`` by start (empty
-    without working bytes): the events follow them, merged by time.
+    ``order`` is the ops' stable order by end (flat indices) and then -1, ``start_order`` by
+    start (empty without working bytes): the events follow them, merged by time.
     """
     n, p = kind.shape[0], stash.shape[0]
     # Per op, its events as bits: 1 activations, 2 adds a version (U), 4 frees the version it
     # supersedes (U), 8 frees a superseded version (its last user), 16 takes working bytes at
     # its start (a B or I of a stage that re-creates activations).
-    events = np.zeros(n, dtype=np.uint8)
-    for g in range(n):
-        k = kind[g]
-        takes = (k == B_CODE or k == I_CODE) and working[stage[g]] != 0.0
-        if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and (kept[stage[g]] != stash[stage[g]] or takes)):
-            events[g] = 1
-        if takes:
-            events[g] |= 16
+    backward = (kind == B_CODE) | (kind == I_CODE)
+    takes = backward & (working[stage] != 0.0)
+    stashes = (kind == F_CODE) | (kind == B_CODE) | (kind == W_CODE) | (
+        (kind == I_CODE) & ((kept[stage] != stash[stage]) | takes))
+    events = stashes.astype(np.uint8) | (takes.astype(np.uint8) * np.uint8(16))
     if keeps_versions and n > 0:
         width = version.max() + 2
         last_user = np.full(p * width, -1, dtype=np.int64)
@@ -95,9 +92,8 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             elif last_user[key] == g and 0 <= update_of[key] < g:
                 events[g] |= 8
     total = 3 * p
-    for g in range(n):
-        e = np.int64(events[g])
-        total += (e & 1) + ((e >> 1) & 1) + ((e >> 2) & 1) + ((e >> 3) & 1) + ((e >> 4) & 1)
+    for bit in range(5):
+        total += np.count_nonzero((events >> bit) & 1)
     time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
     for s in range(p):
@@ -105,17 +101,23 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = stage_to_rank[s], s, c
             delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
     row = 3 * p
-    next_start = 0
-    for g in order:
-        e = np.int64(events[g])
-        if e == 0:
+    # The backwards that take working bytes, by start; each is written before the first end after it.
+    taking = start_order[(events[start_order] & 16) != 0]
+    taken = 0
+    for g in order:  # its last entry, -1, writes the starts after the last end
+        if g >= 0 and events[g] == 0:
             continue
-        t, s = end_s[g], stage[g]
-        # The working bytes taken by backwards that start before this end.
-        while next_start < start_order.shape[0] and start_s[start_order[next_start]] < t:
-            row = _take_working(start_order[next_start], events, start_s, rank, stage, working, time_s, device,
-                                stage_of, category, delta, count, row)
-            next_start += 1
+        t = end_s[g] if g >= 0 else np.inf
+        while taken < taking.shape[0] and start_s[taking[taken]] < t:
+            h = taking[taken]
+            time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
+            category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
+            row += 1
+            taken += 1
+        if g < 0:
+            break
+        e = np.int64(events[g])
+        s = stage[g]
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row] = t, rank[g], s
@@ -137,20 +139,5 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                     else:
                         delta[row], count[row] = -params[s], -1
                 row += 1
-    while next_start < start_order.shape[0]:
-        row = _take_working(start_order[next_start], events, start_s, rank, stage, working, time_s, device,
-                            stage_of, category, delta, count, row)
-        next_start += 1
     return time_s, device, stage_of, category, delta, count
 
-
-@jit.jit
-def _take_working(g: int, events: npt.NDArray[np.uint8], start_s: FloatArray, rank: IntArray, stage: IntArray,
-                  working: FloatArray, time_s: FloatArray, device: IntArray, stage_of: IntArray, category: IntArray,
-                  delta: FloatArray, count: IntArray, row: int) -> int:
-    """Write op ``g``'s working-bytes event at ``row`` when it has one; the next free row."""
-    if not events[g] & 16:
-        return row
-    time_s[row], device[row], stage_of[row] = start_s[g], rank[g], stage[g]
-    category[row], delta[row], count[row] = ACTIVATIONS, working[stage[g]], 0
-    return row + 1
