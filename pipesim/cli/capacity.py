@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from pipesim.errors import ConfigError
+from pipesim.export.report import verdict_text
+from pipesim.metrics import memory_verdict
 from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
 from pipesim.cli.options import parse_uniform
 from pipesim.search import model_throughput
@@ -158,9 +160,7 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
     fields: dict[str, Any] = {"tp": capacity.tp, "dp": capacity.dp,
                               "global_throughput_samples_per_s": data["throughput_samples_per_s"] * capacity.dp}
     if capacity.memory_budget_bytes is not None:
-        headroom = [capacity.memory_budget_bytes - peak for peak in data["device_peak_memory_bytes"]]
-        fields.update(memory_budget_bytes=capacity.memory_budget_bytes, device_memory_headroom_bytes=headroom,
-                      fits=all(value >= 0 for value in headroom))
+        fields.update(memory_verdict(data["device_peak_memory_bytes"], capacity.memory_budget_bytes))
     if capacity.seq_len:
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
         tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,
@@ -174,10 +174,7 @@ def capacity_headline(data: dict[str, Any]) -> str:
     """One line: the memory verdict and, with a model, tokens/s and MFU ("" without capacity keys)."""
     parts = []
     if "fits" in data:
-        worst = min(data["device_memory_headroom_bytes"])
-        verdict = "fits" if data["fits"] else "does NOT fit"
-        parts.append(f"{verdict} in {data['memory_budget_bytes'] / 1e9:.1f} GB per device "
-                     f"({'least headroom' if data['fits'] else 'worst overshoot'} {abs(worst) / 1e9:.2f} GB)")
+        parts.append(verdict_text(data))
     if "tokens_per_s" in data:
         parts.append(f"{data['num_gpus']} GPUs (tp={data['tp']}, dp={data['dp']}): "
                      f"{data['tokens_per_s']:.0f} tokens/s, MFU {data['mfu']:.1%}")

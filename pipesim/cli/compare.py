@@ -100,7 +100,8 @@ def print_comparison(runs: list[dict[str, Any]], skipped: list[dict[str, str]]) 
 
 
 def write_comparison(results: list[Result], runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """``comparison.json`` (the runs), each run's report folder under its schedule's name, and
+    """``comparison.json`` (the runs), each run's report folder under its schedule's name (its
+    metrics.json the run's object, memory verdict included), and
     ``timelines.png`` with every timeline on one time axis."""
     from pipesim.export.report import write_report
     from pipesim.plots import save_figure, use_headless_backend
@@ -109,8 +110,8 @@ def write_comparison(results: list[Result], runs: list[dict[str, Any]], out_dir:
 
     use_headless_backend()
     written = []
-    for result in results:
-        written += write_report(result, out_dir / result.plan.schedule)
+    for result, run in zip(results, runs, strict=True):
+        written += write_report(result, out_dir / result.plan.schedule, metrics=run)
     write_text_atomic(out_dir / "comparison.json", dumps({"runs": runs}))
     written.append(out_dir / "comparison.json")
     written.append(save_figure(stacked_timelines([result.trace for result in results]), out_dir / "timelines.png"))

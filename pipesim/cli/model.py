@@ -82,7 +82,8 @@ def model_command(name: str, device: str, efficiency: float | None, calibrate_pa
         f"s={summary['seq_len']}\n"
         f"on {profile.device}, b={profile.microbatch_size}, tp={tp}, recompute={recompute}: per layer forward "
         f"{summary['layer_forward_s'] * 1e3:.3f} ms, backward {summary['layer_backward_s'] * 1e3:.3f} ms, "
-        f"stash {summary['layer_stash_bytes'] / 1e9:.3f} GB, weights {summary['layer_param_bytes'] / 1e9:.3f} GB; "
+        f"stash {summary['layer_stash_bytes'] / 1e9:.3f} GB (re-created in its backward "
+        f"{summary['layer_recomputed_bytes'] / 1e9:.3f} GB), weights {summary['layer_param_bytes'] / 1e9:.3f} GB; "
         f"all layers' weights per tensor-parallel rank {summary['rank_param_bytes'] / 1e9:.2f} GB\n"
         f"source: {config.source}"
     )

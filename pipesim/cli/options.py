@@ -9,8 +9,10 @@ from pipesim.spec.validation import build
 from pipesim.spec.units import parse_bandwidth, parse_duration
 
 UNIFORM_KEYS = ("layers", "forward_ms", "backward_ms", "activation_bytes", "param_bytes")
-# Optional keys: split backward (given together) and measured spread per layer.
-UNIFORM_EXTRA_KEYS = ("backward_input_ms", "backward_weight_ms", "forward_std_ms", "backward_std_ms")
+# Optional keys: split backward (given together), measured spread per layer, the model input
+# stage 0 keeps and the loss buffer the last stage keeps per microbatch.
+UNIFORM_EXTRA_KEYS = ("backward_input_ms", "backward_weight_ms", "forward_std_ms", "backward_std_ms",
+                      "input_bytes", "loss_bytes")
 RECOMPUTE_MODES = ("none", "full", "selective")
 
 
@@ -19,7 +21,8 @@ def parse_uniform(text: str) -> Profile:
 
     ``activation_bytes`` and ``param_bytes`` default to 0; ``microbatch_size`` may be given, and
     so may ``backward_input_ms`` + ``backward_weight_ms`` (split backward) and
-    ``forward_std_ms``/``backward_std_ms`` (measured spread, for ``--samples``).
+    ``forward_std_ms``/``backward_std_ms`` (measured spread, for ``--samples``), and
+    ``input_bytes``/``loss_bytes`` (the model input and the loss buffer, per microbatch).
     """
     values: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -67,6 +70,8 @@ def parse_uniform(text: str) -> Profile:
         backward_weight_s=optional_s("backward_weight_ms"),
         forward_std_s=optional_s("forward_std_ms"),
         backward_std_s=optional_s("backward_std_ms"),
+        input_bytes=number("input_bytes") if "input_bytes" in values else None,
+        loss_bytes=number("loss_bytes") if "loss_bytes" in values else None,
     )
 
 

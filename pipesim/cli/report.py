@@ -10,7 +10,9 @@ import click
 
 from pipesim.cli.plot import load_table, load_trace
 from pipesim.cli.outputs import out_file, writing
+from pipesim.errors import ConfigError
 from pipesim.spec.files import read_text, write_text_atomic
+from pipesim.spec.units import parse_size
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 
@@ -21,13 +23,18 @@ TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 @click.option("--figures", "fmt", type=click.Choice(["png", "svg"]), default="png", show_default=True,
               help="Embed figures as base64 PNG or inline SVG.")
 @click.option("--title", type=str, default=None, help="Page title.")
-def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
+@click.option("--memory", "memory", type=str, default=None,
+              help="Memory budget per device (e.g. 80GB) for a simulation: the report says per device whether "
+                   "it fits (default: the budget saved in metrics.json by simulate --memory, if any).")
+def report_command(source: str, out: str, fmt: str, title: str | None, memory: str | None) -> None:
     """Write one HTML file of metrics tables and figures for SOURCE.
 
     SOURCE is a folder written by ``simulate --out`` (or its trace.json) for a simulation,
-    or a sweep table (.parquet or .csv) for a sweep.
+    or a sweep table (.parquet or .csv) for a sweep. With a memory budget the simulation's
+    report opens with the verdict: whether every device fits, and each device's headroom.
     """
     target = out_file(out, (".html", ".htm"))
+    budget = parse_size(memory, "memory") if memory is not None else None
     from pipesim import __version__
     from pipesim.export.html import simulation_html, sweep_html
     from pipesim.plots import use_headless_backend
@@ -35,6 +42,9 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
     use_headless_backend()
 
     if source.lower().endswith(TABLE_SUFFIXES):
+        if memory is not None:
+            raise ConfigError("memory", memory, "applies to a simulation's report; a sweep table's rows carry "
+                              "fits_memory against their own memory_limit")
         from pipesim.plots.report import sweep_figures
         from pipesim.sweep.analysis import pareto_front
         from pipesim.sweep.store import read_run
@@ -44,7 +54,7 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
         text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front,
                           run=read_run(source))
     else:
-        from pipesim.metrics import compute_metrics
+        from pipesim.metrics import compute_metrics, memory_verdict
         from pipesim.plots.report import simulation_figures
 
         trace = load_trace(source)
@@ -56,7 +66,12 @@ def report_command(source: str, out: str, fmt: str, title: str | None) -> None:
         notes = []
         run = saved_run(source)
         if saved.is_file():
-            data["partition"] = json.loads(read_text(saved, "metrics")).get("partition", [])
+            saved_metrics = json.loads(read_text(saved, "metrics"))
+            data["partition"] = saved_metrics.get("partition", [])
+            if budget is None and isinstance(saved_metrics.get("memory_budget_bytes"), (int, float)):
+                budget = float(saved_metrics["memory_budget_bytes"])
+        if budget is not None:
+            data.update(memory_verdict(metrics.device_peak_memory_bytes, budget))
         perfetto = saved.with_name("trace.perfetto.json")
         if perfetto.is_file():
             notes.append(f"The timeline opens in ui.perfetto.dev from {perfetto.name} beside this report.")

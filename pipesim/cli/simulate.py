@@ -22,6 +22,7 @@ from pipesim.cli.options import (
 )
 from pipesim.cli.outputs import out_folder, writing
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
+from pipesim.engine.trace import CATEGORIES
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
 from pipesim.export.report import metrics_dict
@@ -49,7 +50,8 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Profile file: pipesim JSON or PipeDream graph.txt (told apart by content).")
 @click.option("--uniform", type=str, default=None,
               help="Synthetic profile: layers=L,forward_ms=F,backward_ms=B,activation_bytes=A,param_bytes=W "
-                   "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=].")
+                   "[,backward_input_ms=I,backward_weight_ms=W2,forward_std_ms=,backward_std_ms=,input_bytes=,loss_bytes=] "
+                   "(input_bytes: the model input stage 0 keeps; loss_bytes: the loss buffer the last stage keeps).")
 @click.option("--plan", "plan_path", type=str, default=None,
               help="A plan file (pipesim.plan/1, or the output of pipesim plan) instead of --stages ... --schedule.")
 @click.option("--stages", "num_stages", type=int, default=None, help="Pipeline stages P, one per device.")
@@ -73,7 +75,9 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--shared-nics", is_flag=True,
               help="Flows leaving or entering a device share its NIC's bandwidth (des engine only).")
 @click.option("--topology", "topology_path", type=str, default=None, help="Topology JSON (instead of --bandwidth).")
-@click.option("--recompute/--no-recompute", default=False, help="Full activation recomputation on every stage.")
+@click.option("--recompute/--no-recompute", default=False,
+              help="Full activation recomputation on every stage: it keeps its input, and a backward holds the "
+                   "activations it re-creates while it runs.")
 @click.option("--recompute-stages", "recompute_stages", type=str, default=None,
               help="Recomputation per stage: one of none|full|selective, or one per stage (full,none,...).")
 @click.option("--optimizer-state", "optimizer_state_multiplier", type=float, default=1.0, show_default=True,
@@ -209,17 +213,17 @@ def simulate_command(
                                    distribution=distribution, cv=cv, schedule=given)
     warn_without_memory(profile)
     provenance = simulation_run(result, profile_path, uniform, topology, topology_path)
-    if out is not None:
-        with writing(out):
-            written = write_outputs(result, out, provenance)
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
+    if out is not None:
+        with writing(out):
+            written = write_outputs(result, out, provenance, data)
     if as_json:
         if summary is not None:
             data["samples"] = summary.to_dict()
         click.echo(strict_dumps(data, indent=None))
     else:
-        print_table(result)
+        print_table(result, data.get("device_memory_headroom_bytes"))
         if capacity_headline(data):
             click.echo(capacity_headline(data))
         if summary is not None:
@@ -262,13 +266,15 @@ def _check_plan_flags(context: click.Context) -> None:
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
-def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None) -> list[Path]:
-    """The report folder: data files from pipesim.export, the timeline from pipesim.plots."""
+def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None,
+                  metrics: dict[str, Any] | None = None) -> list[Path]:
+    """The report folder: data files from pipesim.export (``metrics``: the metrics.json object,
+    memory verdict included), the timeline from pipesim.plots."""
     from pipesim.export.report import write_report
     from pipesim.plots import save_figure, timeline, use_headless_backend
 
     use_headless_backend()
-    written = write_report(result, out_dir, run=run)
+    written = write_report(result, out_dir, run=run, metrics=metrics)
     written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
     return written
 
@@ -293,25 +299,40 @@ def warn_without_memory(profile: Profile) -> None:
 
 def _bytes(value: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if value >= size:
+        if abs(value) >= size:
             return f"{value / size:.2f} {unit}"
     return f"{value:.0f} B"
 
 
-def print_table(result: Result) -> None:
-    """A readable summary and a per-stage table."""
+def print_table(result: Result, headroom_bytes: list[float] | None = None) -> None:
+    """A readable summary, a per-device table (what must fit on each GPU: the peak of the summed
+    memory of its stages) and a per-stage table; ``headroom_bytes`` (per device, budget minus
+    peak) adds a column."""
     m = result.metrics
     console = Console(highlight=False, width=None if Console().is_terminal else 140)
     window = (f"steady state over minibatches {m.warmup_minibatches}..{m.num_minibatches - m.cooldown_minibatches - 1}"
               if m.warmup_minibatches else "whole run")
     ranks = f" on {m.num_ranks} ranks" if m.num_ranks != m.num_stages else ""
+    peaks = list(m.device_peak_memory_bytes)
+    device = peaks.index(m.peak_memory_bytes) if m.peak_memory_bytes in peaks else 0
     console.print(
         f"[bold]{m.schedule}[/bold]  p={m.num_stages}{ranks} m={m.num_microbatches} K={m.num_minibatches}  "
         f"engine={m.engine}  ops={m.num_ops}\n"
         f"iteration time {m.iteration_time_s * 1e3:.3f} ms ({window}), makespan {m.makespan_s * 1e3:.3f} ms, "
         f"throughput {m.throughput_samples_per_s:.2f} samples/s, bubble {m.bubble_fraction:.1%}, "
-        f"peak memory {_bytes(m.peak_memory_bytes)}"
+        f"peak memory {_bytes(m.peak_memory_bytes)} (device {device})"
     )
+    devices = Table(show_edge=False)
+    for header in ("device", "stages", "util", "peak memory", *(f"{c} at peak" for c in CATEGORIES),
+                   *(("headroom",) if headroom_bytes is not None else ())):
+        devices.add_column(header, justify="right")
+    for index, peak in enumerate(peaks):
+        held = ",".join(str(stage.stage) for stage in m.stages if stage.device == index)
+        breakdown = m.device_peak_breakdown_bytes[index]
+        extra = () if headroom_bytes is None else (_bytes(headroom_bytes[index]),)
+        devices.add_row(str(index), held, f"{m.device_utilization[index]:.1%}", _bytes(peak),
+                        *(_bytes(breakdown[c]) for c in CATEGORIES), *extra)
+    console.print(devices)
     table = Table(show_edge=False)
     for header in ("stage", "device", "layers", "util", "bubble", "exposed comm ms", "peak memory", "versions",
                    "in-flight", "fwd delay", "discrepancy"):

@@ -51,7 +51,8 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info:
         fill_span_columns(program, spans, remote)
     else:
         spans.update(shared)
-    return Trace(info=info, spans=spans, memory=memory_columns(program, spans["end_s"][:n], compiled=compiled))
+    return Trace(info=info, spans=spans, memory=memory_columns(program, spans["start_s"][:n], spans["end_s"][:n],
+                                                                   compiled=compiled))
 
 
 def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:

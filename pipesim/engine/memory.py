@@ -16,18 +16,23 @@ FloatArray = npt.NDArray[np.float64]
 Columns = dict[str, npt.NDArray[np.generic]]
 
 
-def memory_columns(program: Program, end_s: FloatArray, *, compiled: bool | None = None) -> Columns:
-    """The memory events of a run whose op ``g`` (flat OpTable index) ended at ``end_s[g]``.
+def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
+                   compiled: bool | None = None) -> Columns:
+    """The memory events of a run whose op ``g`` (flat OpTable index) ran from ``start_s[g]`` to ``end_s[g]``.
 
     At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
     An F's end stashes the stage's activation bytes for that microbatch and a B's end frees
     them. With split backward, W frees what I keeps: I's end frees the stash but keeps the
     stage's weight-stash bytes (what W still needs; no event when that is the whole stash),
-    and W's end frees those; the microbatch counts as held from F's end to W's end. With STASH
-    or DOUBLE_BUFFER weights a U's end adds the new version, and a version is freed once it is
-    superseded and its last user has ended; FLUSH and SINGLE update in place. Events are in
-    order of (end, rank, position), as both engines finish ops; the events of one op in the
-    order stash, free, add version, free version.
+    and W's end frees those; the microbatch counts as held from F's end to W's end. A stage
+    with working bytes (what recomputation re-creates: ``StageCosts.working_bytes``) holds them
+    from its B's (or I's) start to its end, an event of its own at the start and part of the
+    free at the end. With STASH or DOUBLE_BUFFER weights a U's end adds the new version, and a
+    version is freed once it is superseded and its last user has ended; FLUSH and SINGLE
+    update in place. Events are in order of time, ends before starts at one instant (what a
+    backward frees is free for the next), ends in order of (end, rank, position), as both
+    engines finish ops, starts in order of (start, rank, position); the events of one op's end
+    in the order stash, free, add version, free version.
 
     Which op frees what depends on the order alone: a stage lives on one rank, whose ops end
     in their order, so "the U of version v ended before v's last user" means "comes before it".
@@ -38,32 +43,37 @@ def memory_columns(program: Program, end_s: FloatArray, *, compiled: bool | None
     ops, costs = program.ops, program.costs
     use = jit.use_compiled(ops.num_ops) if compiled is None else compiled
     ends = np.ascontiguousarray(end_s, np.float64)
+    starts = np.ascontiguousarray(start_s, np.float64)
+    working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
+        np.append(np.argsort(ends, kind="stable"), -1), ops.rank, ops.stage, ops.kind, ops.version, ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
-        program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64))
+        program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64),
+        working, starts, np.argsort(starts, kind="stable") if costs.working_bytes else np.zeros(0, np.int64))
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
 
 
 @jit.jit
 def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, version: IntArray,
                   end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
-                  keeps_versions: bool, stage_to_rank: IntArray,
-                  ) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
+                  keeps_versions: bool, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
+                  start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in two passes over the ops: the columns in MEMORY_COLUMNS order.
 
-    ``order`` is the ops' stable order by end (flat indices): the events follow it.
+    ``order`` is the ops' stable order by end (flat indices) and then -1, ``start_order`` by
+    start (empty without working bytes): the events follow them, merged by time.
     """
     n, p = kind.shape[0], stash.shape[0]
     # Per op, its events as bits: 1 activations, 2 adds a version (U), 4 frees the version it
-    # supersedes (U), 8 frees a superseded version (its last user).
-    events = np.zeros(n, dtype=np.uint8)
-    for g in range(n):
-        k = kind[g]
-        if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and kept[stage[g]] != stash[stage[g]]):
-            events[g] = 1
+    # supersedes (U), 8 frees a superseded version (its last user), 16 takes working bytes at
+    # its start (a B or I of a stage that re-creates activations).
+    backward = (kind == B_CODE) | (kind == I_CODE)
+    takes = backward & (working[stage] != 0.0)
+    stashes = (kind == F_CODE) | (kind == B_CODE) | (kind == W_CODE) | (
+        (kind == I_CODE) & ((kept[stage] != stash[stage]) | takes))
+    events = stashes.astype(np.uint8) | (takes.astype(np.uint8) * np.uint8(16))
     if keeps_versions and n > 0:
         width = version.max() + 2
         last_user = np.full(p * width, -1, dtype=np.int64)
@@ -82,9 +92,8 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             elif last_user[key] == g and 0 <= update_of[key] < g:
                 events[g] |= 8
     total = 3 * p
-    for g in range(n):
-        e = np.int64(events[g])
-        total += (e & 1) + ((e >> 1) & 1) + ((e >> 2) & 1) + ((e >> 3) & 1)
+    for bit in range(5):
+        total += np.count_nonzero((events >> bit) & 1)
     time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
     for s in range(p):
@@ -92,11 +101,23 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = stage_to_rank[s], s, c
             delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
     row = 3 * p
-    for g in order:
-        e = np.int64(events[g])
-        if e == 0:
+    # The backwards that take working bytes, by start; each is written before the first end after it.
+    taking = start_order[(events[start_order] & 16) != 0]
+    taken = 0
+    for g in order:  # its last entry, -1, writes the starts after the last end
+        if g >= 0 and events[g] == 0:
             continue
-        t, s = end_s[g], stage[g]
+        t = end_s[g] if g >= 0 else np.inf
+        while taken < taking.shape[0] and start_s[taking[taken]] < t:
+            h = taking[taken]
+            time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
+            category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
+            row += 1
+            taken += 1
+        if g < 0:
+            break
+        e = np.int64(events[g])
+        s = stage[g]
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row] = t, rank[g], s
@@ -106,9 +127,9 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                     if k == F_CODE:
                         delta[row] = stash[s]
                     elif k == B_CODE:
-                        delta[row], count[row] = -stash[s], -1
+                        delta[row], count[row] = -stash[s] - working[s], -1
                     elif k == I_CODE:
-                        delta[row], count[row] = kept[s] - stash[s], 0
+                        delta[row], count[row] = kept[s] - stash[s] - working[s], 0
                     else:
                         delta[row], count[row] = -kept[s], -1
                 else:
@@ -119,3 +140,4 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                         delta[row], count[row] = -params[s], -1
                 row += 1
     return time_s, device, stage_of, category, delta, count
+

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipesim.engine.trace import CATEGORIES
 from pipesim.export.provenance import describe
+from pipesim.export.report import verdict_text
 
 # (title, rendered bytes, format: "png" or "svg")
 Figure = tuple[str, bytes, str]
@@ -87,7 +88,9 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
         ("iteration time", f"{m['iteration_time_s'] * 1e3:.3f} ms ({window})"),
         ("makespan", f"{m['makespan_s'] * 1e3:.3f} ms"),
         ("throughput", f"{m['throughput_samples_per_s']:.2f} samples/s"),
-        ("bubble fraction", f"{m['bubble_fraction']:.1%}"), ("peak memory", _bytes(m["peak_memory_bytes"])),
+        ("bubble fraction", f"{m['bubble_fraction']:.1%}"),
+        ("peak memory", f"{_bytes(m['peak_memory_bytes'])} (the largest device)"),
+        *([("memory budget", verdict_text(m))] if "fits" in m else []),
     ]
     partition = m.get("partition") or []
     rows = []
@@ -106,8 +109,12 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
                *(f"at peak: {c}" for c in CATEGORIES), "versions", "in flight", "fwd delay max",
                "fwd delay mean", "discrepancy max"]
     sections = [
+        *([f'<p class="verdict"><strong>{html.escape(verdict_text(m))}</strong></p>'] if "fits" in m else []),
         *(['<h2 id="run">Run</h2>', table(["input", "value"], describe(run), text_columns=2)] if run else []),
         "<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2),
+        "<h2>Per device</h2>", _device_table(m),
+        '<p class="note">A device holds the memory of every stage on it; its peak is the peak of their sum '
+        "over time, which is what must fit on one GPU.</p>",
         "<h2>Per stage</h2>", table(headers, rows),
         *(f'<p class="note">{html.escape(note)}</p>' for note in notes),
         "<h2>Figures</h2>", *(figure(item) for item in figures),
@@ -116,7 +123,27 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
     if run and not title:
         links = dict(describe(run))
         heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
+    if "fits" in m and not title:
+        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {m['memory_budget_bytes'] / 1e9:.1f} GB"
     return page(heading, sections, version=version)
+
+
+def _device_table(m: dict[str, Any]) -> str:
+    """Per device: its stages, utilization, peak memory and that peak by category, and its
+    headroom under the memory budget when there is one."""
+    headroom = m.get("device_memory_headroom_bytes")
+    breakdowns = m.get("device_peak_breakdown_bytes") or []
+    rows = []
+    for device, peak in enumerate(m["device_peak_memory_bytes"]):
+        breakdown = breakdowns[device] if device < len(breakdowns) else {}
+        held = ",".join(str(stage["stage"]) for stage in m["stages"] if stage["device"] == device)
+        utilization = m["device_utilization"][device] if device < len(m["device_utilization"]) else math.nan
+        rows.append([device, held, f"{utilization:.1%}", _bytes(peak),
+                     *(_bytes(breakdown.get(c, 0.0)) for c in CATEGORIES),
+                     *([_bytes(headroom[device])] if headroom is not None else [])])
+    headers = ["device", "stages", "utilization", "peak memory", *(f"at peak: {c}" for c in CATEGORIES),
+               *(["headroom"] if headroom is not None else [])]
+    return table(headers, rows)
 
 
 def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,

@@ -22,6 +22,17 @@ def metrics_dict(result: Result, run: dict[str, Any] | None) -> dict[str, Any]:
     return data
 
 
+def verdict_text(data: dict[str, Any]) -> str:
+    """The memory verdict of a ``simulate --json`` object that has one (``fits``): fits or not in
+    the budget per device, the least headroom or the worst overshoot, and the device it is on."""
+    headroom = data["device_memory_headroom_bytes"]
+    worst = min(headroom)
+    verdict = "fits" if data["fits"] else "does NOT fit"
+    return (f"{verdict} in {data['memory_budget_bytes'] / 1e9:.1f} GB per device "
+            f"({'least headroom' if data['fits'] else 'worst overshoot'} {abs(worst) / 1e9:.2f} GB, "
+            f"device {headroom.index(worst)})")
+
+
 def trace_json(result: Result, run: dict[str, Any] | None) -> str:
     """``Trace.to_json()`` with a top-level ``run`` record beside ``meta`` (``Trace.from_json`` reads
     past it, so the round trip stays exact); strict JSON."""
@@ -31,10 +42,12 @@ def trace_json(result: Result, run: dict[str, Any] | None) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
 
 
-def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | None = None) -> list[Path]:
+def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | None = None,
+                 metrics: dict[str, Any] | None = None) -> list[Path]:
     """Write a Result's data files into ``out_dir``; return the paths written.
 
-    Files: ``metrics.json`` (the ``simulate --json`` object), ``trace.json`` (exact round
+    Files: ``metrics.json`` (the ``simulate --json`` object: ``metrics`` when given, with the
+    memory verdict and capacity keys the command added, else ``metrics_dict``), ``trace.json`` (exact round
     trip through ``Trace.from_json``) and ``trace.perfetto.json`` (Chrome trace format), each
     holding ``run`` (``pipesim.export.provenance.run_record``) when given. Plots are drawn by the
     caller with ``pipesim.plots``.
@@ -42,7 +55,7 @@ def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | N
     out = Path(out_dir)
     written = []
     for name, text in (
-        ("metrics.json", strict_dumps(metrics_dict(result, run))),
+        ("metrics.json", strict_dumps(metrics if metrics is not None else metrics_dict(result, run))),
         ("trace.json", trace_json(result, run)),
         ("trace.perfetto.json", chrome_json(result.trace, run=run)),
     ):

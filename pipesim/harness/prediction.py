@@ -6,6 +6,7 @@ from pipesim.engine.trace import Trace
 from pipesim.harness.config import Emulation, RunConfig
 from pipesim.simulation import Result, simulate
 from pipesim.spec.profile import Profile
+from pipesim.spec.stages import stage_memory
 from pipesim.spec.topology import Topology
 
 
@@ -24,15 +25,15 @@ def predict(profile: Profile, topology: Topology | None, config: RunConfig) -> R
 
 def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Emulation:
     """The emulated device for a run: each op lasts as long as in ``prediction`` (its compute span,
-    keyed by rank and position), and a forward keeps its stage's profiled stash (of which a split
-    backward's W keeps the layers' ``weight_stashed_bytes``)."""
+    keyed by rank and position), and a forward keeps its stage's stash as the simulator counts it
+    (``pipesim.spec.stages.stage_memory``: its layers', the model's input on stage 0, the loss
+    buffer on the last), of which a split backward's W keeps the weight stash."""
     durations: dict[int, dict[int, float]] = {}
     for span in prediction.iter_spans():
         if span.stream == "compute":
             durations.setdefault(span.device, {})[span.position] = span.end_s - span.start_s
     per_rank = tuple(tuple(ops[position] for position in range(len(ops)))
                      for _, ops in sorted(durations.items()))
-    stash = tuple(float(sum(layer.stashed_bytes for layer in profile.layers[start:end])) for start, end in partition)
-    kept = tuple(float(sum(layer.weight_stashed_bytes for layer in profile.layers[start:end]))
-                 for start, end in partition)
-    return Emulation(durations_s=per_rank, stash_bytes=stash, weight_stash_bytes=kept)
+    sizes = [stage_memory(profile, start, end) for start, end in partition]
+    return Emulation(durations_s=per_rank, stash_bytes=tuple(float(size[0]) for size in sizes),
+                     weight_stash_bytes=tuple(float(size[1]) for size in sizes))

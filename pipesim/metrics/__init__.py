@@ -62,9 +62,13 @@ class Metrics:
             (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
             or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
         stages: per-stage metrics.
+        peak_memory_bytes: the largest device's peak (``max(device_peak_memory_bytes)``): what
+            must fit on one GPU. With one stage per rank it is the largest stage's peak.
         num_ranks: devices of the pipeline (several stages per rank when fewer than stages).
         device_utilization: per device (rank), busy fraction of its compute stream in the window.
-        device_peak_memory_bytes: per device, the peak of the sum over the stages it holds.
+        device_peak_memory_bytes: per device, the peak of the summed memory of the stages it
+            holds over time (the peak of the sum, not the sum of the stages' peaks).
+        device_peak_breakdown_bytes: per device, that peak by category.
     """
 
     schedule: str
@@ -86,6 +90,7 @@ class Metrics:
     num_ranks: int = 1
     device_utilization: tuple[float, ...] = ()
     device_peak_memory_bytes: tuple[float, ...] = ()
+    device_peak_breakdown_bytes: tuple[dict[str, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -242,7 +247,7 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compile
             forward_delay_mean=delay_mean_list[stage],
             discrepancy_max=discrepancy_list[stage],
         ))
-    device_peaks = _device_peaks(trace, stage_to_rank, num_ranks, stages, compiled)
+    device_peaks, device_breakdowns = _device_peaks(trace, stage_to_rank, num_ranks, stages, compiled)
     samples = info.num_microbatches * info.microbatch_size
     return Metrics(
         schedule=info.schedule,
@@ -259,29 +264,47 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compile
         window_end_s=high,
         warmup_minibatches=warmup,
         cooldown_minibatches=cooldown,
-        peak_memory_bytes=max(peak_list, default=0.0),
+        peak_memory_bytes=max(device_peaks, default=0.0),
         stages=tuple(stages),
         num_ranks=num_ranks,
         device_utilization=tuple(utilization_by_device),
         device_peak_memory_bytes=device_peaks,
+        device_peak_breakdown_bytes=device_breakdowns,
     )
 
 
 def _device_peaks(trace: Trace, stage_to_rank: list[int], num_ranks: int, stages: list[StageMetrics],
-                  compiled: bool) -> tuple[float, ...]:
-    """Per device, the peak of the summed levels of its stages (its one stage's peak when it
-    holds one)."""
+                  compiled: bool) -> tuple[tuple[float, ...], tuple[dict[str, float], ...]]:
+    """Per device, the peak of the summed levels of its stages and that peak by category (its
+    one stage's when it holds one; 0 for a device without stages)."""
     held: list[list[int]] = [[] for _ in range(num_ranks)]
     for stage, rank in enumerate(stage_to_rank):
         held[rank].append(stage)
-    several = any(len(stages_held) > 1 for stages_held in held)
-    device_peaks = (kernels.level_peaks(trace, trace.memory["device"], num_ranks, compiled=compiled)[0].tolist()
-                    if several else [])
-    return tuple(
-        stages[held[device][0]].peak_memory_bytes if len(held[device]) == 1
-        else device_peaks[device] if held[device] else 0.0
-        for device in range(num_ranks)
-    )
+    peaks: list[float] = []
+    breakdowns: list[dict[str, float]] = []
+    if any(len(stages_held) > 1 for stages_held in held):
+        found, by_category = kernels.level_peaks(trace, trace.memory["device"], num_ranks, compiled=compiled)[:2]
+        summed = (found.tolist(), by_category.tolist())
+    for device, stages_held in enumerate(held):
+        if len(stages_held) == 1:
+            peaks.append(stages[stages_held[0]].peak_memory_bytes)
+            breakdowns.append(stages[stages_held[0]].peak_breakdown_bytes)
+        elif stages_held:
+            peaks.append(summed[0][device])
+            breakdowns.append(dict(zip(CATEGORIES, summed[1][device], strict=True)))
+        else:
+            peaks.append(0.0)
+            breakdowns.append(dict.fromkeys(CATEGORIES, 0.0))
+    return tuple(peaks), tuple(breakdowns)
+
+
+def memory_verdict(device_peak_memory_bytes: tuple[float, ...] | list[float], budget_bytes: float) -> dict[str, Any]:
+    """Whether each device fits a memory budget of ``budget_bytes``: the keys ``simulate --json``,
+    metrics.json and the report carry, ``memory_budget_bytes``, ``device_memory_headroom_bytes``
+    (budget minus each device's peak, negative where over) and ``fits`` (every device within)."""
+    headroom = [budget_bytes - peak for peak in device_peak_memory_bytes]
+    return {"memory_budget_bytes": budget_bytes, "device_memory_headroom_bytes": headroom,
+            "fits": all(value >= 0 for value in headroom)}
 
 
 def memory_over_time(trace: Trace) -> Any:

@@ -99,12 +99,11 @@ def best_two_stage(chain: Chain, row: DeviceRow, model: CostModel, memory_bytes:
             params = chain.param_bytes[end] - chain.param_bytes[start]
             allreduce = model.allreduce_s_per_byte(row, first, count) * params
             times.append((np.maximum(compute, allreduce) if model.overlap else compute + allreduce) / count)
-            if chain.recompute:
-                stash = np.where(start > 0, chain.output_bytes[np.maximum(start - 1, 0)], 0.0)
-            else:
-                stash = chain.stash_bytes[end] - chain.stash_bytes[start]
+            stash = np.array([chain.stage_stash_bytes(a, b) for a, b in zip(start.tolist(), end.tolist(), strict=True)])
+            working = np.array([chain.stage_working_bytes(a, b)
+                                for a, b in zip(start.tolist(), end.tolist(), strict=True)])
             inflight = inflight_microbatches(n - first, count)
-            memory = np.maximum(memory, model.memory_bytes(1.0, 0.0, inflight) * params + stash * inflight)
+            memory = np.maximum(memory, model.memory_bytes(1.0, 0.0, inflight) * params + stash * inflight + working)
         transfer = model.transfer_factor * chain.output_bytes[cuts - 1] / float(row.link_bandwidth[0, replicas])
         bottleneck = np.maximum(np.maximum(times[0], times[1]), transfer)
         if model.round_trip:

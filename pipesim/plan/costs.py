@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from pipesim.errors import ConfigError
 from pipesim.spec.profile import Profile
+from pipesim.spec.stages import input_layers
 from pipesim.spec.topology import Topology
 
 FloatArray = npt.NDArray[np.float64]
@@ -33,6 +34,11 @@ class Chain:
         output_bytes: ``(L,)`` bytes crossing the cut after each layer.
         microbatch_size: samples per microbatch.
         recompute: a stage stashes only its input and re-runs its forward before its backward.
+        input_bytes: the model's input, kept on stage 0 whatever the recomputation.
+        input_layers: leading layers that are the model's input (no time, no weights), which
+            recomputation keeps too (``pipesim.spec.stages``).
+        loss_bytes: the loss buffer, kept on the last stage whatever the recomputation.
+        recomputed_bytes: ``(L,)`` bytes each layer's backward re-creates inside the layer.
     """
 
     compute_s: FloatArray
@@ -41,6 +47,10 @@ class Chain:
     output_bytes: FloatArray
     microbatch_size: int
     recompute: bool
+    input_bytes: float = 0.0
+    input_layers: int = 0
+    loss_bytes: float = 0.0
+    recomputed_bytes: FloatArray = field(default_factory=lambda: np.zeros(0))
 
     @classmethod
     def from_profile(cls, profile: Profile, *, recompute: bool = False, microbatch_size: int | None = None) -> Chain:
@@ -64,6 +74,10 @@ class Chain:
             output_bytes=np.array([layer.activation_bytes for layer in layers]) * scale,
             microbatch_size=size,
             recompute=recompute,
+            input_bytes=(profile.input_bytes or 0.0) * scale,
+            input_layers=input_layers(layers),
+            loss_bytes=(profile.loss_bytes or 0.0) * scale,
+            recomputed_bytes=np.array([layer.recomputed_bytes or 0.0 for layer in layers]) * scale,
         )
 
     @property
@@ -72,10 +86,29 @@ class Chain:
         return len(self.output_bytes)
 
     def stage_stash_bytes(self, start: int, end: int) -> float:
-        """Bytes one microbatch keeps on a stage of layers ``[start, end)`` (its input alone with recompute)."""
-        if self.recompute:
-            return float(self.output_bytes[start - 1]) if start > 0 else 0.0
-        return float(self.stash_bytes[end] - self.stash_bytes[start])
+        """Bytes one microbatch keeps on a stage of layers ``[start, end)`` (its input alone with
+        recompute), with the model's input on the first stage and the loss buffer on the last."""
+        fixed = self.loss_bytes if end == self.num_layers else 0.0
+        if start == 0:
+            fixed += self.input_bytes
+        if not self.recompute:
+            return float(self.stash_bytes[end] - self.stash_bytes[start]) + fixed
+        kept = float(self.output_bytes[start - 1]) if start > 0 else float(self._input_stash(end))
+        return kept + fixed
+
+    def stage_working_bytes(self, start: int, end: int) -> float:
+        """Bytes the backward of one microbatch re-creates and holds on a stage of layers
+        ``[start, end)``: with recompute the stage's whole stash (not the input layers), plus the
+        largest re-created inside one layer."""
+        inside = float(self.recomputed_bytes[start:end].max()) if end > start else 0.0
+        if not self.recompute:
+            return inside
+        first = min(self.input_layers, end) if start == 0 else start
+        return float(self.stash_bytes[end] - self.stash_bytes[first]) + inside
+
+    def _input_stash(self, end: int) -> float:
+        """The stash of the input layers within ``[0, end)``."""
+        return float(self.stash_bytes[min(self.input_layers, end)] - self.stash_bytes[0])
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,15 +221,16 @@ class CostModel:
         """Weight versions a device holds with ``inflight`` microbatches in flight."""
         return inflight if self.weight_versions == "stash" else 2
 
-    def memory_bytes(self, param_bytes: float, stash_bytes: float, inflight: int) -> float:
+    def memory_bytes(self, param_bytes: float, stash_bytes: float, inflight: int, working_bytes: float = 0.0) -> float:
         """Peak bytes on one device: weights x versions, one gradient buffer, optimizer state, stashes.
 
         The engine's accounting (pipesim.engine.memory), at its peak: ``versions`` copies of the
-        weights, one gradient buffer, ``optimizer_state_multiplier`` x weights, and
-        ``inflight`` microbatches' stashed activations.
+        weights, one gradient buffer, ``optimizer_state_multiplier`` x weights, ``inflight``
+        microbatches' stashed activations, and the working bytes of the backward that starts
+        while they are all held (recomputation's).
         """
         per_weight_byte = self.versions(inflight) + 1 + self.optimizer_state_multiplier
-        return param_bytes * per_weight_byte + stash_bytes * inflight
+        return param_bytes * per_weight_byte + stash_bytes * inflight + working_bytes
 
 
 def inflight_microbatches(devices_to_end: int, replicas: int) -> int:
@@ -313,7 +347,8 @@ def estimate(chain: Chain, row: DeviceRow, model: CostModel, stages: Sequence[St
             start=start, end=end, replicas=replicas, first_device=first, compute_s=compute,
             allreduce_s=allreduce, time_s=model.stage_time_s(compute, allreduce, replicas),
             transfer_s=transfer, inflight=inflight,
-            memory_bytes=model.memory_bytes(params, chain.stage_stash_bytes(start, end), inflight),
+            memory_bytes=model.memory_bytes(params, chain.stage_stash_bytes(start, end), inflight,
+                                            chain.stage_working_bytes(start, end)),
         ))
         first += replicas
     candidates = [(stage.time_s, f"stage {index}") for index, stage in enumerate(results)]

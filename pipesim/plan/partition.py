@@ -107,11 +107,19 @@ class Partitioner:
             compute[index] = chain.compute_s / float(row.speed[first:first + replicas].min())
             allreduce[index] = chain.param_bytes * model.allreduce_s_per_byte(row, first, replicas)
             inflight = inflight_microbatches(devices, replicas)
+            # memory of layers [k, j) = key[j] - key[k] + offset[k] (Chain.stage_stash_bytes and
+            # stage_working_bytes); the working bytes inside a layer enter as the chain's largest.
             memory_key[index] = chain.param_bytes * (model.versions(inflight) + 1 + model.optimizer_state_multiplier)
+            memory_offset[index, 0] = chain.input_bytes * inflight
             if chain.recompute:
+                given = float(chain.stash_bytes[min(chain.input_layers, chain.num_layers)] - chain.stash_bytes[0])
                 memory_offset[index, 1:] = chain.output_bytes * inflight
+                memory_offset[index, 0] += given * inflight - given
+                memory_key[index] += chain.stash_bytes
             else:
                 memory_key[index] += chain.stash_bytes * inflight
+            memory_key[index, -1] += chain.loss_bytes * inflight
+            memory_offset[index] += float(chain.recomputed_bytes.max(initial=0.0))
             if replicas < devices:
                 bandwidth = float(row.link_bandwidth[first, first + replicas])
                 transfer[index, 1:-1] = model.transfer_factor * chain.output_bytes[:-1] / bandwidth

@@ -49,7 +49,8 @@ def tensor_parallel_profile(profile: Profile, tp: int, bandwidth_bytes_per_s: fl
         data = layer.model_dump()
         allreduces = 2 * ring_allreduce_s(layer.activation_bytes, tp, bandwidth_bytes_per_s)
         for key in ("forward_s", "backward_s", "backward_input_s", "backward_weight_s", "forward_std_s",
-                    "backward_std_s", "param_bytes", "stash_bytes", "weight_stash_bytes", "update_s"):
+                    "backward_std_s", "param_bytes", "stash_bytes", "weight_stash_bytes", "recomputed_bytes",
+                    "update_s"):
             if data[key] is not None:
                 data[key] = data[key] / tp
         data["forward_s"] += allreduces
@@ -57,7 +58,10 @@ def tensor_parallel_profile(profile: Profile, tp: int, bandwidth_bytes_per_s: fl
         if data["backward_input_s"] is not None:
             data["backward_input_s"] += allreduces
         layers.append(data)
-    return build(Profile, {**profile.model_dump(by_alias=True), "layers": layers,
+    # The loss's logits are sharded over the vocabulary (Megatron's vocab-parallel cross-entropy);
+    # the model's input (token ids) is whole on every rank.
+    loss = None if profile.loss_bytes is None else profile.loss_bytes / tp
+    return build(Profile, {**profile.model_dump(by_alias=True), "layers": layers, "loss_bytes": loss,
                            "source": f"{profile.source}; tensor parallel over {tp}"})
 
 

@@ -29,6 +29,9 @@ class Layer(FrozenModel):
             re-runs its forward during the backward. Defaults to true for layers without
             weights (activations, dropout, pooling, softmax: cheap to recompute, costly to
             keep) and false for layers with weights.
+        recomputed_bytes: bytes this layer's backward re-creates by re-running part of its own
+            forward, held while that backward runs (recomputation inside the layer, as a profile
+            built with recomputation has it: ``transformer_profile(recompute=...)``); 0 if unset.
         param_bytes: bytes of the layer's weights.
         update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
@@ -51,6 +54,7 @@ class Layer(FrozenModel):
     stash_bytes: float | None = Field(default=None, ge=0)
     weight_stash_bytes: float | None = Field(default=None, ge=0)
     selective_recompute: bool | None = None
+    recomputed_bytes: float | None = Field(default=None, ge=0)
     param_bytes: float = Field(ge=0)
     update_s: float | None = Field(default=None, ge=0)
     forward_std_s: float | None = Field(default=None, ge=0)
@@ -101,6 +105,12 @@ class Profile(FrozenModel):
         forward_overhead_s, backward_overhead_s, update_overhead_s: optional fixed cost of one F,
             B or U op of a stage on top of its layers' times (the runtime's dispatch and
             bookkeeping and the handling of the op's messages), seconds; counted once per op.
+        input_bytes: optional bytes of one microbatch's model input (token ids, images), which
+            stage 0 keeps from a microbatch's forward to the end of its backward, whatever its
+            recomputation (a profile whose first layers are the input, like PipeDream's
+            ``Input`` node, counts it there instead).
+        loss_bytes: optional bytes the last stage keeps per microbatch for the loss (its logits,
+            in fp32 for a language model's cross-entropy), outside any recomputation.
     """
 
     schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
@@ -113,6 +123,8 @@ class Profile(FrozenModel):
     forward_overhead_s: float | None = Field(default=None, ge=0)
     backward_overhead_s: float | None = Field(default=None, ge=0)
     update_overhead_s: float | None = Field(default=None, ge=0)
+    input_bytes: float | None = Field(default=None, ge=0)
+    loss_bytes: float | None = Field(default=None, ge=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
@@ -158,11 +170,15 @@ def uniform_profile(
     weight_stash_bytes: float | None = None,
     forward_std_s: float | None = None,
     backward_std_s: float | None = None,
+    input_bytes: float | None = None,
+    loss_bytes: float | None = None,
 ) -> Profile:
     """A synthetic profile of ``num_layers`` identical layers, for what-if work and closed forms.
 
     ``backward_input_s`` and ``backward_weight_s`` (given together) split the backward into I
-    and W; the std fields give each layer's measured spread for stochastic runs.
+    and W; the std fields give each layer's measured spread for stochastic runs; ``input_bytes``
+    and ``loss_bytes`` are the model input stage 0 keeps and the loss buffer the last stage keeps
+    per microbatch (see Profile).
 
     Raises:
         ConfigError: a negative time or size, or ``num_layers < 1``.
@@ -195,5 +211,7 @@ def uniform_profile(
             "microbatch_size": microbatch_size,
             "device": "synthetic",
             "source": "pipesim.uniform_profile",
+            "input_bytes": input_bytes,
+            "loss_bytes": loss_bytes,
         },
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
 from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
 from pipesim.spec.plan import Plan
-from pipesim.spec.profile import Profile
+from pipesim.spec.profile import Layer, Profile
 from pipesim.spec.topology import Topology
 
 
@@ -36,6 +37,9 @@ class StageCosts:
             ``stash_bytes`` (I frees nothing).
         recompute_s: per stage, the forward time re-run in the backward (included in
             ``backward_s`` and ``backward_input_s``); ``None``: no recomputation.
+        working_bytes: per stage, the activations a microbatch's B (or I) re-creates and holds
+            while it runs, on top of ``stash_bytes`` (recomputation's working memory);
+            ``None``: nothing re-created.
     """
 
     forward_s: tuple[float, ...]
@@ -50,6 +54,7 @@ class StageCosts:
     backward_std_s: tuple[float, ...]
     weight_stash_bytes: tuple[float, ...] | None = None
     recompute_s: tuple[float, ...] | None = None
+    working_bytes: tuple[float, ...] | None = None
 
     @property
     def num_stages(self) -> int:
@@ -95,6 +100,15 @@ def stage_costs(
     their forward. The re-run time is added to B and, split, to I. With split backward W keeps
     the stage's ``weight_stash_bytes`` (re-materialized by I when recomputed).
 
+    Memory (``stash_bytes``, ``working_bytes``): stage 0 also keeps the model's input
+    (``profile.input_bytes``, and the stash of its leading layers that neither compute nor hold
+    weights, such as PipeDream's ``Input`` node: data, not re-creatable), the last stage the loss
+    buffer (``profile.loss_bytes``), both whatever the recomputation and both kept until W. The
+    backward of a recomputed stage holds what it re-creates (GPipe's O(L/K x N/M) term, Huang et
+    al. 2019): under ``"full"`` the whole stage's stash at once, under ``"selective"`` the largest
+    dropped layer's (each re-runs just before its own backward), plus the largest
+    ``recomputed_bytes`` of a layer (recomputation the profile already holds).
+
     A stage with ``r`` replicas adds to its U op the ring all-reduce of its weights,
     ``2 (r-1)/r * weight bytes``. By default (``replica_model="allreduce-only"``) that is all, at
     the topology's default bandwidth. With ``"round-robin"`` (PipeDream's replicated stage) the
@@ -116,7 +130,7 @@ def stage_costs(
         )
     forward, backward, b_input, b_weight, update = [], [], [], [], []
     output, stash, params, f_std, b_std = [], [], [], [], []
-    weight_stash, recomputed = [], []
+    weight_stash, recomputed, working = [], [], []
     split = profile.has_split_backward
     per_microbatch = updates_per_microbatch(plan)
     round_robin = plan.replica_model == "round-robin"
@@ -135,17 +149,17 @@ def stage_costs(
         layers = profile.layers[start:end]
         f = sum(layer.forward_s for layer in layers) / speed
         mode = plan.recompute_of(stage)
+        stage_stash, stage_kept, stage_working = stage_memory(profile, start, end, mode)
+        stash.append(stage_stash)
+        weight_stash.append(stage_kept)
+        working.append(stage_working)
         if mode == "full":
             recompute_s = f
-            stash.append(profile.layers[start - 1].activation_bytes if start > 0 else 0.0)
         elif mode == "selective":
             recompute_s = sum(layer.forward_s for layer in layers if layer.is_selectively_recomputed) / speed
-            stash.append(sum(layer.stashed_bytes for layer in layers if not layer.is_selectively_recomputed))
         else:
             recompute_s = 0.0
-            stash.append(sum(layer.stashed_bytes for layer in layers))
         recomputed.append(recompute_s)
-        weight_stash.append(sum(layer.weight_stashed_bytes for layer in layers))
         forward.append(f + forward_overhead)
         backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s + backward_overhead)
         if split:
@@ -182,4 +196,40 @@ def stage_costs(
         backward_std_s=tuple(b_std),
         weight_stash_bytes=tuple(weight_stash),
         recompute_s=tuple(recomputed) if any(recomputed) else None,
+        working_bytes=tuple(working) if any(working) else None,
     )
+
+
+def stage_memory(profile: Profile, start: int, end: int, mode: str = "none") -> tuple[float, float, float]:
+    """``(stash, weight_stash, working)`` bytes of one microbatch on the stage of layers
+    ``[start, end)`` under recomputation ``mode`` (see ``stage_costs``): what it keeps from F to
+    B (or I), what W keeps after I, and what its backward re-creates and holds while it runs."""
+    layers = profile.layers[start:end]
+    data = input_layers(layers) if start == 0 else 0
+    # Bytes kept whatever the recomputation: the model's input on stage 0, the loss buffer on the last.
+    fixed = (profile.input_bytes or 0.0 if start == 0 else 0.0) + sum(layer.stashed_bytes for layer in layers[:data])
+    fixed += profile.loss_bytes or 0.0 if end == profile.num_layers else 0.0
+    computed = layers[data:]
+    per_layer = max((layer.recomputed_bytes or 0.0 for layer in layers), default=0.0)
+    if mode == "full":
+        kept = profile.layers[start - 1].activation_bytes if start > 0 else 0.0
+        again = sum(layer.stashed_bytes for layer in computed) + per_layer
+    elif mode == "selective":
+        kept = sum(layer.stashed_bytes for layer in computed if not layer.is_selectively_recomputed)
+        again = max((layer.stashed_bytes * layer.is_selectively_recomputed + (layer.recomputed_bytes or 0.0)
+                     for layer in computed), default=0.0)
+    else:
+        kept = sum(layer.stashed_bytes for layer in computed)
+        again = per_layer
+    return fixed + kept, sum(layer.weight_stashed_bytes for layer in computed) + fixed, again
+
+
+def input_layers(layers: Sequence[Layer]) -> int:
+    """How many leading layers are the model's input as a profile may give it (PipeDream's
+    ``Input`` node): no forward or backward time and no weights. Nothing re-creates them."""
+    count = 0
+    for layer in layers:
+        if layer.forward_s or layer.backward_s or layer.param_bytes:
+            break
+        count += 1
+    return count

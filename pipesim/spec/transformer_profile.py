@@ -13,10 +13,13 @@ pipeline's first and last stages carry their real extra weight and time.
   sequence parallelism: all-gathers and reduce-scatters of the same total volume). Norm weights
   stay whole on every rank; everything else is divided by t.
 - Stash: ``layer_activation_bytes`` (Korthikanti et al.). The head keeps its norm's and the
-  logit layer's inputs (2 b s h each) and the fp32 logits (4 b s V / t) for the loss; the
-  embedding keeps its dropout mask (b s h bytes) when the model has dropout.
+  logit layer's inputs (2 b s h each); the fp32 logits (4 b s V / t) for the loss are the
+  profile's ``loss_bytes``, and the token ids (int64, 8 b s bytes, as torch feeds an embedding)
+  its ``input_bytes``; the embedding keeps its dropout mask (b s h bytes) when the model has dropout.
 - Recomputation is part of the profile: selective re-runs attention in I, full re-runs the whole
-  forward in I; the stash is what remains.
+  forward in I, one layer at a time (Megatron's per-layer checkpoints); the stash is what
+  remains, and what a layer's I re-creates and holds while it runs is its ``recomputed_bytes``
+  (the stash without recomputation minus the stash with it).
 - Sent between stages: b s h 16-bit values (divided by t with sequence parallelism).
 """
 
@@ -43,6 +46,7 @@ from pipesim.spec.transformer import (
 from pipesim.spec.validation import build
 
 BYTES_PER_VALUE = 2  # 16-bit weights and activations (the device's dtype)
+TOKEN_ID_BYTES = 8  # a token id as torch.long, the dtype nn.Embedding takes
 # Mixed-precision Adam: fp32 master weights, momentum and variance, 12 bytes per parameter, that
 # is 6 x the 16-bit weight bytes (with 16-bit gradients, 16 bytes a parameter in all: ZeRO, Rajbhandari et al. 2020).
 ADAM_STATE_MULTIPLIER = 6.0
@@ -88,11 +92,14 @@ def transformer_profile(
     matmul, attention = layer_forward_flops(config, tokens=b * s, seq_len=s)
     forward = (matmul + attention) / t / rate + 2 * allreduce
     redo = {"none": 0.0, "selective": attention / t / rate, "full": forward}[recompute]
+    stash, whole = (layer_activation_bytes(config, microbatch_size=b, seq_len=s, tp=t,
+                                           sequence_parallel=sequence_parallel, recompute=mode)
+                    for mode in (recompute, "none"))
     block = _layer("layer", forward=forward, backward_input=(matmul + 2 * attention) / t / rate + 2 * allreduce + redo,
-                   backward_weight=matmul / t / rate, sent=sent,
-                   stash=layer_activation_bytes(config, microbatch_size=b, seq_len=s, tp=t,
-                                                sequence_parallel=sequence_parallel, recompute=recompute),
+                   backward_weight=matmul / t / rate, sent=sent, stash=stash,
                    params=(layer_linear_parameters(config) / t + 2 * config.norm_parameters) * BYTES_PER_VALUE)
+    if whole != stash:
+        block["recomputed_bytes"] = whole - stash
     layers = [dict(block, name=f"layer{index}") for index in range(config.num_layers)]
     if include_embeddings:
         lookup = 2 * b * s * h * BYTES_PER_VALUE / spec.memory_bandwidth_bytes_per_s
@@ -102,13 +109,14 @@ def transformer_profile(
         logits = head_forward_flops(config, tokens=b * s) / t / rate
         head_weights = head_parameters(config) + (config.vocab_size * h if config.has_tied_embeddings else 0)
         head = _layer("head", forward=logits, backward_input=logits + allreduce / 2, backward_weight=logits, sent=0.0,
-                      stash=4.0 * b * s * h + 4.0 * b * s * config.vocab_size / t,
-                      params=head_weights / t * BYTES_PER_VALUE)
+                      stash=4.0 * b * s * h, params=head_weights / t * BYTES_PER_VALUE)
         layers = [embedding, *layers, head]
     parallel = f", tp={t}" + (" with sequence parallelism" if sequence_parallel else "") if t > 1 else ""
     return build(Profile, {
         "name": config.name,
         "layers": layers,
+        "input_bytes": TOKEN_ID_BYTES * b * s if include_embeddings else None,
+        "loss_bytes": 4.0 * b * s * config.vocab_size / t if include_embeddings else None,
         "microbatch_size": b,
         "dtype": spec.dtype,
         "device": f"{spec.name} at {spec.efficiency:g} of {spec.peak_flops / 1e12:g} TFLOP/s peak",
@@ -188,6 +196,9 @@ def model_summary(config: TransformerConfig, profile: Profile, *, tp: int, recom
         "layer_forward_s": blocks[0].forward_s,
         "layer_backward_s": blocks[0].backward_s,
         "layer_stash_bytes": blocks[0].stashed_bytes,
+        "layer_recomputed_bytes": blocks[0].recomputed_bytes or 0.0,
+        "input_bytes": profile.input_bytes or 0.0,
+        "loss_bytes": profile.loss_bytes or 0.0,
         "layer_param_bytes": blocks[0].param_bytes,
         "rank_param_bytes": sum(layer.param_bytes for layer in profile.layers),
         "source": config.source,

@@ -20,7 +20,8 @@ from pipesim.sweep.spec import AXES, Resolved
 @dataclass(frozen=True)
 class RowSource:
     """What a row's metric columns are computed from: one point's metrics, its partition and
-    memory limit, and the peak breakdown of its stage with the highest peak."""
+    memory limit, and the peak breakdown of its device with the highest peak (the device, not
+    the stage: several stages on one rank share its memory)."""
 
     metrics: Metrics
     partition: Sequence[tuple[int, int]]
@@ -74,6 +75,7 @@ METRIC_SCHEMA: tuple[MetricColumn, ...] = (
     MetricColumn("partition", lambda r: "[" + ",".join(json_list(bounds) for bounds in r.partition) + "]", ""),
     MetricColumn("stage_utilization", lambda r: json_list([s.utilization for s in _stages(r)]), ""),
     MetricColumn("stage_peak_memory_bytes", lambda r: json_list([s.peak_memory_bytes for s in _stages(r)]), ""),
+    MetricColumn("device_peak_memory_bytes", lambda r: json_list(list(r.metrics.device_peak_memory_bytes)), ""),
     MetricColumn("stage_weight_versions", lambda r: json_list([s.weight_versions_max for s in _stages(r)]), ""),
     MetricColumn("stage_forward_delay_steps", lambda r: json_list([s.forward_delay_steps for s in _stages(r)]), ""),
     MetricColumn("stage_forward_delay_mean", lambda r: json_list([s.forward_delay_mean for s in _stages(r)]), ""),
@@ -180,8 +182,9 @@ class PointRunner:
 
 def metrics_row(metrics: Metrics, partition: Sequence[tuple[int, int]], memory_limit_bytes: float) -> dict[str, Any]:
     """The metric columns of a row (``METRIC_SCHEMA``): scalars, with per-stage lists as compact JSON strings."""
-    peak_stage = max(metrics.stages, key=lambda s: s.peak_memory_bytes)
-    source = RowSource(metrics, partition, memory_limit_bytes, peak_stage.peak_breakdown_bytes)
+    peaks = metrics.device_peak_memory_bytes
+    peak_device = max(range(len(peaks)), key=peaks.__getitem__)
+    source = RowSource(metrics, partition, memory_limit_bytes, metrics.device_peak_breakdown_bytes[peak_device])
     return {column.name: column.compute(source) for column in METRIC_SCHEMA}
 
 

@@ -150,8 +150,10 @@ def test_version_errors_are_those_of_assign_versions() -> None:
     assert got.value.reason == expected.value.reason
 
 
-def reference_memory(program, end_s: list[list[float]]) -> list[tuple[float, int, int, int, float, int]]:  # type: ignore[no-untyped-def]
-    """The memory events op by op, as a plain walk over the ops in order of (end, rank, position)."""
+def reference_memory(program, end_s: list[list[float]],  # type: ignore[no-untyped-def]
+                     start_s: list[list[float]]) -> list[tuple[float, int, int, int, float, int]]:
+    """The memory events op by op, as a plain walk over the ops in order of (end, rank, position),
+    with each recomputing backward's working bytes taken at its start (ends first at one instant)."""
     costs, schedule = program.costs, program.schedule
     rows = []
     for stage in range(schedule.num_stages):
@@ -159,21 +161,27 @@ def reference_memory(program, end_s: list[list[float]]) -> list[tuple[float, int
         params = costs.param_bytes[stage]
         rows += [(0.0, device, stage, 0, params, 1), (0.0, device, stage, 1, params, 1),
                  (0.0, device, stage, 2, params * program.info.optimizer_state_multiplier, 1)]
-    order = sorted((end, r, j) for r, ends in enumerate(end_s) for j, end in enumerate(ends))
+    working = costs.working_bytes or [0.0] * schedule.num_stages
+    order = sorted([(end, 0, r, j) for r, ends in enumerate(end_s) for j, end in enumerate(ends)]
+                   + [(start, 1, r, j) for r, starts in enumerate(start_s) for j, start in enumerate(starts)])
     kept = costs.weight_stash_bytes or costs.stash_bytes
     last_use = program.versions.last_use
     latest = [0] * schedule.num_stages
     ended: set[tuple[int, int]] = set()
-    for end, r, j in order:
+    for end, is_start, r, j in order:
         row = program.ranks[r][j]
         op, stage = row.op, row.op.stage
         stash = costs.stash_bytes[stage]
+        if is_start:
+            if op.kind in (OpKind.B, OpKind.I) and working[stage]:
+                rows.append((end, r, stage, 3, working[stage], 0))
+            continue
         if op.kind is OpKind.F:
             rows.append((end, r, stage, 3, stash, 1))
         elif op.kind is OpKind.B:
-            rows.append((end, r, stage, 3, -stash, -1))
-        elif op.kind is OpKind.I and kept[stage] != stash:  # W frees what I keeps
-            rows.append((end, r, stage, 3, kept[stage] - stash, 0))
+            rows.append((end, r, stage, 3, -stash - working[stage], -1))
+        elif op.kind is OpKind.I and (kept[stage] != stash or working[stage]):  # W frees what I keeps
+            rows.append((end, r, stage, 3, kept[stage] - stash - working[stage], 0))
         elif op.kind is OpKind.W:
             rows.append((end, r, stage, 3, -kept[stage], -1))
         if not program.keeps_versions:
@@ -196,7 +204,9 @@ def test_memory_events_match_a_walk_over_the_ops(case: Case) -> None:
     trace = run_analytic(program)
     offsets = program.ops.rank_offsets.tolist()
     ends = trace.spans["end_s"][: program.ops.num_ops].tolist()
+    starts = trace.spans["start_s"][: program.ops.num_ops].tolist()
     per_rank = [ends[offsets[r]:offsets[r + 1]] for r in range(program.ops.num_ranks)]
+    starts_per_rank = [starts[offsets[r]:offsets[r + 1]] for r in range(program.ops.num_ranks)]
     m = trace.memory
     got = list(zip(*(m[c].tolist() for c in MEMORY_COLUMNS), strict=True))
-    assert got == reference_memory(program, per_rank)
+    assert got == reference_memory(program, per_rank, starts_per_rank)

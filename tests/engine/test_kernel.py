@@ -34,8 +34,8 @@ def test_compiled_and_plain_kernels_give_identical_traces(case: Case) -> None:
     compiled, plain = run_analytic(program, compiled=True), run_analytic(program, compiled=False)
     for column in SPAN_COLUMNS:
         assert same(compiled.spans[column], plain.spans[column]), column
-    end = compiled.spans["end_s"][: program.ops.num_ops]
-    a, b = memory_columns(program, end, compiled=True), memory_columns(program, end, compiled=False)
+    start, end = compiled.spans["start_s"][: program.ops.num_ops], compiled.spans["end_s"][: program.ops.num_ops]
+    a, b = memory_columns(program, start, end, compiled=True), memory_columns(program, start, end, compiled=False)
     for column in MEMORY_COLUMNS:
         assert same(a[column], b[column]), column
         assert same(a[column], compiled.memory[column]), column

@@ -95,7 +95,7 @@ def test_simulation_report_is_one_self_contained_file(tmp_path: Path) -> None:
     assert (folder / "a.html").read_bytes() == (folder / "b.html").read_bytes()
     assert_self_contained(html)
     assert figures_in(html) == 1 + 4 + 1 + 1  # timeline, memory of each stage, peak breakdown, staleness
-    assert html.count("<table>") == 3 and "iteration time" in html and "<td>25:41</td>" in html  # run, summary, stages
+    assert html.count("<table>") == 4 and "iteration time" in html and "<td>25:41</td>" in html  # run, summary, devices, stages
     svg = tmp_path / "svg.html"
     main(["report", str(folder / "trace.json"), "--out", str(svg), "--figures", "svg"])
     text = svg.read_text()
