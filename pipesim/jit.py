@@ -15,7 +15,7 @@ import os
 import time
 import types
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, overload
 
 F = TypeVar("F", bound=Callable[..., Any])
 JitSetting = Literal["auto", "always", "never"]
@@ -76,10 +76,12 @@ class Kernel:
     """A kernel written once: ``py_func`` runs it as Python, ``dispatcher()`` compiles it with numba.
 
     A kernel may call other kernels by their module-level names: its plain form calls their
-    plain forms and its compiled form their compiled forms (numba inlines them).
+    plain forms and its compiled form their compiled forms; a kernel made with ``inline=True``
+    is inlined into its compiled callers (numba's ``inline="always"``: no call per use, for a
+    kernel called once per op or so), and still has a dispatcher of its own.
     """
 
-    def __init__(self, function: Callable[..., Any]) -> None:
+    def __init__(self, function: Callable[..., Any], inline: bool = False) -> None:
         self.__name__ = function.__name__
         self.__qualname__ = function.__qualname__
         self.__doc__ = function.__doc__
@@ -87,6 +89,8 @@ class Kernel:
         self.__wrapped__ = function
         self._plain: Callable[..., Any] | None = None
         self._compiled: Callable[..., Any] | None = None
+        self._inlined: Callable[..., Any] | None = None
+        self.inline = inline
         self._loaded = False
 
     def __call__(self, *args: Any) -> Any:
@@ -105,9 +109,16 @@ class Kernel:
         if self._compiled is None:
             started = time.perf_counter()
             numba = importlib.import_module("numba")
-            self._compiled = numba.njit(cache=True, nogil=True)(self._with_callees(lambda kernel: kernel.dispatcher()))
+            self._compiled = numba.njit(cache=True, nogil=True)(self._with_callees(_compiled_form))
             _startup[0] += time.perf_counter() - started
         return self._compiled
+
+    def inlined(self) -> Callable[..., Any]:
+        """The form compiled callers inline (never compiled on its own)."""
+        if self._inlined is None:
+            numba = importlib.import_module("numba")
+            self._inlined = numba.njit(inline="always", nogil=True)(self._with_callees(_compiled_form))
+        return self._inlined
 
     def _load_then_call(self, *args: Any) -> Any:
         """The first compiled call: load (or compile) the machine code for these argument types,
@@ -134,13 +145,29 @@ class Kernel:
         return rebound
 
 
-def jit(function: F) -> F:
-    """Mark ``function`` as a kernel (see ``Kernel``).
+def _compiled_form(kernel: Kernel) -> Callable[..., Any]:
+    """What a compiled kernel calls for ``kernel``: its inlined form or its dispatcher."""
+    return kernel.inlined() if kernel.inline else kernel.dispatcher()
+
+
+@overload
+def jit(function: F) -> F: ...
+
+
+@overload
+def jit(*, inline: bool = False) -> Callable[[F], F]: ...
+
+
+def jit(function: F | None = None, *, inline: bool = False) -> F | Callable[[F], F]:
+    """Mark ``function`` as a kernel (see ``Kernel``): ``@jit`` or ``@jit(inline=True)``.
 
     Kernels give the same results either way: no fastmath, the same floating-point operations
     in the same order, so compiled and plain runs are bit-identical.
     """
-    return cast(F, Kernel(function))
+    def mark(wrapped: F) -> F:
+        return cast(F, Kernel(wrapped, inline))
+
+    return mark if function is None else mark(function)
 
 
 def pick(kernel: F, compiled: bool) -> F:

@@ -53,7 +53,7 @@ FINISHED = -2  # the rank has run all its ops
 SHARED = 1     # the op it returns ended with a send over shared NICs (arrival not known)
 
 
-@jit.jit
+@jit.jit(inline=True)
 def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
