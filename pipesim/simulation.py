@@ -243,7 +243,8 @@ def simulate_plan(
     compiled = jit.use_compiled(program.ops.num_ops, kernels)
     trace = _run(program, engine, jitter, seed, compiled)
     wall = time.perf_counter() - started
-    known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
+    known = None if reuse is None else reuse.staleness(program.schedule,
+                                                       lambda: stage_staleness(trace, compiled=compiled))
     metrics = compute_metrics(trace, staleness=known, compiled=compiled)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall)

@@ -9,14 +9,14 @@ reads (a stable sort) only when they are not in it already, as the engines write
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
 from pipesim.errors import ConfigError
-from pipesim.jit import jit
+from pipesim.jit import jit, pick
 
 _F, _B, _I, _W, _U = range(len(KINDS))
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
@@ -28,7 +28,6 @@ MAX_TABLE = 1 << 26
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-Kernel = TypeVar("Kernel", bound=Callable[..., Any])
 
 
 # What _exposed found: the sums are done, or the caller must first sort the compute rows,
@@ -228,18 +227,13 @@ def _minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num:
     return ends, True
 
 
-def _form(kernel: Kernel, compiled: bool) -> Kernel:
-    """``kernel`` as numba compiled it (the kernel itself without numba), or its plain-Python form."""
-    return kernel if compiled else cast(Kernel, getattr(kernel, "py_func", kernel))
-
-
 def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int, *, compiled: bool) -> FloatArray:
     """Per minibatch 0..num-1, the largest end of its compute spans (0 without any).
 
     Raises:
         ConfigError: a compute span's minibatch index outside 0..num-1.
     """
-    ends, ok = _form(_minibatch_ends, compiled)(stream, minibatch, end, num)
+    ends, ok = pick(_minibatch_ends, compiled)(stream, minibatch, end, num)
     if not ok:
         bad = minibatch[(stream == _COMPUTE) & ((minibatch < 0) | (minibatch >= num))]
         raise ConfigError("spans.minibatch", int(bad[0]), f"must be in 0..{num - 1} (num_minibatches {num})")
@@ -262,7 +256,7 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
     s = trace.spans
     rows = np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows
     micro = s["microbatch"]
-    kernel = _form(_exposed, compiled)
+    kernel = pick(_exposed, compiled)
     while True:
         sums, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["start_s"], s["end_s"],
                               s["peer"], s["position"], rows.astype(np.int64, copy=False), float(low), float(high),
@@ -306,7 +300,7 @@ def level_peaks(trace: Trace, keys: IntArray, num_groups: int, *, compiled: bool
     if times.size > 1 and not bool((times[1:] >= times[:-1]).all()):
         order = np.argsort(times, kind="stable")
         keys, times, category, delta, count = keys[order], times[order], category[order], delta[order], count[order]
-    found: tuple[FloatArray, FloatArray, IntArray, IntArray] = _form(_levels, compiled)(
+    found: tuple[FloatArray, FloatArray, IntArray, IntArray] = pick(_levels, compiled)(
         keys, times, category, delta, count, num_groups)
     return found
 
@@ -322,7 +316,7 @@ def staleness_all(trace: Trace, key: IntArray, num_groups: int, *, compiled: boo
     """
     s = trace.spans
     total = trace.info.num_minibatches * trace.info.num_microbatches
-    delay_max, delay_mean, discrepancy_max, ok = _form(_staleness, compiled)(
+    delay_max, delay_mean, discrepancy_max, ok = pick(_staleness, compiled)(
         s["stream"], key, s["kind"], s["microbatch"], s["weight_version"], s["position"], num_groups, total)
     if not ok:
         micro = s["microbatch"]
