@@ -55,7 +55,14 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search
+bench: bench-engines bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search \
+	bench-memory
+
+.PHONY: bench-memory
+# Peak memory per op by engine at 1M and 4M ops (each run a process of its own, a few minutes), the
+# figure behind --max-ops (pipesim.simulation.BYTES_PER_OP), into benchmarks/RESULTS.md.
+bench-memory: $(STAMP)
+	$(PY) benchmarks/bench_memory_per_op.py
 
 .PHONY: bench-search
 # pipesim search for Llama-3 70B on 512 H100, against an import baseline, into benchmarks/RESULTS.md.

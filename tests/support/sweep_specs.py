@@ -22,8 +22,9 @@ def spec_fixture(text: str) -> Callable[..., Path]:
     return spec_path
 
 
-def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory,
-                    name: str = "results.parquet") -> tuple[Path, SweepSummary]:
-    """The uninterrupted sweep of ``spec_path`` (embedded, 2 workers where a cluster pays), in a fresh folder."""
-    out = tmp_path_factory.mktemp("reference") / name
-    return out, run_sweep(spec_path, out, workers=2)
+def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory, *,
+                    workers: int) -> tuple[Path, SweepSummary]:
+    """The uninterrupted sweep of ``spec_path`` into a fresh folder's results.parquet: with ``workers=1`` all in
+    this process, with more on an embedded cluster where it pays (``pipesim.sweep.local``)."""
+    out = tmp_path_factory.mktemp("reference") / "results.parquet"
+    return out, run_sweep(spec_path, out, workers=workers)

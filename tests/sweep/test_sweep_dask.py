@@ -38,7 +38,7 @@ spec_path = spec_fixture(SPEC)
 @pytest.fixture(scope="module")
 def reference(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The uninterrupted sweep: seconds of DES work, so on the embedded LocalCluster after a first batch here."""
-    out, summary = reference_sweep(spec_path, tmp_path_factory)
+    out, summary = reference_sweep(spec_path, tmp_path_factory, workers=2)
     assert summary.num_points == summary.num_run == NUM_POINTS and summary.num_batches > 2
     assert summary.num_here < NUM_POINTS and summary.startup_s > 0, summary
     return out, read_table(out)
