@@ -14,7 +14,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
-from pipesim.sweep.local import CHUNK_EVERY_S, HERE, ON_DASK, Progress, point_cost, run_here
+from pipesim.sweep.local import HERE, ON_DASK, Progress, point_cost, run_here
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
@@ -31,7 +31,7 @@ class SweepSummary:
     Attributes:
         out: the table written; num_points: points in the sweep; num_run: points simulated now;
         num_resumed: points taken from an interrupted run; num_errors: rows with an error;
-        num_batches: batches run (here and as Dask tasks); wall_s: seconds, end to end;
+        num_batches: chunks written here plus Dask tasks; wall_s: seconds, end to end;
         startup_s: of which starting the cluster or connecting to it (0 without one);
         num_here: points simulated in this process (``pipesim.sweep.local``), the rest on Dask.
     """
@@ -150,6 +150,7 @@ def run_sweep(
     progress: Progress | None = None,
     base_dir: Path | None = None,
     worker_timeout_s: float = WORKER_TIMEOUT_S,
+    in_process: bool | None = None,
 ) -> SweepSummary:
     """Simulate every point of a sweep and write one row per point to ``out``: on the cluster at
     ``scheduler``, else in this process for as long as an embedded cluster of ``workers`` would
@@ -165,6 +166,8 @@ def run_sweep(
         batch_size: points per Dask task (default: about BATCHES_PER_WORKER tasks per worker).
         progress: called with (points done, total, where they run) at the start and as chunks are written.
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
+        in_process: None chooses where points run (above); False sends every point to Dask, True
+            runs every point in this process.
 
     Raises:
         ConfigError: a bad spec, existing chunks without ``resume``, or no scheduler.
@@ -202,32 +205,30 @@ def run_sweep(
     if progress:
         progress(len(store.done), len(points), "")
     batches: list[list[dict[str, Any]]] = []
-    startup, num_here = 0.0, 0
+    startup, num_here, chunks = 0.0, 0, 0
     if todo:
         num_workers = workers if workers is not None else (os.cpu_count() or 1)
         if scheduler is None and num_workers < 1:
             raise ConfigError("workers", num_workers, "must be >= 1")
-        if batch_size is not None:
-            batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
-        else:
-            batches = make_batches(todo, BATCHES_PER_WORKER * num_workers)
         runner = PointRunner(resolved, sweep_kernels(todo, num_workers))
-        # An existing cluster (--scheduler) takes every batch; an embedded one only where it pays.
-        # A chunk per batch where the batch size was asked for; else chunks every CHUNK_EVERY_S.
-        ran = 0 if scheduler is not None else run_here(
-            runner, batches, store, num_workers=num_workers, progress=progress, total=len(points),
-            chunk_every_s=0.0 if batch_size is not None else CHUNK_EVERY_S)
-        num_here = sum(len(batch) for batch in batches[:ran])
-        if ran < len(batches):
+        # An existing cluster (--scheduler) takes every point; an embedded one only where it pays.
+        num_here, chunks = (0, 0) if scheduler is not None or in_process is False else run_here(
+            runner, todo, store, num_workers=1 if in_process else num_workers, progress=progress, total=len(points),
+            batch_size=batch_size)
+        rest = todo[num_here:]
+        if batch_size is not None:
+            batches = [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
+        else:
+            batches = make_batches(rest, BATCHES_PER_WORKER * num_workers)
+        if batches:
             connecting = time.perf_counter()
             with dask_client(workers=workers, scheduler=scheduler) as client:
                 startup = time.perf_counter() - connecting
-                _submit_and_collect(client, runner, batches[ran:], store, progress, len(points),
-                                    worker_timeout_s)
+                _submit_and_collect(client, runner, batches, store, progress, len(points), worker_timeout_s)
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
-        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=len(batches),
+        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=chunks + len(batches),
         wall_s=time.perf_counter() - started, startup_s=startup, num_here=num_here,
     )
 

@@ -22,9 +22,8 @@ def spec_fixture(text: str) -> Callable[..., Path]:
     return spec_path
 
 
-def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory, *,
-                    workers: int) -> tuple[Path, SweepSummary]:
-    """The uninterrupted sweep of ``spec_path`` into a fresh folder's results.parquet: with ``workers=1`` all in
-    this process, with more on an embedded cluster where it pays (``pipesim.sweep.local``)."""
+def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SweepSummary]:
+    """The uninterrupted sweep of ``spec_path`` into a fresh folder's results.parquet, every point on an
+    embedded cluster of 2 workers."""
     out = tmp_path_factory.mktemp("reference") / "results.parquet"
-    return out, run_sweep(spec_path, out, workers=workers)
+    return out, run_sweep(spec_path, out, workers=2, in_process=False)

@@ -52,7 +52,7 @@ spec_path = spec_fixture(SPEC)
 @pytest.fixture(scope="module")
 def reference(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """The uninterrupted sweep's table, as Parquet and as CSV bytes."""
-    out, _ = reference_sweep(spec_path, tmp_path_factory, workers=2)
+    out, _ = reference_sweep(spec_path, tmp_path_factory)
     csv = out.with_suffix(".csv")
     write_table(read_table(out), csv)
     return {".parquet": out.read_bytes(), ".csv": csv.read_bytes()}

@@ -20,14 +20,20 @@ NUM_POINTS = 2 * 2 * 3 * 3
 
 
 def test_a_cluster_pays_once_its_saving_exceeds_its_start() -> None:
-    # 1 s for a tenth of the work: 9 s left, of which 2 workers save half.
-    assert cluster_pays(1.0, 100, 900, 2)
-    # The same saving, just under the start-up cost: stay here.
-    assert not cluster_pays(CLUSTER_START_S / 4.5 * 0.99, 100, 900, 2)
-    assert cluster_pays(CLUSTER_START_S / 4.5 * 1.01, 100, 900, 2)
-    # One worker saves nothing; nothing left costs nothing.
-    assert not cluster_pays(100.0, 1, 10**9, 1)
-    assert not cluster_pays(100.0, 1, 0, 8)
+    # (seconds, cost) of points measured, then (points, cost) left and workers.
+    # By cost: 0.01 s per unit, 900 units left: 9 s, which 2 workers halve.
+    assert cluster_pays([(1.0, 100)] * 3, 1, 900, 2)
+    # By points: 1 s a point, 9 points left, although the cost left is small.
+    assert cluster_pays([(1.0, 100)] * 3, 9, 1, 2)
+    # A saving just under and just over the start-up cost.
+    assert not cluster_pays([(CLUSTER_START_S / 4.5 * 0.99, 100)], 1, 900, 2)
+    assert cluster_pays([(CLUSTER_START_S / 4.5 * 1.01, 100)], 1, 900, 2)
+    # A median: one slow point (a kernel loaded) among fast ones does not decide.
+    assert not cluster_pays([(0.001, 10)] * 8 + [(5.0, 10)], 100, 1000, 2)
+    # One worker saves nothing; nothing left costs nothing; nothing measured projects nothing.
+    assert not cluster_pays([(100.0, 1)], 10**6, 10**9, 1)
+    assert not cluster_pays([(100.0, 1)], 0, 0, 8)
+    assert not cluster_pays([], 10**6, 10**9, 8)
 
 
 def test_a_small_sweep_runs_here_and_says_so(tmp_path: Path) -> None:
@@ -52,5 +58,5 @@ def test_an_explicit_batch_size_writes_a_chunk_per_batch_here(tmp_path: Path) ->
     seen: list[int] = []
     summary = run_sweep(spec, tmp_path / "results.csv", workers=1, batch_size=5,
                         progress=lambda done, total, where: seen.append(done))
-    assert summary.num_here == NUM_POINTS and summary.num_batches == -(-NUM_POINTS // 5)
+    assert summary.num_here == NUM_POINTS and summary.num_batches == -(-NUM_POINTS // 5)  # chunks written
     assert seen == [0, *range(5, NUM_POINTS, 5), NUM_POINTS]
