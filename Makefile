@@ -55,13 +55,20 @@ bench-engines: $(STAMP)
 	$(PY) benchmarks/bench_engines.py
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
-bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare bench-variance bench-validate bench-search bench-op-cost
+bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare \
+	bench-variance bench-validate bench-search bench-op-cost bench-memory
 
 .PHONY: bench-op-cost
 # simulate() per op of every schedule against the 1F1B family's at p=64, m=512, warm and on a fresh
 # process's first call, into its section of benchmarks/RESULTS.md (about a minute).
 bench-op-cost: $(STAMP)
 	$(PY) benchmarks/bench_op_cost.py --write
+
+.PHONY: bench-memory
+# Peak memory per op by engine at 1M and 4M ops (each run a process of its own, a few minutes), the
+# figure behind --max-ops (pipesim.simulation.BYTES_PER_OP), into benchmarks/RESULTS.md.
+bench-memory: $(STAMP)
+	$(PY) benchmarks/bench_memory_per_op.py
 
 .PHONY: bench-search
 # pipesim search for Llama-3 70B on 512 H100, against an import baseline, into benchmarks/RESULTS.md.

@@ -27,11 +27,11 @@ from pipesim.spec.topology import Topology
 
 EngineName = Literal["des", "analytic", "auto"]
 
-# A run holds about 1 KiB per op (op table, trace columns, memory events and the engine's own
-# state: 2bw at p=128, m=1024, K=4 -- 1.05 M ops -- peaked at 0.84 GiB analytic and 1.06 GiB DES,
-# benchmarks/RESULTS.md), so the default refuses runs that would need more than about 4 GiB.
-BYTES_PER_OP = 1024
-DEFAULT_MAX_OPS = 4_000_000
+# Peak bytes a run holds per op, by engine (op table, trace columns, memory events, metrics and the
+# engine's own state): benchmarks/bench_memory_per_op.py, "Memory per op" in benchmarks/RESULTS.md.
+BYTES_PER_OP: dict[str, int] = {"analytic": 448, "des": 480}
+# The default --max-ops: about 4 GiB on the engine that needs more, in whole hundred thousands.
+DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
 
 
 def estimate_num_ops(plan: Plan, profile: Profile) -> int:
@@ -56,11 +56,12 @@ def check_size(plan: Plan, profile: Profile, max_ops: int = DEFAULT_MAX_OPS) -> 
     """
     estimate = estimate_num_ops(plan, profile)
     if estimate > max_ops:
-        gib = estimate * BYTES_PER_OP / 2**30
+        gib = {engine: estimate * size / 2**30 for engine, size in BYTES_PER_OP.items()}
         raise ConfigError(
             "num_ops", estimate,
-            f"the run would need about {gib:.1f} GiB, more than the limit of {max_ops:,} ops allows; "
-            "use fewer stages, microbatches or minibatches, or raise --max-ops",
+            f"the run would need about {gib['analytic']:.1f} GiB (analytic engine) or {gib['des']:.1f} GiB (des), "
+            f"more than the limit of {max_ops:,} ops allows; use fewer stages, microbatches or minibatches, "
+            "or raise --max-ops",
         )
     return estimate
 
@@ -256,7 +257,8 @@ def simulate_plan(
     trace = _run(program, engine, jitter, seed, compiled)
     wall = time.perf_counter() - started
     engine_startup = jit.startup_s() - startup
-    known = None if reuse is None else reuse.staleness(program.schedule, lambda: stage_staleness(trace))
+    known = None if reuse is None else reuse.staleness(program.schedule,
+                                                       lambda: stage_staleness(trace, compiled=compiled))
     metrics = compute_metrics(trace, staleness=known, compiled=compiled)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)

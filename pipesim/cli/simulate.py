@@ -111,7 +111,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
                    "auto: analytic where it applies.")
 @click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
-              help="Refuse runs estimated to have more ops than this (about 1 KiB of memory each).")
+              help="Refuse runs estimated to have more ops than this (about 0.5 KiB of memory each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")

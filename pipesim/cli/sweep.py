@@ -1,8 +1,9 @@
-"""``pipesim sweep``: simulate every point of a YAML spec on Dask into a Parquet or CSV table."""
+"""``pipesim sweep``: simulate every point of a YAML spec, here or on Dask, into a Parquet or CSV table."""
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -16,10 +17,12 @@ from pipesim.sweep.store import SweepFailedError
 @click.argument("spec_path", metavar="SPEC.yaml", type=str)
 @click.option("--out", "out", type=str, required=True, callback=out_file_option((".parquet", ".pq", ".csv")),
               help="Results table: FILE.parquet or FILE.csv.")
-@click.option("--workers", type=int, default=None, help="Processes of the embedded Dask cluster (default: CPUs).")
+@click.option("--workers", type=int, default=None,
+              help="Processes of the embedded Dask cluster, started only where it saves more than it costs "
+              "(default: CPUs).")
 @click.option("--scheduler", type=str, default=None, help="Address of an existing Dask scheduler, tcp://HOST:PORT.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted sweep from OUT.parts/, skipping finished points.")
-@click.option("--batch-size", type=int, default=None, help="Points per Dask task (default: about 32 tasks per worker).")
+@click.option("--batch-size", type=int, default=None, help="Points per batch (default: about 32 batches per worker).")
 @click.option("--progress/--no-progress", default=None,
               help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
                    "stderr is a terminal).")
@@ -29,11 +32,15 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
                   batch_size: int | None, progress: bool | None, worker_timeout_s: float) -> None:
     """Simulate every point of SPEC.yaml (the product of its lists, filtered by where:) into one table.
 
-    Rows stream to OUT.parts/ as batches finish; an interrupted sweep continues with --resume.
+    Points run in this process while a cluster would cost more than it saves (about 2 s to start),
+    the rest on an embedded Dask cluster, or all on --scheduler. Rows stream to OUT.parts/ as
+    batches finish; an interrupted sweep continues with --resume.
     """
+    started = time.perf_counter()
     if workers is not None and scheduler is not None:
         raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
-    bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="sweep", unit="points")
+    bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="sweep", unit="points",
+                      started=started)
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
                             batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)
@@ -48,5 +55,6 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
     finally:
         bar.stop()
     errors = f", {summary.num_errors} with errors (see the error column)" if summary.num_errors else ""
+    rate = f", {summary.points_per_s:.1f} points/s {summary.where}" if summary.num_run else ""
     click.echo(f"wrote {summary.out}: {summary.num_points} points ({summary.num_run} simulated, "
-               f"{summary.num_resumed} resumed{errors}) in {summary.wall_s:.1f} s")
+               f"{summary.num_resumed} resumed{errors}) in {summary.wall_s:.1f} s{rate}")

@@ -1,4 +1,4 @@
-"""Running a sweep on Dask: points in cost-balanced batches, rows streamed to chunks as batches finish."""
+"""Running a sweep: points in cost-balanced batches, here or on Dask, rows streamed to chunks as batches finish."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
+from pipesim.sweep.local import HERE, ON_DASK, Progress, point_cost, run_here
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 
-Progress = Callable[[int, int], None]
 BATCHES_PER_WORKER = 32
 WORKER_TIMEOUT_S = 120.0
 POLL_S = 0.02
@@ -31,8 +31,9 @@ class SweepSummary:
     Attributes:
         out: the table written; num_points: points in the sweep; num_run: points simulated now;
         num_resumed: points taken from an interrupted run; num_errors: rows with an error;
-        num_batches: Dask tasks submitted; wall_s: seconds, end to end; startup_s: of which
-        starting the cluster or connecting to it.
+        num_batches: chunks written here plus Dask tasks; wall_s: seconds, end to end;
+        startup_s: of which starting the cluster or connecting to it (0 without one);
+        num_here: points simulated in this process (``pipesim.sweep.local``), the rest on Dask.
     """
 
     out: Path
@@ -43,11 +44,19 @@ class SweepSummary:
     num_batches: int
     wall_s: float
     startup_s: float = 0.0
+    num_here: int = 0
 
+    @property
+    def where(self) -> str:
+        """Where the points ran: "in this process", "on Dask" or "in this process, then on Dask"."""
+        if self.num_here == self.num_run:
+            return "in this process"
+        return "on Dask" if self.num_here == 0 else "in this process, then on Dask"
 
-def point_cost(point: dict[str, Any]) -> int:
-    """Rough work of a point: its compute ops, p * m * K (forward and backward each)."""
-    return int(point["num_stages"]) * int(point["num_microbatches"]) * int(point["num_minibatches"])
+    @property
+    def points_per_s(self) -> float:
+        """Points simulated now per second of the whole run (cluster start and writes included)."""
+        return self.num_run / self.wall_s if self.wall_s > 0 else 0.0
 
 
 def make_batches(points: Sequence[dict[str, Any]], num_batches: int) -> list[list[dict[str, Any]]]:
@@ -78,13 +87,14 @@ WORKER_MALLOC_BYTES = 256 << 20
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
-    single-threaded processes listening on 127.0.0.1 (closed on exit).
+    single-threaded processes listening on 127.0.0.1 (closed on exit). Dask's own loggers are
+    set to CRITICAL.
 
     Raises:
         ConfigError: the scheduler cannot be reached, or ``workers < 1``.
     """
     import dask.config
-    from distributed import Client, LocalCluster
+    from distributed import Client, LocalCluster  # sets its loggers' levels on import, so quiet them after
 
     # Dask's and tornado's own logs of a lost worker or scheduler would break the commands' one-line
     # messages; distributed sets its loggers' levels on import, so they are quieted after it.
@@ -140,8 +150,11 @@ def run_sweep(
     progress: Progress | None = None,
     base_dir: Path | None = None,
     worker_timeout_s: float = WORKER_TIMEOUT_S,
+    in_process: bool | None = None,
 ) -> SweepSummary:
-    """Simulate every point of a sweep on Dask and write one row per point to ``out``.
+    """Simulate every point of a sweep and write one row per point to ``out``: on the cluster at
+    ``scheduler``, else in this process for as long as an embedded cluster of ``workers`` would
+    cost more than it saves and on that cluster for the rest (``pipesim.sweep.local``).
 
     Args:
         spec: a SweepSpec or the path of a YAML spec (relative profile paths resolve against
@@ -151,8 +164,10 @@ def run_sweep(
         scheduler: address of an existing Dask scheduler, e.g. ``tcp://127.0.0.1:8786``.
         resume: continue an interrupted sweep from the chunks in ``OUT.parts/``.
         batch_size: points per Dask task (default: about BATCHES_PER_WORKER tasks per worker).
-        progress: called with (points done, total) at the start and after each batch.
+        progress: called with (points done, total, where they run) at the start and as chunks are written.
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
+        in_process: None chooses where points run (above); False sends every point to Dask, True
+            runs every point in this process.
 
     Raises:
         ConfigError: a bad spec, existing chunks without ``resume``, or no scheduler.
@@ -176,7 +191,7 @@ def run_sweep(
     if resume and not Path(f"{target}.parts").exists() and finished_digest(target) == digest:
         frame = read_table(target)
         if progress:
-            progress(len(points), len(points))
+            progress(len(points), len(points), HERE)
         return SweepSummary(target, len(points), 0, len(points), int((frame["error"].fillna("") != "").sum()), 0,
                             time.perf_counter() - started)
     # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
@@ -188,26 +203,33 @@ def run_sweep(
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
     todo = shared_work_order([point for point in points if point["point"] not in store.done])
     if progress:
-        progress(len(store.done), len(points))
+        progress(len(store.done), len(points), "")
     batches: list[list[dict[str, Any]]] = []
-    startup = 0.0
+    startup, num_here, chunks = 0.0, 0, 0
     if todo:
-        connecting = time.perf_counter()
-        with dask_client(workers=workers, scheduler=scheduler) as client:
-            startup = time.perf_counter() - connecting
-            num_workers = max(1, sum(client.nthreads().values()))
-            if batch_size is not None:
-                batches = [todo[i : i + batch_size] for i in range(0, len(todo), batch_size)]
-            else:
-                batches = make_batches(todo, BATCHES_PER_WORKER * num_workers)
-            runner = PointRunner(resolved, sweep_kernels(todo, num_workers))
-            _submit_and_collect(client, runner, batches, store, progress, len(points),
-                                worker_timeout_s)
+        num_workers = workers if workers is not None else (os.cpu_count() or 1)
+        if scheduler is None and num_workers < 1:
+            raise ConfigError("workers", num_workers, "must be >= 1")
+        runner = PointRunner(resolved, sweep_kernels(todo, num_workers))
+        # An existing cluster (--scheduler) takes every point; an embedded one only where it pays.
+        num_here, chunks = (0, 0) if scheduler is not None or in_process is False else run_here(
+            runner, todo, store, num_workers=1 if in_process else num_workers, progress=progress, total=len(points),
+            batch_size=batch_size)
+        rest = todo[num_here:]
+        if batch_size is not None:
+            batches = [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
+        else:
+            batches = make_batches(rest, BATCHES_PER_WORKER * num_workers)
+        if batches:
+            connecting = time.perf_counter()
+            with dask_client(workers=workers, scheduler=scheduler) as client:
+                startup = time.perf_counter() - connecting
+                _submit_and_collect(client, runner, batches, store, progress, len(points), worker_timeout_s)
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
-        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=len(batches), wall_s=time.perf_counter() - started,
-        startup_s=startup,
+        num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=chunks + len(batches),
+        wall_s=time.perf_counter() - started, startup_s=startup, num_here=num_here,
     )
 
 
@@ -226,6 +248,8 @@ def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dic
     futures: list[Any] = []
     try:
         watch.wait_for_a_worker()
+        if progress:
+            progress(len(store.done), total, ON_DASK)
         try:
             # A task rather than scattered data: if every worker holding it dies, Dask recomputes it.
             shared = client.submit(_identity, runner, pure=False)
@@ -248,7 +272,7 @@ def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dic
                 store.write_chunk(_rows(result, watch, lambda: _span(future, futures, batches)))
                 future.release()
                 if progress:
-                    progress(len(store.done), total)
+                    progress(len(store.done), total, ON_DASK)
     except BaseException:
         if futures and client.status == "running":
             with suppress(Exception):

@@ -340,11 +340,8 @@ class Resolved:
         if total > MAX_POINTS:
             raise ConfigError("spec", total, f"the cartesian product has more than {MAX_POINTS} points")
         columns = list(AXES.values())
-        allowed = self._allowed(axes) if spec.where else None
         points: list[dict[str, Any]] = []
-        for values in itertools.product(*axes):
-            if allowed is not None and allowed[1](values) not in allowed[0]:
-                continue
+        for values in self._kept(axes):
             point = dict(zip(columns, values, strict=True))
             if point["num_minibatches"] is None:
                 point["num_minibatches"] = default_num_minibatches(point["schedule"])
@@ -352,9 +349,36 @@ class Resolved:
             points.append(point)
         return points
 
-    def _allowed(self, axes: list[tuple[Any, ...]]) -> tuple[set[tuple[Any, ...]], Any]:
+    def _kept(self, axes: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The combinations of ``axes`` that ``where`` keeps, in product order, walking the product
+        depth first and cutting it at each axis ``where`` reads once no kept combination starts so."""
+        if not self.spec.where:
+            return list(itertools.product(*axes))
+        allowed, order = self._allowed(axes)
+        starts = [{combination[:size] for combination in allowed} for size in range(len(order) + 1)]
+        rank = {axis: index for index, axis in enumerate(order)}
+        kept: list[tuple[Any, ...]] = []
+        chosen: list[Any] = []
+
+        def walk(depth: int, read: tuple[Any, ...]) -> None:
+            if depth == len(axes):
+                kept.append(tuple(chosen))
+                return
+            index = rank.get(depth)
+            for value in axes[depth]:
+                now = read if index is None else (*read, value)
+                if index is not None and now not in starts[index + 1]:
+                    continue
+                chosen.append(value)
+                walk(depth + 1, now)
+                chosen.pop()
+
+        walk(0, ())
+        return kept
+
+    def _allowed(self, axes: list[tuple[Any, ...]]) -> tuple[set[tuple[Any, ...]], list[int]]:
         """The ``where`` filter evaluated once per combination of the axes it reads: the
-        combinations it keeps, and a getter of those axes' values from a full combination."""
+        combinations it keeps, and the indices of those axes, in order."""
         keep = Expression(self.spec.where or "True", where_fields())
         columns = list(AXES.values())
         # An axis is read if the expression names its spec key or its column; layers come with
@@ -373,7 +397,7 @@ class Resolved:
                 point["num_minibatches"] = default_num_minibatches(point["schedule"])
             if keep(self._fields(point)):
                 allowed.add(values)
-        return allowed, lambda full: tuple(full[i] for i in order)
+        return allowed, order
 
     def _fields(self, point: dict[str, Any]) -> dict[str, Any]:
         """A point's values under every name ``where`` may use (labels for profile and topology)."""

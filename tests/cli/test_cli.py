@@ -126,9 +126,9 @@ def test_help_and_console_script() -> None:
 
 def test_a_run_too_large_is_refused_up_front_with_the_estimate() -> None:
     done = pipesim("simulate", "--uniform", "layers=64,forward_ms=1,backward_ms=2", "--stages", "64",
-                   "--microbatches", "4096", "--schedule", "pipedream", "--minibatches", "8")
+                   "--microbatches", "4096", "--schedule", "pipedream", "--minibatches", "16")
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "num_ops=6291456" in done.stderr and "GiB" in done.stderr and "--max-ops" in done.stderr
+    assert "num_ops=12582912" in done.stderr and "GiB (analytic engine)" in done.stderr and "--max-ops" in done.stderr
     small = pipesim("simulate", "--uniform", "layers=4,forward_ms=1,backward_ms=2", "--stages", "4",
                     "--microbatches", "8", "--schedule", "1f1b", "--max-ops", "60", "--json")
     assert small.returncode == 2 and "num_ops=68" in small.stderr

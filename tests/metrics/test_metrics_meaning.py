@@ -157,3 +157,16 @@ def test_a_wait_table_too_large_renumbers_the_microbatches(monkeypatch: pytest.M
     monkeypatch.setattr(kernels, "MAX_TABLE", 100)
     with pytest.raises(ConfigError, match="table cells"):
         kernels.exposed_communication(sparse, 4, 4, 0.0, trace.makespan_s, compiled=False)
+
+
+@pytest.mark.skipif(not pipesim.jit.AVAILABLE, reason="numba is not installed")
+def test_compiled_metrics_run_numbas_kernels() -> None:
+    """``compiled=True`` reaches numba's dispatchers (so that the comparisons above compare two forms):
+    each metrics kernel has a compiled signature after one call."""
+    profile = pipesim.uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e3)
+    topology = pipesim.Topology.uniform(num_devices=2, bandwidth="1MB/s", latency="5us")
+    trace = pipesim.simulate(profile, topology, schedule="1f1b", num_stages=2, num_microbatches=4).trace
+    compute_metrics(trace, compiled=True)
+    stage_staleness(trace, compiled=True)
+    for kernel in (kernels._exposed, kernels._levels, kernels._staleness, kernels._minibatch_ends):
+        assert kernel.dispatcher().signatures, kernel.__name__  # type: ignore[attr-defined]

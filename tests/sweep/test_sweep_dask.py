@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipesim.sweep import COLUMNS, read_table, run_sweep
+from sweep_specs import reference_sweep, spec_fixture
 
 SPEC = """\
 profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
@@ -31,19 +32,15 @@ engine: des  # with 16 minibatches of up to 512 microbatches the sweep lasts sec
 NUM_POINTS = 2 * 2 * 4 * 5
 
 
-@pytest.fixture(scope="module")
-def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("spec") / "spec.yaml"
-    path.write_text(SPEC)
-    return path
+spec_path = spec_fixture(SPEC)
 
 
 @pytest.fixture(scope="module")
 def reference(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """The uninterrupted sweep on the embedded LocalCluster."""
-    out = tmp_path_factory.mktemp("reference") / "results.parquet"
-    summary = run_sweep(spec_path, out, workers=2)
+    out, summary = reference_sweep(spec_path, tmp_path_factory)
     assert summary.num_points == summary.num_run == NUM_POINTS and summary.num_batches > 2
+    assert summary.num_here == 0 and summary.startup_s > 0, summary
     return out, read_table(out)
 
 

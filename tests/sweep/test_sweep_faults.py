@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipesim.sweep import read_table, run_sweep, write_table
+from sweep_specs import reference_sweep, spec_fixture
 
 SPEC = """\
 profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
@@ -45,21 +46,16 @@ NUM_POINTS = 20
 PYTHON = sys.executable
 
 
-@pytest.fixture(scope="module")
-def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("spec") / "spec.yaml"
-    path.write_text(SPEC)
-    return path
+spec_path = spec_fixture(SPEC)
 
 
 @pytest.fixture(scope="module")
 def reference(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     """The uninterrupted sweep's table, as Parquet and as CSV bytes."""
-    folder = tmp_path_factory.mktemp("reference")
-    run_sweep(spec_path, folder / "results.parquet", workers=2)
-    csv = folder / "results.csv"
-    write_table(read_table(folder / "results.parquet"), csv)
-    return {".parquet": (folder / "results.parquet").read_bytes(), ".csv": csv.read_bytes()}
+    out, _ = reference_sweep(spec_path, tmp_path_factory)
+    csv = out.with_suffix(".csv")
+    write_table(read_table(out), csv)
+    return {".parquet": out.read_bytes(), ".csv": csv.read_bytes()}
 
 
 class Cluster:

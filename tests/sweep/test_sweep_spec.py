@@ -106,6 +106,21 @@ def test_bad_specs_name_the_field(change: dict[str, object], field: str, fragmen
     assert "\n" not in str(caught.value)
 
 
+def test_where_on_axes_apart_keeps_exactly_the_product_filtered_in_order() -> None:
+    """Axes read by ``where`` with unread ones between and after them: the points are the unfiltered
+    product's, in its order, that the same condition written in Python keeps."""
+    spec = {**ISSUE_SPEC, "stages": [2, 3, 4], "microbatches": {"range": [1, 12]}, "recompute": [False, True]}
+    del spec["where"]
+    every = points_of(spec)
+    where = "microbatches % stages == 0 and (schedule != 'gpipe' or bandwidth > 5e10) and not recompute"
+    kept = points_of({**spec, "where": where})
+    expected = [p for p in every if p["num_microbatches"] % p["num_stages"] == 0 and not p["recompute"]
+                and (p["schedule"] != "gpipe" or p["bandwidth_bytes_per_s"] > 5e10)]
+    assert 0 < len(kept) < len(every)
+    assert [{**p, "point": 0} for p in kept] == [{**p, "point": 0} for p in expected]
+    assert [p["point"] for p in kept] == list(range(len(kept)))
+
+
 def test_where_expressions() -> None:
     fields = ("stages", "microbatches", "schedule", "recompute")
     check = Expression("microbatches % stages == 0 and schedule in ['1f1b', '2bw'] and not recompute", fields)

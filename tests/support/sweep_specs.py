@@ -1,0 +1,29 @@
+"""The sweep tests' shared setup: a spec written once per module, and its sweep run once, uninterrupted."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipesim.sweep import SweepSummary, run_sweep
+
+
+def spec_fixture(text: str) -> Callable[..., Path]:
+    """A module-scoped fixture ``spec_path``: ``text`` written to a spec.yaml of its own folder."""
+
+    @pytest.fixture(scope="module")
+    def spec_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        path = tmp_path_factory.mktemp("spec") / "spec.yaml"
+        path.write_text(text)
+        return path
+
+    return spec_path
+
+
+def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, SweepSummary]:
+    """The uninterrupted sweep of ``spec_path`` into a fresh folder's results.parquet, every point on an
+    embedded cluster of 2 workers."""
+    out = tmp_path_factory.mktemp("reference") / "results.parquet"
+    return out, run_sweep(spec_path, out, workers=2, in_process=False)
