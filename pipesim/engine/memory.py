@@ -55,45 +55,59 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
 
 
+@jit.jit(inline=True)
+def op_events(g: int, k: int, takes: bool, partial: bool, width: int, last_user: int, update: int) -> int:
+    """The memory events of op ``g`` (of kind ``k``) as bits: 1 activations, 2 adds a version (U),
+    4 frees the version it supersedes (U), 8 frees a superseded version (its last user), 16 takes
+    working bytes at its start (a B or I of a stage that re-creates activations).
+
+    Scalars only, so that the compiled caller inlines it without reference counting per op.
+    ``takes``: its stage has working bytes; ``partial``: its stage's I keeps part of the stash;
+    ``width`` 0: no versions kept, else ``last_user`` and ``update`` are the last user and the U
+    of its (stage, version) (flat indices, -1: none).
+    """
+    bits = 16 if takes and (k == B_CODE or k == I_CODE) else 0
+    if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and (bits != 0 or partial)):
+        bits |= 1
+    if width > 0:
+        if k == U_CODE:
+            bits |= 2
+            if last_user < g:
+                bits |= 4
+        elif last_user == g and 0 <= update < g:
+            bits |= 8
+    return bits
+
+
 @jit.jit
 def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, version: IntArray,
                   end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
                   keeps_versions: bool, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
                   start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
-    """``memory_columns`` in two passes over the ops: the columns in MEMORY_COLUMNS order.
+    """``memory_columns`` in two passes over the ops, one to count the events (``op_events``)
+    and one to write them: the columns in MEMORY_COLUMNS order.
 
     ``order`` is the ops' stable order by end (flat indices) and then -1, ``start_order`` by
     start (empty without working bytes): the events follow them, merged by time.
     """
     n, p = kind.shape[0], stash.shape[0]
-    # Per op, its events as bits: 1 activations, 2 adds a version (U), 4 frees the version it
-    # supersedes (U), 8 frees a superseded version (its last user), 16 takes working bytes at
-    # its start (a B or I of a stage that re-creates activations).
-    backward = (kind == B_CODE) | (kind == I_CODE)
-    takes = backward & (working[stage] != 0.0)
-    stashes = (kind == F_CODE) | (kind == B_CODE) | (kind == W_CODE) | (
-        (kind == I_CODE) & ((kept[stage] != stash[stage]) | takes))
-    events = stashes.astype(np.uint8) | (takes.astype(np.uint8) * np.uint8(16))
-    if keeps_versions and n > 0:
-        width = version.max() + 2
-        last_user = np.full(p * width, -1, dtype=np.int64)
-        update_of = np.full(p * width, -1, dtype=np.int64)
-        for g in range(n):  # flat order within a stage is its rank's order
-            if kind[g] == U_CODE:
-                update_of[stage[g] * width + version[g]] = g
-            else:
-                last_user[stage[g] * width + version[g]] = g
-        for g in range(n):
-            key = stage[g] * width + version[g]
-            if kind[g] == U_CODE:
-                events[g] |= 2
-                if last_user[key] < g:
-                    events[g] |= 4
-            elif last_user[key] == g and 0 <= update_of[key] < g:
-                events[g] |= 8
+    width = version.max() + 2 if keeps_versions and n > 0 else 0
+    # Per (stage, version): its U and its last other user (flat order within a stage is its rank's order).
+    last_user = np.full(max(p * width, 1), -1, dtype=np.int64)
+    update_of = np.full(max(p * width, 1), -1, dtype=np.int64)
+    for g in range(n if width > 0 else 0):
+        if kind[g] == U_CODE:
+            update_of[stage[g] * width + version[g]] = g
+        else:
+            last_user[stage[g] * width + version[g]] = g
     total = 3 * p
-    for bit in range(5):
-        total += np.count_nonzero((events >> bit) & 1)
+    for g in range(n):
+        s = stage[g]
+        key = s * width + version[g] if width > 0 else 0
+        bits = op_events(g, kind[g], working[s] != 0.0, kept[s] != stash[s], width, last_user[key], update_of[key])
+        while bits:
+            total += bits & 1
+            bits >>= 1
     time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
     for s in range(p):
@@ -101,23 +115,21 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = stage_to_rank[s], s, c
             delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
     row = 3 * p
-    # The backwards that take working bytes, by start; each is written before the first end after it.
-    taking = start_order[(events[start_order] & 16) != 0]
-    taken = 0
+    taken = 0  # the starts written so far: each start that takes working bytes goes before the first end after it
     for g in order:  # its last entry, -1, writes the starts after the last end
-        if g >= 0 and events[g] == 0:
-            continue
         t = end_s[g] if g >= 0 else np.inf
-        while taken < taking.shape[0] and start_s[taking[taken]] < t:
-            h = taking[taken]
-            time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
-            category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
-            row += 1
+        while taken < start_order.shape[0] and start_s[start_order[taken]] < t:
+            h = start_order[taken]
             taken += 1
+            if op_events(h, kind[h], working[stage[h]] != 0.0, False, 0, -1, -1) & 16:
+                time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
+                category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
+                row += 1
         if g < 0:
             break
-        e = np.int64(events[g])
         s = stage[g]
+        key = s * width + version[g] if width > 0 else 0
+        e = op_events(g, kind[g], working[s] != 0.0, kept[s] != stash[s], width, last_user[key], update_of[key])
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row] = t, rank[g], s
@@ -140,4 +152,3 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
                         delta[row], count[row] = -params[s], -1
                 row += 1
     return time_s, device, stage_of, category, delta, count
-
