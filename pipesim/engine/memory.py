@@ -46,7 +46,7 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.append(np.argsort(ends, kind="stable"), -1), ops.rank, ops.stage, ops.kind, ops.version, ends,
+        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
@@ -87,8 +87,8 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
     """``memory_columns`` in two passes over the ops, one to count the events (``op_events``)
     and one to write them: the columns in MEMORY_COLUMNS order.
 
-    ``order`` is the ops' stable order by end (flat indices) and then -1, ``start_order`` by
-    start (empty without working bytes): the events follow them, merged by time.
+    ``order`` is the ops' stable order by end (flat indices), ``start_order`` by start (empty
+    without working bytes): the events follow them, merged by time.
     """
     n, p = kind.shape[0], stash.shape[0]
     width = version.max() + 2 if keeps_versions and n > 0 else 0
@@ -108,15 +108,16 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
         while bits:
             total += bits & 1
             bits >>= 1
-    time_s, device, stage_of = np.zeros(total), np.empty(total, np.int64), np.empty(total, np.int64)
-    category, delta, count = np.empty(total, np.int64), np.empty(total), np.ones(total, np.int64)
+    time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
+    category, delta, count = np.empty(total, np.int64), np.empty(total), np.empty(total, np.int64)
     for s in range(p):
         for c in range(3):
-            device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = stage_to_rank[s], s, c
-            delta[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s]
+            time_s[3 * s + c], device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = 0.0, stage_to_rank[s], s, c
+            delta[3 * s + c], count[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s], 1
     row = 3 * p
     taken = 0  # the starts written so far: each start that takes working bytes goes before the first end after it
-    for g in order:  # its last entry, -1, writes the starts after the last end
+    for i in range(order.shape[0] + 1):  # the last step writes the starts after the last end
+        g = order[i] if i < order.shape[0] else -1
         t = end_s[g] if g >= 0 else np.inf
         while taken < start_order.shape[0] and start_s[start_order[taken]] < t:
             h = start_order[taken]
@@ -132,7 +133,7 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
         e = op_events(g, kind[g], working[s] != 0.0, kept[s] != stash[s], width, last_user[key], update_of[key])
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
-                time_s[row], device[row], stage_of[row] = t, rank[g], s
+                time_s[row], device[row], stage_of[row], count[row] = t, rank[g], s, 1
                 if bit == 1:
                     category[row] = ACTIVATIONS
                     k = kind[g]
