@@ -182,42 +182,39 @@ class KernelState:
               compiled: bool) -> KernelState:
         ops = program.ops
         n, num_ranks = ops.num_ops, ops.num_ranks
-        remote = ops.is_remote_send
-        num_sends = int(np.count_nonzero(remote))
+        num_sends = int(np.count_nonzero(ops.is_remote_send))
         num_links = int(ops.link.max()) + 1 if n else 0
-        int_sizes = (n, n, n, n, n + 1, num_ranks, num_ranks)
+        int_sizes = (n, n, n, n, n, num_ranks, num_ranks)
         num_spans = n + num_sends
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
-        state_sizes = (n, n, n, n + 1, num_links, num_ranks, num_ranks)
+        # HOLD's extra slot, just before ARRIVAL, holds 0: the arrival an op with WAIT -1 reads.
+        state_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks)
         block_at = sum(state_sizes)
         offsets = [int(x) for x in np.cumsum((HEADER, *int_sizes[:-1]))] + \
             [int(x) for x in np.cumsum((0, *state_sizes[:-1]))] + \
             [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")] + [num_ranks]
         ints = np.empty(HEADER + sum(int_sizes), np.int64)
         floats = np.empty(block_at + len(SPAN_COLUMNS) * num_spans)
-        floats[offsets[ARRIVAL] + n: block_at] = 0.0  # the arrival slot read by ops that wait for nothing, links, ranks
+        floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
+        floats[offsets[ARRIVAL] + n: block_at] = 0.0  # links and ranks free at 0
         ints[:HEADER] = offsets
 
         def part(index: int, size: int) -> npt.NDArray[Any]:
             view: npt.NDArray[Any] = (ints if index < DURATION else floats)[offsets[index]: offsets[index] + size]
             return view
 
-        wait = part(WAIT, n)
-        wait[:] = ops.wait
-        wait[wait < 0] = n  # the arrival slot that holds 0
+        part(WAIT, n)[:] = ops.wait
         part(WAIT2, n)[:] = ops.chunk_wait  # -1: no second input
         part(LINK, n)[:] = ops.link if link is None else link
-        send_row = part(SEND_ROW, n)
-        send_row[:] = -1
-        send_row[remote] = np.arange(n, n + num_sends, dtype=np.int64)
-        part(WAITER, n + 1)[:] = -1
+        part(SEND_ROW, n)[:] = ops.send_row
+        part(WAITER, n)[:] = -1
         part(NEXT, num_ranks)[:] = ops.rank_offsets[:-1]
         part(STOP, num_ranks)[:] = ops.rank_offsets[1:]
         part(DURATION, n)[:] = durations
         part(TRANSFER, n)[:] = ops.transfer_s
         part(HOLD, n)[:] = ops.link_hold_s
-        part(ARRIVAL, n)[:] = np.nan  # not known yet; the slot after them holds 0
+        part(ARRIVAL, n)[:] = np.nan  # not known yet
         if not compiled:
             return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,
                        n, num_spans, False)

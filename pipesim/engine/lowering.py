@@ -107,6 +107,15 @@ class OpTable:
         return int(self.rank_offsets.shape[0]) - 1
 
     @cached_property
+    def send_row(self) -> IntArray:
+        """Per op, the Trace row of its send span, or -1 (no send to another rank): the compute
+        spans come first, one per op, then one send span per op with a remote send, in op order."""
+        n = self.num_ops
+        row = np.full(n, -1, dtype=np.int64)
+        row[self.is_remote_send] = np.arange(n, n + int(np.count_nonzero(self.is_remote_send)), dtype=np.int64)
+        return row
+
+    @cached_property
     def link(self) -> IntArray:
         """Per op, the index of the directed link (rank -> send_rank) its send uses, or -1."""
         remote = self.is_remote_send
