@@ -34,28 +34,25 @@ def span_block(num_spans: int, buffer: FloatArray | None = None) -> dict[str, np
 
 
 def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info: RunInfo, *,
-                     remote: npt.NDArray[np.int64] | None = None, compiled: bool | None = None) -> Trace:
+                     compiled: bool | None = None) -> Trace:
     """The Trace of a run whose span times are already in place (in the module's span order).
 
     Args:
         spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
             times in span order; the other columns are filled here from the OpTable.
-        remote: the ops that send to another rank (flat indices, rising), if known.
         compiled: compute the memory events with numba's kernel (``memory.memory_columns``).
     """
     n = program.ops.num_ops
-    if remote is None:
-        remote = np.flatnonzero(program.ops.is_remote_send)
-    shared = shared_span_columns(program, remote)
+    shared = shared_span_columns(program)
     if shared is None:
-        fill_span_columns(program, spans, remote)
+        fill_span_columns(program, spans, np.flatnonzero(program.ops.is_remote_send))
     else:
         spans.update(shared)
     return Trace(info=info, spans=spans, memory=memory_columns(program, spans["start_s"][:n], spans["end_s"][:n],
                                                                    compiled=compiled))
 
 
-def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict[str, npt.NDArray[Any]] | None:
+def shared_span_columns(program: Program) -> dict[str, npt.NDArray[Any]] | None:
     """The span columns other than the times, read only, shared by every program lowered from
     one columnar order (``Program.derived``; None for other programs): they depend on the order
     alone, but for the bytes sent, so the last stage costs' output bytes are part of the key.
@@ -68,6 +65,7 @@ def shared_span_columns(program: Program, remote: npt.NDArray[np.int64]) -> dict
     if known is not None and known[0] == key:
         columns: dict[str, npt.NDArray[Any]] = known[1]
         return columns
+    remote = np.flatnonzero(program.ops.is_remote_send)
     spans = span_block(program.ops.num_ops + remote.size)
     fill_span_columns(program, spans, remote)
     columns = {column: values for column, values in spans.items() if column not in ("start_s", "end_s")}
