@@ -7,10 +7,19 @@ a stage of k layers pays it once, not k times. The runtime's cost per op beyond 
 records) is measured by running a model of layers that do nothing through the real runtime on
 two ranks, with messages as large as the model's, and goes into the profile's per-op overheads,
 which the simulator adds once to every op of a stage.
+
+On the emulated device one more cost shows: the host's own time per op that the device's wait
+does not cover. gloo cannot tell that a message has arrived before the receive is waited on, so
+an op whose input comes from another rank starts when its host gets to that receive (after the
+previous op's send, its records and the receive call), not when the device is free, and a host
+that wakes late from its wait hands its output on late. ``host_cost`` measures that time per such
+op from separate emulated 1F1B runs, and ``with_host_cost`` adds it to those ops of the profile
+the prediction is made from.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 from collections.abc import Sequence
@@ -19,7 +28,12 @@ from pathlib import Path
 
 from pipesim.engine.trace import Trace
 from pipesim.harness.config import ModelSpec, RunConfig, summarize
+from pipesim.harness.prediction import emulation_of, predict
+from pipesim.metrics import compute_metrics
 from pipesim.schedule.ir import Op
+from pipesim.spec.profile import Profile
+from pipesim.spec.stages import balance_partition
+from pipesim.spec.topology import Topology
 
 KINDS = ("F", "B", "U")
 
@@ -82,3 +96,63 @@ def runtime_costs(elements: int, microbatch_size: int, null_net: list[OpCosts], 
         costs.append(max(0.0, statistics.fmean(per_rank)))
     shares = [share for share in trace.info.cpu_share or () if share is not None]
     return OpCosts(*costs), min(shares, default=1.0)
+
+
+def with_host_cost(profile: Profile, seconds: float, partition: tuple[tuple[int, int], ...],
+                   stage_to_rank: Sequence[int]) -> Profile:
+    """``profile`` with ``seconds`` more on every F and B (a split backward's I included) whose
+    input comes from another rank: on the first layer's forward of a stage fed by another rank,
+    and on the last layer's backward of a stage whose gradient comes from another rank."""
+    if seconds <= 0:
+        return profile
+    layers = list(profile.layers)
+    last = len(partition) - 1
+    for stage, (start, end) in enumerate(partition):
+        if stage > 0 and stage_to_rank[stage - 1] != stage_to_rank[stage]:
+            layers[start] = layers[start].model_copy(update={"forward_s": layers[start].forward_s + seconds})
+        if stage < last and stage_to_rank[stage + 1] != stage_to_rank[stage]:
+            layer = layers[end - 1]
+            update = {"backward_s": layer.backward_s + seconds}
+            if layer.backward_input_s is not None:
+                update["backward_input_s"] = layer.backward_input_s + seconds
+            layers[end - 1] = layer.model_copy(update=update)
+    return profile.model_copy(update={"layers": tuple(layers)})
+
+
+def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: int, *, runs: int = 3,
+              num_microbatches: int = 8, num_minibatches: int = 6, op_timeout_s: float = 120.0) -> float:
+    """The emulated host's own seconds per F and B op with an input from another rank, beyond the
+    device's durations.
+
+    ``runs`` separate emulated 1F1B runs of ``spec`` on ``num_ranks`` ranks (one stage each, the
+    partition balanced on ``profile``), never a validated run; for each, the cost per op at which
+    the simulation (``with_host_cost``) predicts the run's measured iteration time, found by
+    bisection (0 when the plain prediction is already as slow). The median over the runs, so
+    that one run slowed by the machine does not set it.
+
+    Raises:
+        ConfigError: a bad shape; RunFailedError: a run failed.
+    """
+    from pipesim.harness.launch import launch
+
+    partition = balance_partition(profile, num_ranks)
+    config = RunConfig(model=spec, schedule="1f1b", num_stages=num_ranks, num_microbatches=num_microbatches,
+                       num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=partition)
+    device = predict(profile, topology, config)
+    config = dataclasses.replace(config, emulation=emulation_of(device.trace, profile, partition))
+    costs = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="pipesim-host-cost-") as folder:
+            trace_path = Path(folder) / "trace.json"
+            launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
+            measured = compute_metrics(Trace.from_json(trace_path.read_text(encoding="utf-8"))).iteration_time_s
+        low, high = 0.0, measured / num_microbatches
+        for _ in range(40):
+            middle = (low + high) / 2
+            slower = with_host_cost(profile, middle, partition, range(num_ranks))
+            if predict(slower, topology, config).metrics.iteration_time_s < measured:
+                low = middle
+            else:
+                high = middle
+        costs.append(low)
+    return statistics.median(costs)
