@@ -69,10 +69,11 @@ def parse_schedules(text: str) -> list[str]:
                    "iteration time of the mean op times alone (reported beside it in --json either way).")
 @click.option("--host-cost-runs", type=int, default=3, show_default=True,
               help="Emulated compute: separate emulated 1F1B runs (one stage per rank) that measure the host's own "
-                   "time per F and B op beyond the device's durations (gloo's receive cannot tell that a message has "
-                   "arrived until it is waited on, so an op with an input from another rank starts when its host "
-                   "gets there; a host that wakes late sends late); the median is added to every F and B of the "
-                   "prediction, while the emulated ops last the durations predicted without it. 0: none.")
+                   "time per F and B op fed by another rank, beyond the device's durations (gloo's receive cannot "
+                   "tell that a message has arrived until it is waited on, so such an op starts when its host gets "
+                   "there; a host that wakes late sends late): per run the mean over its steady-state ops of how "
+                   "much later each ended than its device could have. The median over the runs is added to those "
+                   "ops of the prediction, while the emulated ops last the durations predicted without it. 0: none.")
 @click.option("--nice", type=int, default=0, show_default=True,
               help="Nice value for every process of the measurement (profile, calibration, runs), set before any "
                    "starts; below 0 puts them ahead of other programs (needs root or CAP_SYS_NICE) and, where Linux "

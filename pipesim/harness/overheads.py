@@ -13,7 +13,7 @@ does not cover. gloo cannot tell that a message has arrived before the receive i
 an op whose input comes from another rank starts when its host gets to that receive (after the
 previous op's send, its records and the receive call), not when the device is free, and a host
 that wakes late from its wait hands its output on late. ``host_cost`` measures that time per such
-op from separate emulated 1F1B runs, and ``with_host_cost`` adds it to those ops of the profile
+op in separate emulated 1F1B runs, and ``with_host_cost`` adds it to those ops of the profile
 the prediction is made from.
 """
 
@@ -29,7 +29,6 @@ from pathlib import Path
 from pipesim.engine.trace import Trace
 from pipesim.harness.config import ModelSpec, RunConfig, summarize
 from pipesim.harness.prediction import emulation_of, predict
-from pipesim.metrics import compute_metrics
 from pipesim.schedule.ir import Op
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
@@ -119,16 +118,45 @@ def with_host_cost(profile: Profile, seconds: float, partition: tuple[tuple[int,
     return profile.model_copy(update={"layers": tuple(layers)})
 
 
+def late_ops(device: Trace, measured: Trace) -> list[float]:
+    """Per op with an input from another rank in ``measured``'s steady-state minibatches, the
+    seconds it ended later than its device could have ended it: its end less its duration in
+    ``device`` (the prediction its emulated durations came from) less the later of the end of its
+    rank's previous op and the arrival its input would have had on the predicted link (the
+    sender's end plus the predicted transfer)."""
+    last = measured.info.num_minibatches - 1
+    predicted = {(span.device, span.stream, span.position): span for span in device.iter_spans()}
+    ends = {span.op: span.end_s for span in measured.iter_spans() if span.stream == "compute"}
+    transfers = {(span.device, span.position): span.end_s - span.start_s
+                 for span in device.iter_spans() if span.stream == "send"}
+    senders = {span.op: (span.device, span.position) for span in measured.iter_spans() if span.stream == "compute"}
+    lateness: list[float] = []
+    previous_end: dict[int, float] = {}
+    for span in sorted((s for s in measured.iter_spans() if s.stream == "compute"), key=lambda s: s.start_s):
+        op, before = Op.parse(span.op), previous_end.get(span.device)
+        previous_end[span.device] = span.end_s
+        source = {"F": op.stage - 1, "B": op.stage + 1, "I": op.stage + 1}.get(op.kind.value)
+        sender = None if source is None else f"{source}{'F' if op.kind.value == 'F' else 'B'}{op.microbatch}"
+        if sender not in ends or before is None or not 1 <= span.minibatch < last:
+            continue
+        sent_from = senders[sender]
+        if sent_from[0] == span.device:
+            continue
+        arrival = ends[sender] + transfers[sent_from]
+        duration = predicted[(span.device, "compute", span.position)]
+        lateness.append(span.end_s - (duration.end_s - duration.start_s) - max(before, arrival))
+    return lateness
+
+
 def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: int, *, runs: int = 3,
               num_microbatches: int = 8, num_minibatches: int = 6, op_timeout_s: float = 120.0) -> float:
     """The emulated host's own seconds per F and B op with an input from another rank, beyond the
     device's durations.
 
     ``runs`` separate emulated 1F1B runs of ``spec`` on ``num_ranks`` ranks (one stage each, the
-    partition balanced on ``profile``), never a validated run; for each, the cost per op at which
-    the simulation (``with_host_cost``) predicts the run's measured iteration time, found by
-    bisection (0 when the plain prediction is already as slow). The median over the runs, so
-    that one run slowed by the machine does not set it.
+    partition balanced on ``profile``), never a validated run; for each, the mean of
+    ``late_ops`` (at least 0). The median over the runs, so that one run slowed by the machine
+    does not set it.
 
     Raises:
         ConfigError: a bad shape; RunFailedError: a run failed.
@@ -138,21 +166,13 @@ def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: 
     partition = balance_partition(profile, num_ranks)
     config = RunConfig(model=spec, schedule="1f1b", num_stages=num_ranks, num_microbatches=num_microbatches,
                        num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=partition)
-    device = predict(profile, topology, config)
-    config = dataclasses.replace(config, emulation=emulation_of(device.trace, profile, partition))
+    device = predict(profile, topology, config).trace
+    config = dataclasses.replace(config, emulation=emulation_of(device, profile, partition))
     costs = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="pipesim-host-cost-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
-            measured = compute_metrics(Trace.from_json(trace_path.read_text(encoding="utf-8"))).iteration_time_s
-        low, high = 0.0, measured / num_microbatches
-        for _ in range(40):
-            middle = (low + high) / 2
-            slower = with_host_cost(profile, middle, partition, range(num_ranks))
-            if predict(slower, topology, config).metrics.iteration_time_s < measured:
-                low = middle
-            else:
-                high = middle
-        costs.append(low)
+            lateness = late_ops(device, Trace.from_json(trace_path.read_text(encoding="utf-8")))
+        costs.append(max(0.0, statistics.fmean(lateness)) if lateness else 0.0)
     return statistics.median(costs)

@@ -49,3 +49,20 @@ def test_a_host_cost_is_refused_with_real_compute() -> None:
     with pytest.raises(ConfigError, match="host_cost_s"):
         ScheduleValidation(four_layers(False), topology, ModelSpec("mlp", depth=3, width=16), host_cost_s=-0.001,
                            compute="emulated", **common)  # type: ignore[arg-type]
+
+
+def test_late_ops_finds_the_host_cost_a_prediction_carries() -> None:
+    from pipesim.harness.config import ModelSpec, RunConfig
+    from pipesim.harness.overheads import late_ops, with_host_cost
+    from pipesim.harness.prediction import predict
+
+    profile, cost = four_layers(False), 0.0003
+    topology = Topology.uniform(num_devices=4, bandwidth=1e6, latency=0.0002)
+    partition = ((0, 1), (1, 2), (2, 3), (3, 4))
+    config = RunConfig(model=ModelSpec("mlp", depth=3, width=16), schedule="1f1b", num_stages=4, num_microbatches=4,
+                       num_minibatches=4, microbatch_size=1, partition=partition)
+    device = predict(profile, topology, config).trace
+    assert late_ops(device, device) == pytest.approx([0.0] * 2 * 4 * 3 * 2, abs=1e-12)
+    slower = predict(with_host_cost(profile, cost, partition, range(4)), topology, config).trace
+    # every steady-state F of stages 1-3 and B of stages 0-2 (4 microbatches, minibatches 1 and 2)
+    assert late_ops(device, slower) == pytest.approx([cost] * 2 * 4 * 3 * 2, rel=1e-9)
