@@ -150,7 +150,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
         host_cost_s = (host_cost(profile, topology, spec, num_ranks or num_stages, runs=host_cost_runs,
-                                 op_timeout_s=op_timeout_s) if compute == "emulated" and host_cost_runs else 0.0)
+                                 device=device, op_timeout_s=op_timeout_s)
+                       if compute == "emulated" and host_cost_runs else 0.0)
         validations = []
         for name in names:
             source: Profile | FreshProfiles = profile

@@ -149,12 +149,14 @@ def late_ops(device: Trace, measured: Trace) -> list[float]:
 
 
 def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: int, *, runs: int = 3,
-              num_microbatches: int = 8, num_minibatches: int = 6, op_timeout_s: float = 120.0) -> float:
+              num_microbatches: int = 8, num_minibatches: int = 6, device: str = "cpu",
+              op_timeout_s: float = 120.0) -> float:
     """The emulated host's own seconds per F and B op with an input from another rank, beyond the
     device's durations.
 
     ``runs`` separate emulated 1F1B runs of ``spec`` on ``num_ranks`` ranks (one stage each, the
-    partition balanced on ``profile``), never a validated run; for each, the mean of
+    partition balanced on ``profile``; gloo on CPU, or NCCL with ``device="cuda"``), never a
+    validated run; for each, the mean of
     ``late_ops`` (at least 0). The median over the runs, so that one run slowed by the machine
     does not set it.
 
@@ -165,14 +167,15 @@ def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: 
 
     partition = balance_partition(profile, num_ranks)
     config = RunConfig(model=spec, schedule="1f1b", num_stages=num_ranks, num_microbatches=num_microbatches,
-                       num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=partition)
-    device = predict(profile, topology, config).trace
-    config = dataclasses.replace(config, emulation=emulation_of(device, profile, partition))
+                       num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=partition,
+                       device=device, backend="nccl" if device == "cuda" else "gloo")
+    prediction = predict(profile, topology, config).trace
+    config = dataclasses.replace(config, emulation=emulation_of(prediction, profile, partition))
     costs = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="pipesim-host-cost-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
-            lateness = late_ops(device, Trace.from_json(trace_path.read_text(encoding="utf-8")))
+            lateness = late_ops(prediction, Trace.from_json(trace_path.read_text(encoding="utf-8")))
         costs.append(max(0.0, statistics.fmean(lateness)) if lateness else 0.0)
     return statistics.median(costs)
