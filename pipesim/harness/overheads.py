@@ -136,7 +136,7 @@ def late_ops(device: Trace, measured: Trace) -> list[float]:
         op, before = Op.parse(span.op), previous_end.get(span.device)
         previous_end[span.device] = span.end_s
         source = {"F": op.stage - 1, "B": op.stage + 1, "I": op.stage + 1}.get(op.kind.value)
-        sender = None if source is None else f"{source}{'F' if op.kind.value == 'F' else 'B'}{op.microbatch}"
+        sender = None if source is None else f"{source}{op.kind.value}{op.microbatch}"
         if sender not in ends or before is None or not 1 <= span.minibatch < last:
             continue
         sent_from = senders[sender]
