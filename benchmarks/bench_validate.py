@@ -3,7 +3,9 @@ versions matched, peak memory error), per model and pipeline depth, into RESULTS
 
 For each case (a model on P ranks) one layer profile and one link benchmark are measured, then:
 - emulated runs (``--compute emulated``): every op lasts its predicted duration, so the error is
-  the schedule model's (order, waits, communication, the runtime's own costs);
+  the schedule model's (order, waits, communication, the runtime's own costs); the prediction adds
+  the host's cost per op fed by another rank, measured once per case by separate emulated 1F1B
+  runs (pipesim.harness.overheads.host_cost);
 - real runs, whose op times come from one separate calibration run of the real runtime on the
   case's partition (pipesim.harness.calibration; never a validated run);
 - the replay of every real run: the engine fed each op's measured duration.
@@ -37,6 +39,7 @@ from pipesim.harness.calibration import Calibrated, CalibrationRun, calibrate  #
 from pipesim.harness.comparison import Comparison  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
+from pipesim.harness.overheads import host_cost  # noqa: E402
 from pipesim.harness.priority import raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
 from pipesim.harness.validate import ScheduleValidation  # noqa: E402
@@ -138,9 +141,12 @@ def run_case(case: Case, runs: int, names: tuple[str, ...]) -> tuple[list[str], 
     profile = measure_profile(case.spec, case.microbatch_size, timing=timing).profile
     largest = int(max(layer.activation_bytes for layer in profile.layers))
     topology, fits = measure_links(case.num_ranks, max_bytes=max(4, largest))
+    host_cost_s = host_cost(profile, topology, case.spec, case.num_ranks)
     calibration = OncePerPartition(case.spec, CalibrationRun())
     lines = [f"### {case.label}, m={case.num_microbatches}, K={case.num_minibatches}", "",
              f"Links: {fits[0].latency_s * 1e6:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s. "
+             f"Emulated host cost: {host_cost_s * 1e6:.0f} us per F and B op fed by another rank, added to the "
+             "emulated predictions (3 separate emulated 1F1B runs). "
              f"Load average before: {', '.join(f'{v:.2f}' for v in os.getloadavg())}.", "",
              "| schedule | emulated error, median (worst run) | emulated replay (worst) | real replay (worst) "
              "| real median error | noise floor | versions matched | peak memory error (emulated / real) |",
@@ -154,7 +160,8 @@ def run_case(case: Case, runs: int, names: tuple[str, ...]) -> tuple[list[str], 
                   "num_ranks": case.num_ranks if shared else 0}
         try:
             validations[name] = {
-                "emulated": ScheduleValidation(profile, topology, case.spec, compute="emulated", **common),
+                "emulated": ScheduleValidation(profile, topology, case.spec, compute="emulated",
+                                               host_cost_s=host_cost_s, **common),
                 # the calibration run has one stage per rank: two stages per rank take the layer profile's times
                 "real": ScheduleValidation(profile, topology, case.spec, calibration=None if shared else calibration,
                                            **common)}

@@ -67,6 +67,13 @@ def parse_schedules(text: str) -> list[str]:
                    "every op's time from a normal of its stage and kind's calibrated mean and the calibration run's "
                    "spread (op times that vary make a pipeline wait longer than its mean op times say); 0: the "
                    "iteration time of the mean op times alone (reported beside it in --json either way).")
+@click.option("--host-cost-runs", type=int, default=3, show_default=True,
+              help="Emulated compute: separate emulated 1F1B runs (one stage per rank) that measure the host's own "
+                   "time per F and B op fed by another rank, beyond the device's durations (gloo's receive cannot "
+                   "tell that a message has arrived until it is waited on, so such an op starts when its host gets "
+                   "there; a host that wakes late sends late): per run the mean over its steady-state ops of how "
+                   "much later each ended than its device could have. The median over the runs is added to those "
+                   "ops of the prediction, while the emulated ops last the durations predicted without it. 0: none.")
 @click.option("--nice", type=int, default=0, show_default=True,
               help="Nice value for every process of the measurement (profile, calibration, runs), set before any "
                    "starts; below 0 puts them ahead of other programs (needs root or CAP_SYS_NICE) and, where Linux "
@@ -82,7 +89,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      profile_path: str | None, topology_path: str | None, profile_repeats: int, reprofile: bool,
                      statistic: str, op_times: str | None, calibration_schedule: str,
                      calibration_microbatches: int,
-                     calibration_minibatches: int, spread_draws: int, nice: int, learning_rate: float, pipemare_update: str,
+                     calibration_minibatches: int, spread_draws: int, host_cost_runs: int, nice: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two.
@@ -98,6 +105,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     from pipesim.harness.calibration import CalibrationRun, calibrate
     from pipesim.harness.config import default_microbatch_size, spec_of
     from pipesim.harness.linkbench import measure_links
+    from pipesim.harness.overheads import host_cost
     from pipesim.harness.priority import raise_priority
     from pipesim.harness.profiler import Timing, measure_profile
     from pipesim.harness.validate import FreshProfiles, ScheduleValidation, validate_interleaved
@@ -108,6 +116,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         raise ConfigError("repeats", repeats, "must be >= 1")
     if spread_draws < 0:
         raise ConfigError("spread_draws", spread_draws, "must be >= 0")
+    if host_cost_runs < 0:
+        raise ConfigError("host_cost_runs", host_cost_runs, "must be >= 0")
     if profile_path:
         profile = load_profile(profile_path)
         spec = spec_of(profile)
@@ -139,6 +149,9 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             largest = int(max(layer.activation_bytes for layer in profile.layers))
             topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
+        host_cost_s = (host_cost(profile, topology, spec, num_ranks or num_stages, runs=host_cost_runs,
+                                 device=device, op_timeout_s=op_timeout_s)
+                       if compute == "emulated" and host_cost_runs else 0.0)
         validations = []
         for name in names:
             source: Profile | FreshProfiles = profile
@@ -149,7 +162,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 source, topology, spec, schedule=name, num_stages=num_stages, num_microbatches=num_microbatches,
                 num_minibatches=num_minibatches, training=training, pipemare_update=pipemare_update,
                 op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo",
-                num_ranks=num_ranks, spread_draws=spread_draws, compute=compute,
+                num_ranks=num_ranks, spread_draws=spread_draws, compute=compute, host_cost_s=host_cost_s,
                 calibration=None if op_times == "layers" else
                 lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s)))
         reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]
@@ -173,6 +186,10 @@ def print_report(report: dict[str, object]) -> None:
     click.echo(f"  iteration time  predicted {predicted['iteration_time_s'] * 1e3:.3f} ms  measured "
                f"{measured['iteration_time_s'] * 1e3:.3f} ms (runs: {runs})  "
                f"error {report['iteration_time_error']:+.1%}")
+    host = report.get("host_cost_s")
+    if isinstance(host, float) and host > 0:
+        click.echo(f"  the prediction adds the host's measured {host * 1e6:.0f} us per F and B op "
+                   "(separate emulated 1F1B runs; see --host-cost-runs)")
     mean_ops = predicted.get("mean_op_times_iteration_time_s_runs")
     if isinstance(mean_ops, list):
         click.echo("  predicted as the expectation over the calibration run's op-time spread; its mean op times "

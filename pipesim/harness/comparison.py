@@ -129,6 +129,8 @@ class Comparison:
             ``"calibration run"`` (see pipesim.harness.calibration).
         compute: ``"real"`` (the layers computed) or ``"emulated"`` (ops waited out their
             predicted durations; see pipesim.harness.rank.emulated).
+        host_cost_s: emulated: the host's own seconds per F and B op the prediction added
+            (pipesim.harness.overheads.host_cost).
     """
 
     runs: tuple[RunComparison, ...]
@@ -136,6 +138,7 @@ class Comparison:
     notes: tuple[str, ...] = field(default=())
     op_times: str = "layer profile"
     compute: str = "real"
+    host_cost_s: float = 0.0
 
     @property
     def iteration_time_error(self) -> float:
@@ -219,6 +222,7 @@ class Comparison:
             "inside_spread": self.inside_spread,
             "replay_error": self.replay_error,
             "compute": self.compute,
+            "host_cost_s": self.host_cost_s,
             "replayed_iteration_time_s_runs": [run.replayed.iteration_time_s for run in self.runs],
             "replay_error_runs": [relative_error(run.replayed.iteration_time_s, run.measured.iteration_time_s)
                                   for run in self.runs],

@@ -19,7 +19,7 @@ from pipesim.errors import ConfigError
 from pipesim.harness.comparison import Comparison, RunComparison, compare_versions, op_means
 from pipesim.harness.config import COMPUTE_MODES, ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
-from pipesim.harness.overheads import OpCosts
+from pipesim.harness.overheads import OpCosts, with_host_cost
 from pipesim.harness.prediction import emulation_of, predict
 from pipesim.harness.variability import expected_iteration_time
 from pipesim.metrics import compute_metrics
@@ -109,9 +109,13 @@ class ScheduleValidation:
             pipesim.harness.variability); 0 predicts from the mean op times alone.
         compute: ``"real"``, or ``"emulated"``: every op waits out its predicted duration
             instead of computing (pipesim.harness.rank.emulated).
+        host_cost_s: emulated compute only: the host's own seconds per F and B op with an input
+            from another rank, beyond the device's durations (pipesim.harness.overheads.host_cost), added to the prediction
+            the run is compared with; the emulated ops last the durations predicted without it.
 
     Raises:
-        ConfigError: an unknown compute mode, or a calibration with emulated compute.
+        ConfigError: an unknown compute mode, a calibration with emulated compute, or a host cost
+            with real compute or below 0.
     """
 
     def __init__(self, profile: Profile | ProfileSource, topology: Topology, spec: ModelSpec, *, schedule: str,
@@ -119,12 +123,16 @@ class ScheduleValidation:
                  training: TrainingOptions | None = None, pipemare_update: str = "minibatch",
                  partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                  backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
-                 calibration: Calibration | None = None, spread_draws: int = 32, compute: str = "real") -> None:
+                 calibration: Calibration | None = None, spread_draws: int = 32, compute: str = "real",
+                 host_cost_s: float = 0.0) -> None:
         if compute not in COMPUTE_MODES:
             raise ConfigError("compute", compute, f"must be one of {', '.join(COMPUTE_MODES)}")
         if compute == "emulated" and calibration is not None:
             raise ConfigError("op_times", "calibrated", "emulated ops last their predicted durations: "
                                                         "use the layer profile")
+        if host_cost_s < 0 or (host_cost_s and compute != "emulated"):
+            raise ConfigError("host_cost_s", host_cost_s, "must be >= 0, and 0 unless compute is emulated")
+        self.host_cost_s = host_cost_s
         self.profile = profile
         self.topology = topology
         self.spec = spec
@@ -167,7 +175,11 @@ class ScheduleValidation:
             layer_result = predict(current, self.topology, config)
             calibrated = self.calibration(current, config.partition)
             current, calibration_share, spread = calibrated.profile, calibrated.cpu_share, calibrated.op_spread
-        result = predict(current, self.topology, config)
+        device = predict(current, self.topology, config)
+        if self.host_cost_s:
+            current = with_host_cost(current, self.host_cost_s, config.partition,
+                                     config.build_schedule().stage_to_rank)
+        result = predict(current, self.topology, config) if self.host_cost_s else device
         program = prepare(current, self.topology, result.plan)
         predicted, mean_ops = result.metrics, None
         expected = (expected_iteration_time(program, spread, draws=self.spread_draws)[0]
@@ -178,7 +190,7 @@ class ScheduleValidation:
                 predicted, iteration_time_s=expected,
                 throughput_samples_per_s=predicted.throughput_samples_per_s * mean_ops / expected)
         if self.compute == "emulated":
-            config = dataclasses.replace(config, emulation=emulation_of(result.trace, current, config.partition))
+            config = dataclasses.replace(config, emulation=emulation_of(device.trace, current, config.partition))
         with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)
@@ -204,7 +216,7 @@ class ScheduleValidation:
             notes.append("discrepancy correction adds work per backward and update that the profile does not time")
         return Comparison(runs=tuple(self.runs), partition=self.partition, notes=tuple(notes),
                           op_times="layer profile" if self.calibration is None else "calibration run",
-                          compute=self.compute)
+                          compute=self.compute, host_cost_s=self.host_cost_s)
 
 
 def validate_interleaved(validations: Sequence[ScheduleValidation], repeats: int,

@@ -85,8 +85,14 @@ def test_validate_emulated_reports_replay_noise_floor_and_exact_memory(files: tu
     profile_path, topology_path = files
     done = pipesim("validate", "--profile", str(profile_path), "--topology", str(topology_path), "--schedule",
                    "1f1b,pipedream", "--stages", "2", "--microbatches", "2", "--minibatches", "3", "--repeats", "2",
-                   "--compute", "emulated", "--json")
+                   "--compute", "emulated", "--host-cost-runs", "1", "--json")
     assert done.returncode == 0, done.stderr
+    from pipesim.harness.config import ModelSpec, RunConfig
+    from pipesim.harness.overheads import with_host_cost
+    from pipesim.harness.prediction import predict
+    from pipesim.spec.files import load_profile, load_topology
+
+    profile, topology = load_profile(str(profile_path)), load_topology(str(topology_path))
     reports = json.loads(done.stdout)
     assert [r["schedule"] for r in reports] == ["1f1b", "pipedream"]
     for report in reports:
@@ -100,6 +106,13 @@ def test_validate_emulated_reports_replay_noise_floor_and_exact_memory(files: tu
         assert report["replay_error"] == pytest.approx(sum(report["replay_error_runs"]) / 2)
         # stashes are the profile's sizes and the weights are real: tracked memory is exact
         assert report["versions_match"] is True and report["peak_memory_error"] == [0.0, 0.0]
+        # the prediction is the one with the measured host cost added
+        config = RunConfig(model=ModelSpec("mlp", depth=3, width=16), schedule=report["schedule"], num_stages=2,
+                           num_microbatches=2, num_minibatches=3, microbatch_size=4,
+                           partition=tuple(tuple(r) for r in report["partition"]))
+        slower = with_host_cost(profile, report["host_cost_s"], config.partition, (0, 1))
+        assert report["predicted"]["iteration_time_s"] == pytest.approx(
+            predict(slower, topology, config).metrics.iteration_time_s, rel=1e-12)
 
 
 @torch_needed
@@ -114,3 +127,10 @@ def test_validate_refuses_calibrated_op_times_on_the_emulated_device() -> None:
     done = pipesim("validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--compute", "emulated",
                    "--op-times", "calibrated")
     assert done.returncode == 2 and "op_times='calibrated'" in done.stderr and done.stderr.count("\n") == 1
+
+
+@torch_needed
+def test_validate_refuses_a_negative_number_of_host_cost_runs() -> None:
+    done = pipesim("validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--compute", "emulated",
+                   "--host-cost-runs", "-1")
+    assert done.returncode == 2 and "host_cost_runs=-1" in done.stderr and done.stderr.count("\n") == 1
