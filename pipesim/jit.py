@@ -41,11 +41,6 @@ def setting_from_environment() -> JitSetting:
     return "always" if value == "always" else "never" if value == "never" else "auto"
 
 
-#: True when this process may use compiled kernels (numba installed, and not set to never).
-ENABLED: bool = AVAILABLE and os.environ.get("PIPESIM_NO_JIT", "") in ("", "0") and \
-    os.environ.get("PIPESIM_JIT", "auto").strip().lower() != "never"
-
-
 def use_compiled(num_ops: int, setting: JitSetting | None = None) -> bool:
     """Whether a run of ``num_ops`` ops uses numba's kernels.
 

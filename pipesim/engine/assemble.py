@@ -43,23 +43,17 @@ def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info:
         compiled: compute the memory events with numba's kernel (``memory.memory_columns``).
     """
     n = program.ops.num_ops
-    shared = shared_span_columns(program)
-    if shared is None:
-        fill_span_columns(program, spans, np.flatnonzero(program.ops.is_remote_send))
-    else:
-        spans.update(shared)
+    spans.update(shared_span_columns(program))
     return Trace(info=info, spans=spans, memory=memory_columns(program, spans["start_s"][:n], spans["end_s"][:n],
                                                                    compiled=compiled))
 
 
-def shared_span_columns(program: Program) -> dict[str, npt.NDArray[Any]] | None:
+def shared_span_columns(program: Program) -> dict[str, npt.NDArray[Any]]:
     """The span columns other than the times, read only, shared by every program lowered from
-    one columnar order (``Program.derived``; None for other programs): they depend on the order
-    alone, but for the bytes sent, so the last stage costs' output bytes are part of the key.
-    A Trace takes these arrays as its columns, without a copy."""
+    one schedule (``Program.derived``): they depend on the order alone, but for the bytes sent,
+    so the last stage costs' output bytes are part of the key. A Trace takes these arrays as
+    its columns, without a copy."""
     derived = program.derived
-    if derived is None:
-        return None
     key = tuple(program.costs.output_bytes)
     known = derived.get("span_columns")
     if known is not None and known[0] == key:

@@ -154,7 +154,7 @@ class Program:
     has_link_contention: bool = field(default=False)
     shared_paths: dict[tuple[int, int], SharedPath] = field(default_factory=dict)
     nic_bandwidth_bytes_per_s: dict[str, float] = field(default_factory=dict)
-    derived: dict[str, Any] | None = field(default=None)
+    derived: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def versions(self) -> VersionPlan:
