@@ -26,6 +26,9 @@ from pipesim.spec.stages import balance_partition, stage_costs
 from pipesim.spec.topology import Topology
 
 EngineName = Literal["des", "analytic", "auto"]
+# Every op's duration: per rank, per op in order (as ``draw_durations`` gives them), or one array in
+# the op table's order.
+Durations = Sequence[Sequence[float]] | np.typing.NDArray[np.float64]
 
 # Peak bytes a run holds per op, by engine (op table, trace columns, memory events, metrics and the
 # engine's own state): benchmarks/bench_memory_per_op.py, "Memory per op" in benchmarks/RESULTS.md.
@@ -254,7 +257,7 @@ def simulate_plan(
     compiled = jit.use_compiled(program.ops.num_ops, kernels)
     startup = jit.startup_s()
     started = time.perf_counter()
-    trace = _run(program, engine, jitter, seed, compiled)
+    trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
     wall = time.perf_counter() - started
     engine_startup = jit.startup_s() - startup
     known = None if reuse is None else reuse.staleness(program.schedule,
@@ -264,17 +267,20 @@ def simulate_plan(
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
 
 
-def _run(program: Program, engine: EngineName, jitter: float, seed: int, compiled: bool) -> Trace:
-    """Run the chosen engine; ``"auto"`` takes the analytic one wherever it applies."""
+def _run(program: Program, engine: EngineName, compiled: bool | None, *, jitter: float = 0.0, seed: int = 0,
+         durations: Durations | None = None) -> Trace:
+    """Run the chosen engine with the ops' durations (drawn with ``jitter`` and ``seed``, or
+    given); ``"auto"`` takes the analytic one wherever it applies: durations are known up front,
+    so it gives the DES engine's bits without events."""
     if engine != "des":
         reason = analytic_unsupported(program)
         if engine == "analytic" and reason is not None:
             raise ConfigError("engine", engine, reason)
         if reason is None:
-            return run_analytic(program, jitter=jitter, seed=seed, compiled=compiled)
+            return run_analytic(program, jitter=jitter, seed=seed, durations=durations, compiled=compiled)
     from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
 
-    return run_des(program, jitter=jitter, seed=seed, compiled=compiled)
+    return run_des(program, jitter=jitter, seed=seed, durations=durations, compiled=compiled)
 
 
 def simulate(
@@ -403,7 +409,8 @@ def sample_program(
     cv: float | None = None,
     straggler_slowdown: float = 0.1,
 ) -> SampleSummary:
-    """Run ``program`` ``num_samples`` times with drawn op durations (``run_drawn``).
+    """Run ``program`` ``num_samples`` times with drawn op durations (the analytic engine where
+    it applies).
 
     Sample i draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(N)[i])``, so a
     sample does not depend on how many are taken, and the same seed gives the same numbers.
@@ -421,7 +428,7 @@ def sample_program(
     compiled = jit.use_compiled(program.ops.num_ops * num_runs)
 
     def iteration(durations: Durations) -> float:
-        return iteration_time(run_drawn(program, durations, compiled=compiled), compiled=compiled)
+        return iteration_time(_run(program, "auto", compiled, durations=durations), compiled=compiled)
 
     deterministic = iteration(base)
     times = [iteration(draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv))
@@ -467,10 +474,6 @@ def simulate_samples(
     return sample_program(program, num_samples=num_samples, seed=seed, distribution=distribution, cv=cv)
 
 
-# Every op's duration: per rank, per op in order (as ``draw_durations`` gives them), or one array in
-# the op table's order.
-Durations = Sequence[Sequence[float]] | np.typing.NDArray[np.float64]
-
 # A lowered run, as ``prepare`` returns it: the op table (rank, stage, kind, microbatch, position,
 # duration_s, ...) and the links, ready for an engine. Its public name for callers outside the engine.
 PreparedRun = Program
@@ -484,14 +487,4 @@ def run_program(program: PreparedRun, *, durations_s: np.typing.NDArray[np.float
     Raises:
         ScheduleError: the schedule cannot run.
     """
-    return run_drawn(program, program.ops.duration_s if durations_s is None else durations_s)
-
-
-def run_drawn(program: Program, durations: Durations, *, compiled: bool | None = None) -> Trace:
-    """Run ``program`` with the given op durations: on the analytic engine wherever it applies
-    (the DES engine's bits, without events: the durations are known up front), else the DES."""
-    if analytic_unsupported(program) is None:
-        return run_analytic(program, durations=durations, compiled=compiled)
-    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
-
-    return run_des(program, durations=durations, compiled=compiled)
+    return _run(program, "auto", None, durations=durations_s)
