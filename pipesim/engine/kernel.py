@@ -24,6 +24,7 @@ numba the buffers are numpy arrays; the plain-Python kernels run on lists of the
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy.typing as npt
 
 from pipesim import jit
 from pipesim.engine.assemble import span_block
-from pipesim.engine.lowering import Program
+from pipesim.engine.lowering import OpTable, Program
 from pipesim.engine.trace import SPAN_COLUMNS
 from pipesim.errors import DeadlockError
 from pipesim.schedule.ir import grid
@@ -53,8 +54,26 @@ FINISHED = -2  # the rank has run all its ops
 SHARED = 1     # the op it returns ended with a send over shared NICs (arrival not known)
 
 
+Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+
+
 @jit.jit(inline=True)
+def offsets_of(ints: Any) -> Offsets:
+    """The columns' offsets from the header, read once per kernel call (a loop that calls
+    ``advance_at`` keeps them in registers)."""
+    return (ints[WAIT], ints[WAIT2], ints[LINK], ints[SEND_ROW], ints[WAITER], ints[NEXT], ints[STOP],
+            ints[DURATION], ints[TRANSFER], ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK],
+            ints[START], ints[END])
+
+
+@jit.jit
 def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
+    """``advance_at`` with the offsets read from the header (the DES engine's call)."""
+    return advance_at(rank, ints, floats, offsets_of(ints))
+
+
+@jit.jit(inline=True)
+def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
     Writes every op's compute span (row ``g``) and send span (row ``SEND_ROW[g]``) and its
@@ -66,10 +85,8 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, wait2, link, send_row, waiter, next_op, stop = ints[WAIT], ints[WAIT2], ints[LINK], ints[SEND_ROW], \
-        ints[WAITER], ints[NEXT], ints[STOP]
-    duration, transfer, hold, arrival, link_free, free, clock, start, end = ints[DURATION], ints[TRANSFER], \
-        ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK], ints[START], ints[END]
+    wait, wait2, link, send_row, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
+        start, end = at
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
@@ -140,12 +157,13 @@ def solve(ints: Any, floats: Any) -> int:
     for r in range(num_ranks - 1, -1, -1):
         stack[top] = r
         top += 1
+    at = offsets_of(ints)
     while top > 0:
         top -= 1
         r = stack[top]
         status = AGAIN
         while status == AGAIN:
-            woken, _, woken2, _, status, _ = advance(r, ints, floats)
+            woken, _, woken2, _, status, _ = advance_at(r, ints, floats, at)
             if woken >= 0:
                 stack[top] = woken
                 top += 1
@@ -157,6 +175,36 @@ def solve(ints: Any, floats: Any) -> int:
         if ints[ints[NEXT] + r] < ints[ints[STOP] + r]:
             left += 1
     return left
+
+
+_STRUCTURES: weakref.WeakKeyDictionary[OpTable, IntArray] = weakref.WeakKeyDictionary()
+
+
+def _structure(ops: OpTable, link: IntArray | None = None) -> IntArray:
+    """The integer buffer of a run of ``ops`` before it starts (header, columns; read only):
+    it depends on the table alone, so runs of one program share it (kept while ``ops`` lives)
+    unless ``link`` replaces the table's links."""
+    known = _STRUCTURES.get(ops) if link is None else None
+    if known is not None:
+        return known
+    n, num_ranks = ops.num_ops, ops.num_ranks
+    num_links = int(ops.link.max()) + 1 if n else 0
+    num_spans = n + int(np.count_nonzero(ops.is_remote_send))
+    int_sizes = (n, n, n, n, n, num_ranks, num_ranks)
+    float_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks)  # HOLD has one slot more (see build)
+    block_at = sum(float_sizes)
+    ints = np.empty(HEADER + sum(int_sizes), np.int64)
+    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *int_sizes[:-1])), *np.cumsum((0, *float_sizes[:-1]))] + \
+        [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")]
+    ints[NUM_RANKS] = num_ranks
+    for index, values in ((WAIT, ops.wait), (WAIT2, ops.chunk_wait), (LINK, ops.link if link is None else link),
+                          (SEND_ROW, ops.send_row), (WAITER, -1), (NEXT, ops.rank_offsets[:-1]),
+                          (STOP, ops.rank_offsets[1:])):
+        ints[ints[index]: ints[index] + (n if index < NEXT else num_ranks)] = values
+    ints.flags.writeable = False
+    if link is None:
+        _STRUCTURES[ops] = ints
+    return ints
 
 
 @dataclass(eq=False)
@@ -182,39 +230,20 @@ class KernelState:
               compiled: bool) -> KernelState:
         ops = program.ops
         n, num_ranks = ops.num_ops, ops.num_ranks
-        num_sends = int(np.count_nonzero(ops.is_remote_send))
-        num_links = int(ops.link.max()) + 1 if n else 0
-        int_sizes = (n, n, n, n, n, num_ranks, num_ranks)
-        num_spans = n + num_sends
+        ints = (_structure(ops) if link is None else _structure(ops, link)).copy()
+        offsets = ints[:HEADER].tolist()
+        num_spans = n + int(np.count_nonzero(ops.is_remote_send))
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
         # HOLD's extra slot, just before ARRIVAL, holds 0: the arrival an op with WAIT -1 reads.
-        state_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks)
-        block_at = sum(state_sizes)
-        offsets = [int(x) for x in np.cumsum((HEADER, *int_sizes[:-1]))] + \
-            [int(x) for x in np.cumsum((0, *state_sizes[:-1]))] + \
-            [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")] + [num_ranks]
-        ints = np.empty(HEADER + sum(int_sizes), np.int64)
+        block_at = offsets[START] - SPAN_COLUMNS.index("start_s") * num_spans
         floats = np.empty(block_at + len(SPAN_COLUMNS) * num_spans)
+        floats[offsets[DURATION]: offsets[DURATION] + n] = durations
+        floats[offsets[TRANSFER]: offsets[TRANSFER] + n] = ops.transfer_s
+        floats[offsets[HOLD]: offsets[HOLD] + n] = ops.link_hold_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
-        floats[offsets[ARRIVAL] + n: block_at] = 0.0  # links and ranks free at 0
-        ints[:HEADER] = offsets
-
-        def part(index: int, size: int) -> npt.NDArray[Any]:
-            view: npt.NDArray[Any] = (ints if index < DURATION else floats)[offsets[index]: offsets[index] + size]
-            return view
-
-        part(WAIT, n)[:] = ops.wait
-        part(WAIT2, n)[:] = ops.chunk_wait  # -1: no second input
-        part(LINK, n)[:] = ops.link if link is None else link
-        part(SEND_ROW, n)[:] = ops.send_row
-        part(WAITER, n)[:] = -1
-        part(NEXT, num_ranks)[:] = ops.rank_offsets[:-1]
-        part(STOP, num_ranks)[:] = ops.rank_offsets[1:]
-        part(DURATION, n)[:] = durations
-        part(TRANSFER, n)[:] = ops.transfer_s
-        part(HOLD, n)[:] = ops.link_hold_s
-        part(ARRIVAL, n)[:] = np.nan  # not known yet
+        floats[offsets[ARRIVAL]: offsets[ARRIVAL] + n] = np.nan  # not known yet
+        floats[offsets[LINK_FREE]: block_at] = 0.0  # links and ranks free at 0
         if not compiled:
             return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,
                        n, num_spans, False)
