@@ -12,7 +12,7 @@ import simpy
 from pipesim import jit
 from pipesim.engine.assemble import trace_from_times
 from pipesim.engine.kernel import (
-    AGAIN, ARRIVAL, CLOCK, END, FINISHED, FREE, NEXT, SEND_ROW, SHARED, START, WAITER, KernelState, advance,
+    AGAIN, ARRIVAL, CLOCK, END, FINISHED, FREE, NEXT, SHARED, START, WAITER, KernelState, advance,
     deadlock_error,
 )
 from pipesim.engine.lowering import Program
@@ -96,6 +96,7 @@ class DesRun:
         link = self.shared.link if self.shared is not None else None
         self.state = KernelState.build(program, chosen, link=link, compiled=self.compiled)
         self._at = self.state.offsets
+        self._send_row = program.ops.send_row.tolist() if self.shared is not None else []
         self.handlers: list[Handler] = []
         self.handlers.extend(self._handler(rank) for rank in range(program.ops.num_ranks))
         for handler in self.handlers:
@@ -132,7 +133,7 @@ class DesRun:
     def _arrived(self, g: int, started: float, now: float) -> None:
         """A send over shared NICs arrived: record it and resume the rank waiting for it."""
         floats, ints, at = self.state.floats, self.state.ints, self._at
-        row = int(ints[at[SEND_ROW] + g])
+        row = self._send_row[g]
         floats[at[START] + row], floats[at[END] + row] = started, now
         floats[at[ARRIVAL] + g] = now
         woken = int(ints[at[WAITER] + g])
@@ -163,7 +164,7 @@ class DesRun:
         ops, state = self.program.ops, self.state
         start, end = state.span_times()
         arrival = state.arrival_s()
-        send_row = state.column(SEND_ROW, ops.num_ops)
+        send_row = ops.send_row
         offsets = ops.rank_offsets.tolist()
         compute: list[tuple[int, int, float, float]] = []
         sends: list[tuple[int, int, float, float, int]] = []

@@ -10,7 +10,7 @@ The recurrence, written once (``advance``):
 A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
 (``transfer`` = latency + hold): latency pipelines, as on a real wire. An op waits for one
 input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
-too (``WAIT2``; -1 for every other op).
+too (the two inputs in ``PAIRS``).
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -42,7 +42,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # Integer columns, then float columns; the header holds each one's offset in its buffer.
-WAIT, WAIT2, LINK, SEND_ROW, WAITER, NEXT, STOP = range(7)
+WAIT, PAIRS, LINK, SEND_NEXT, WAITER, NEXT, STOP = range(7)
 DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(7, 16)
 NUM_RANKS = 16
 HEADER = 17
@@ -61,7 +61,7 @@ Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int,
 def offsets_of(ints: Any) -> Offsets:
     """The columns' offsets from the header, read once per kernel call (a loop that calls
     ``advance_at`` keeps them in registers)."""
-    return (ints[WAIT], ints[WAIT2], ints[LINK], ints[SEND_ROW], ints[WAITER], ints[NEXT], ints[STOP],
+    return (ints[WAIT], ints[PAIRS], ints[LINK], ints[SEND_NEXT], ints[WAITER], ints[NEXT], ints[STOP],
             ints[DURATION], ints[TRANSFER], ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK],
             ints[START], ints[END])
 
@@ -76,8 +76,8 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
 def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
-    Writes every op's compute span (row ``g``) and send span (row ``SEND_ROW[g]``) and its
-    output's arrival. Where an op computes the input a blocked rank waits for, that rank is
+    Writes every op's compute span (row ``g``) and send span (the rank's sends take rows
+    one after another from ``SEND_NEXT[rank]``; ``OpTable.send_row``) and its output's arrival. Where an op computes the input a blocked rank waits for, that rank is
     woken: its ``CLOCK`` becomes the time its op can start.
 
     Returns:
@@ -85,26 +85,29 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, wait2, link, send_row, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
+    wait, pairs, link, send_row, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
         start, end = at
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
     last = ints[stop + rank]
     t = floats[free + rank]
+    row = ints[send_row + rank]
     while g < last:
-        ready = floats[arrival + ints[wait + g]]
-        second = ints[wait2 + g]
-        if second >= 0:  # an overlapped chunk: it waits for its partner's input too
+        producer = ints[wait + g]
+        if producer >= -1:
+            ready = floats[arrival + producer]
+        else:  # an overlapped chunk: the later of its two inputs (NaN while either is not known)
+            chunk = pairs - 2 * producer - 4  # WAIT holds -2 - j for the j-th chunk
+            producer, second = ints[chunk], ints[chunk + 1]
+            ready = floats[arrival + producer]
             other = floats[arrival + second]
-            if other > ready or other != other:
-                ready = other
-        if ready != ready:  # NaN: an input's arrival is not known yet
-            producer = ints[wait + g]
-            if floats[arrival + producer] == floats[arrival + producer]:
-                producer = second
+            if ready == ready and (other > ready or other != other):
+                producer, ready = second, other
+        if ready != ready:  # NaN: the input's arrival is not known yet
             ints[waiter + producer] = rank
             ints[next_op + rank] = g
+            ints[send_row + rank] = row
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, BLOCKED, g
         if ready > t:
@@ -117,32 +120,35 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
             done = floats[link_free + channel]
             if t > done:
                 done = t
-            row = ints[send_row + g]
             floats[start + row] = done
             floats[link_free + channel] = done + floats[hold + g]
             done = done + floats[transfer + g]
             floats[end + row] = done
+            row += 1
         elif channel == -1:
             done = t
         else:
             ints[next_op + rank] = g + 1
+            ints[send_row + rank] = row + 1
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, SHARED, g
         floats[arrival + g] = done
         woken = ints[waiter + g]
         g += 1
         if woken >= 0:
-            at = floats[free + woken]
-            if done > at:
-                at = done
-            floats[clock + woken] = at
+            resume = floats[free + woken]
+            if done > resume:
+                resume = done
+            floats[clock + woken] = resume
             if woken_first < 0:
-                woken_first, delay_first = woken, at - now
+                woken_first, delay_first = woken, resume - now
             else:
                 ints[next_op + rank] = g
+                ints[send_row + rank] = row
                 floats[free + rank] = t
-                return woken_first, delay_first, woken, at - now, AGAIN, g
+                return woken_first, delay_first, woken, resume - now, AGAIN, g
     ints[next_op + rank] = g
+    ints[send_row + rank] = row
     floats[free + rank] = t
     return woken_first, delay_first, -1, 0.0, FINISHED, g
 
@@ -189,18 +195,25 @@ def _structure(ops: OpTable, link: IntArray | None = None) -> IntArray:
         return known
     n, num_ranks = ops.num_ops, ops.num_ranks
     num_links = int(ops.link.max()) + 1 if n else 0
-    num_spans = n + int(np.count_nonzero(ops.is_remote_send))
-    int_sizes = (n, n, n, n, n, num_ranks, num_ranks)
+    remote = np.concatenate(([0], np.cumsum(ops.is_remote_send, dtype=np.int64)))
+    num_spans = n + int(remote[-1])
+    # An op that opens an overlapped chunk waits for two inputs: its WAIT holds -2 - j, and
+    # PAIRS[2j], PAIRS[2j + 1] are the two producers (one column read per op for the common case).
+    chunked = np.flatnonzero(ops.chunk_wait >= 0)
+    wait = ops.wait.copy()
+    wait[chunked] = -2 - np.arange(chunked.size)
+    columns = (wait, np.column_stack((ops.wait[chunked], ops.chunk_wait[chunked])).ravel(),
+               ops.link if link is None else link, n + remote[ops.rank_offsets[:-1]], np.full(n, -1),
+               ops.rank_offsets[:-1], ops.rank_offsets[1:])
     float_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks)  # HOLD has one slot more (see build)
     block_at = sum(float_sizes)
-    ints = np.empty(HEADER + sum(int_sizes), np.int64)
-    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *int_sizes[:-1])), *np.cumsum((0, *float_sizes[:-1]))] + \
+    ints = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
+    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))),
+                        *np.cumsum((0, *float_sizes[:-1]))] + \
         [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")]
     ints[NUM_RANKS] = num_ranks
-    for index, values in ((WAIT, ops.wait), (WAIT2, ops.chunk_wait), (LINK, ops.link if link is None else link),
-                          (SEND_ROW, ops.send_row), (WAITER, -1), (NEXT, ops.rank_offsets[:-1]),
-                          (STOP, ops.rank_offsets[1:])):
-        ints[ints[index]: ints[index] + (n if index < NEXT else num_ranks)] = values
+    for index, values in enumerate(columns):
+        ints[ints[index]: ints[index] + len(values)] = values
     ints.flags.writeable = False
     if link is None:
         _STRUCTURES[ops] = ints
