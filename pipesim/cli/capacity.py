@@ -12,7 +12,6 @@ from pipesim.export.report import verdict_text
 from pipesim.metrics import memory_verdict
 from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
 from pipesim.cli.options import parse_uniform
-from pipesim.search import model_throughput
 from pipesim.spec.devices import PLACEMENTS, DeviceSpec, device_preset, placed_links
 from pipesim.spec.files import load_profile
 from pipesim.spec.parallel import (
@@ -163,6 +162,8 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
         fields.update(memory_verdict(data["device_peak_memory_bytes"], capacity.memory_budget_bytes))
     if capacity.seq_len:
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
+        from pipesim.search import model_throughput  # noqa: PLC0415 - the search module only where a model is named
+
         tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,
                                        forward_flops_per_token=capacity.forward_flops_per_token, num_gpus=gpus,
                                        peak_flops=capacity.device.peak_flops)
