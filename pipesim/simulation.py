@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -11,12 +12,13 @@ import numpy as np
 
 from pipesim import jit
 from pipesim.jit import JitSetting
-from pipesim.engine.analytic import analytic_unsupported, run_analytic
+from pipesim.engine.analytic import analytic_unsupported, run_analytic, span_ends
+from pipesim.engine.assemble import shared_span_columns
 from pipesim.engine.lowering import Program, lower
-from pipesim.engine.noise import Distribution, draw_durations
+from pipesim.engine.noise import Distribution, draw_op_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
-from pipesim.metrics import Metrics, compute_metrics, iteration_time, stage_staleness
+from pipesim.metrics import Metrics, compute_metrics, seconds_per_minibatch, stage_staleness, window_of
 from pipesim.reuse import Reuse
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
@@ -29,6 +31,7 @@ EngineName = Literal["des", "analytic", "auto"]
 # Every op's duration: per rank, per op in order (as ``draw_durations`` gives them), or one array in
 # the op table's order.
 Durations = Sequence[Sequence[float]] | np.typing.NDArray[np.float64]
+FloatArray = np.typing.NDArray[np.float64]
 
 # Peak bytes a run holds per op, by engine (op table, trace columns, memory events, metrics and the
 # engine's own state): benchmarks/bench_memory_per_op.py, "Memory per op" in benchmarks/RESULTS.md.
@@ -283,6 +286,18 @@ def _run(program: Program, engine: EngineName, compiled: bool | None, *, jitter:
     return run_des(program, jitter=jitter, seed=seed, durations=durations, compiled=compiled)
 
 
+def _span_ends(program: Program, runs: Iterable[FloatArray], compiled: bool) -> Iterator[FloatArray]:
+    """Every span's end for each run's durations: the analytic engine over one kernel state
+    wherever it applies, else a DES run each."""
+    if analytic_unsupported(program) is None:
+        yield from span_ends(program, runs, compiled=compiled)
+        return
+    from pipesim.engine.des import run_des  # noqa: PLC0415 - SimPy is imported only for a DES run
+
+    for durations in runs:
+        yield run_des(program, durations=durations, compiled=compiled).spans["end_s"]
+
+
 def simulate(
     profile: Profile,
     topology: Topology | None = None,
@@ -426,17 +441,20 @@ def sample_program(
     base = program.ops.duration_s
     num_runs = 1 + num_samples + program.ops.num_ranks
     compiled = jit.use_compiled(program.ops.num_ops * num_runs)
-
-    def iteration(durations: Durations) -> float:
-        return iteration_time(_run(program, "auto", compiled, durations=durations), compiled=compiled)
-
-    deterministic = iteration(base)
-    times = [iteration(draw_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv))
-             for child in np.random.SeedSequence(seed).spawn(num_samples)]
-    sensitivity = []
-    for rank in range(program.ops.num_ranks):
-        slow = iteration(np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base))
-        sensitivity.append((slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0)
+    runs = itertools.chain(
+        [base],
+        (draw_op_durations(program, np.random.default_rng(child), distribution=distribution, cv=cv)
+         for child in np.random.SeedSequence(seed).spawn(num_samples)),
+        (np.where(program.ops.rank == rank, base * (1 + straggler_slowdown), base)
+         for rank in range(program.ops.num_ranks)))
+    spans = shared_span_columns(program)
+    num_minibatches = program.info.num_minibatches
+    iterations = [seconds_per_minibatch(window_of(spans["stream"], spans["minibatch"], ends, num_minibatches,
+                                                  compiled=compiled), num_minibatches)
+                  for ends in _span_ends(program, runs, compiled)]
+    deterministic, times = iterations[0], iterations[1: 1 + num_samples]
+    sensitivity = [(slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0
+                   for slow in iterations[1 + num_samples:]]
     values = np.asarray(times)
     return SampleSummary(
         num_samples=num_samples,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
 from pipesim.engine.assemble import trace_from_times
-from pipesim.engine.kernel import KernelState, deadlock_error, solve
+from pipesim.engine.kernel import END, KernelState, deadlock_error, solve
 from pipesim.engine.lowering import Program
 from pipesim.engine.noise import run_durations
 from pipesim.engine.trace import Trace
@@ -62,3 +64,28 @@ def run_analytic(
     spans = state.span_columns()
     info = program.info.ran("analytic", jitter=jitter, seed=seed if jitter or durations is not None else None)
     return trace_from_times(program, spans, info, compiled=use)
+
+
+def span_ends(program: Program, runs: Iterable[FloatArray], *, compiled: bool | None = None) -> Iterator[FloatArray]:
+    """The end of every span (the Trace's span order) of one run per durations vector in
+    ``runs`` (one per op, OpTable order), without the rest of a Trace: what many runs of one
+    program (``--samples``) are summarised from. One kernel state serves every run; each array
+    is valid until the next is asked for.
+
+    Raises:
+        DeadlockError, ConfigError: as ``run_analytic``.
+    """
+    reason = analytic_unsupported(program)
+    if reason is not None:
+        raise ConfigError("engine", "analytic", reason)
+    use = jit.use_compiled(program.ops.num_ops) if compiled is None else compiled
+    state: KernelState | None = None
+    for durations in runs:
+        chosen = run_durations(program, durations=durations)
+        if state is not None and state.compiled:
+            state.rerun(chosen)
+        else:
+            state = KernelState.build(program, chosen, compiled=use)
+        if jit.pick(solve, use)(state.ints, state.floats):
+            raise deadlock_error(program, state.stuck(program), state.arrival_s())
+        yield state.column(END, state.num_spans)

@@ -237,30 +237,41 @@ class KernelState:
     num_ops: int
     num_spans: int
     compiled: bool
+    structure: IntArray  # the integer buffer before a run (read only)
 
     @classmethod
     def build(cls, program: Program, durations: FloatArray, *, link: IntArray | None = None,
               compiled: bool) -> KernelState:
         ops = program.ops
-        n, num_ranks = ops.num_ops, ops.num_ranks
-        ints = (_structure(ops) if link is None else _structure(ops, link)).copy()
-        offsets = ints[:HEADER].tolist()
+        n = ops.num_ops
+        structure = _structure(ops) if link is None else _structure(ops, link)
+        offsets = structure[:HEADER].tolist()
         num_spans = n + int(np.count_nonzero(ops.is_remote_send))
         # The state's float columns, then the Trace's span block (one row per span column) whose
         # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
         # HOLD's extra slot, just before ARRIVAL, holds 0: the arrival an op with WAIT -1 reads.
         block_at = offsets[START] - SPAN_COLUMNS.index("start_s") * num_spans
         floats = np.empty(block_at + len(SPAN_COLUMNS) * num_spans)
-        floats[offsets[DURATION]: offsets[DURATION] + n] = durations
         floats[offsets[TRANSFER]: offsets[TRANSFER] + n] = ops.transfer_s
         floats[offsets[HOLD]: offsets[HOLD] + n] = ops.link_hold_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
-        floats[offsets[ARRIVAL]: offsets[ARRIVAL] + n] = np.nan  # not known yet
-        floats[offsets[LINK_FREE]: block_at] = 0.0  # links and ranks free at 0
+        state = cls(structure.copy(), floats, offsets, n, num_spans, True, structure)
+        state.rerun(durations)
         if not compiled:
-            return cls(ints.tolist(), floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), offsets,
-                       n, num_spans, False)
-        return cls(ints, floats, offsets, n, num_spans, True)
+            state.ints, state.floats, state.compiled = state.ints.tolist(), \
+                floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), False
+        return state
+
+    def rerun(self, durations: FloatArray) -> None:
+        """Ready a compiled state's buffers for another run of its program with ``durations``:
+        the integer buffer as before a run, arrivals unknown, links and ranks free at 0. (A
+        plain state's lists are rebuilt instead: refilling them costs as much.)"""
+        assert self.compiled, "a plain state is rebuilt (KernelState.build) for another run"
+        at, n = self.offsets, self.num_ops
+        self.ints[:] = self.structure
+        self.floats[at[DURATION]: at[DURATION] + n] = durations
+        self.floats[at[ARRIVAL]: at[ARRIVAL] + n] = np.nan  # not known yet
+        self.floats[at[LINK_FREE]: at[START] - SPAN_COLUMNS.index("start_s") * self.num_spans] = 0.0
 
     def column(self, index: int, size: int) -> npt.NDArray[Any]:
         """A column as a numpy array: ``size`` values from its offset (a view of a compiled

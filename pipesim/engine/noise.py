@@ -37,13 +37,24 @@ def draw_durations(
     distribution: Distribution = "normal",
     cv: float | None = None,
 ) -> list[list[float]]:
-    """One sample of every op's duration, mean the lowered duration and spread per ``op_spread_s``.
+    """``draw_op_durations`` per rank, per op in its order, as ``run_des(durations=...)`` takes them."""
+    return _per_rank(program, draw_op_durations(program, rng, distribution=distribution, cv=cv))
+
+
+def draw_op_durations(
+    program: Program,
+    rng: np.random.Generator,
+    *,
+    distribution: Distribution = "normal",
+    cv: float | None = None,
+) -> FloatArray:
+    """One sample of every op's duration (OpTable order), mean the lowered duration and spread
+    per ``op_spread_s``.
 
     ``normal`` is clipped at 0; ``lognormal`` and ``gamma`` are positive with the same mean and
     standard deviation. An op with zero spread (or zero duration) keeps its duration exactly,
     so a run with no spread equals the deterministic run. Draws go rank by rank, op by op
-    (one draw per op with a spread). Returns per rank, per op, as ``run_des(durations=...)``
-    takes them.
+    (one draw per op with a spread).
 
     Raises:
         ConfigError: an unknown distribution or a negative ``cv``.
@@ -57,7 +68,7 @@ def draw_durations(
     drawn = (spread != 0) & (mean != 0)
     sampled = mean.copy()
     sampled[drawn] = _draw(rng, distribution, mean[drawn], spread[drawn])
-    return _per_rank(program, sampled)
+    return sampled
 
 
 def _spread(program: Program, cv: float | None) -> FloatArray:

@@ -119,23 +119,39 @@ def minibatch_ends(trace: Trace, *, compiled: bool | None = None) -> npt.NDArray
                                   compiled=use_compiled(trace, compiled))
 
 
-def steady_window(trace: Trace, *, compiled: bool | None = None) -> tuple[float, float, int, int]:
+Window = tuple[float, float, int, int]
+
+
+def steady_window(trace: Trace, *, compiled: bool | None = None) -> Window:
     """``(start_s, end_s, warmup, cooldown)`` of the steady-state window (see Metrics)."""
-    ends = minibatch_ends(trace, compiled=compiled)
+    s = trace.spans
+    return window_of(s["stream"], s["minibatch"], s["end_s"], trace.info.num_minibatches,
+                     compiled=use_compiled(trace, compiled))
+
+
+def window_of(stream: npt.NDArray[np.int64], minibatch: npt.NDArray[np.int64], end_s: npt.NDArray[np.float64],
+              num_minibatches: int, *, compiled: bool) -> Window:
+    """``steady_window`` from span columns: the first minibatch's end to the second last's."""
+    ends = kernels.minibatch_ends(stream, minibatch, end_s, num_minibatches, compiled=compiled)
     k = len(ends)
     if k >= 3:
         return float(ends[0]), float(ends[k - 2]), 1, 1
     if k == 2:
         return float(ends[0]), float(ends[1]), 1, 0
-    return 0.0, trace.makespan_s, 0, 0
+    return 0.0, float(end_s.max()) if end_s.size else 0.0, 0, 0
 
 
-def iteration_time(trace: Trace, *, compiled: bool | None = None,
-                   window: tuple[float, float, int, int] | None = None) -> float:
+def iteration_time(trace: Trace, *, compiled: bool | None = None, window: Window | None = None) -> float:
     """Seconds per minibatch in the steady-state window (``window``: ``steady_window(trace)``
     when known); what a run of drawn durations is summarised by."""
-    low, high, warmup, cooldown = steady_window(trace, compiled=compiled) if window is None else window
-    return (high - low) / max(1, trace.info.num_minibatches - warmup - cooldown)
+    return seconds_per_minibatch(steady_window(trace, compiled=compiled) if window is None else window,
+                                 trace.info.num_minibatches)
+
+
+def seconds_per_minibatch(window: Window, num_minibatches: int) -> float:
+    """The window's length over the minibatches inside it."""
+    low, high, warmup, cooldown = window
+    return (high - low) / max(1, num_minibatches - warmup - cooldown)
 
 
 def staleness(trace: Trace, stage: int, *, compiled: bool | None = None) -> tuple[int, float, int]:

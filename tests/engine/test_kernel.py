@@ -10,10 +10,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from engine_strategies import Case, cases
 from pipesim import jit
-from pipesim.engine.analytic import run_analytic
+from pipesim.engine.analytic import analytic_unsupported, run_analytic, span_ends
 from pipesim.engine.memory import memory_columns
 from pipesim.engine.trace import MEMORY_COLUMNS, SPAN_COLUMNS
 from pipesim.errors import ConfigError
@@ -83,3 +84,17 @@ def test_compiled_kernels_run_compiled_and_their_start_up_is_counted_once() -> N
     assert found["ran_compiled"] == [True, True, True]  # the engine's and the metrics' machine code ran
     first, second = found["startup"]
     assert first > 0 and second == 0.0  # a fresh process pays numba's start-up on its first call only
+
+
+@given(cases(), st.sampled_from([False, True]))
+def test_span_ends_of_many_runs_are_those_of_separate_runs(case: Case, compiled: bool) -> None:
+    """One kernel state reused run after run (``span_ends``) leaves nothing of a run in the next."""
+    program = prepare(case.profile, case.topology, make_plan(case.profile, **case.kwargs))
+    if analytic_unsupported(program) is not None:
+        return
+    use = compiled and jit.AVAILABLE
+    rng = np.random.default_rng(3)
+    runs = [program.ops.duration_s * rng.uniform(0.5, 1.5, program.ops.num_ops) for _ in range(3)]
+    runs.append(program.ops.duration_s)
+    for durations, ends in zip(runs, span_ends(program, runs, compiled=use), strict=True):
+        assert same(ends, run_analytic(program, durations=durations, compiled=use).spans["end_s"])
