@@ -108,5 +108,6 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI (the console script ``pipesim`` and ``python -m pipesim``)."""
     # The process ends with the command: what is alive then needs no last garbage collection
     # (over numba's objects, where a run loaded its kernels, that collection takes ~0.1 s).
+    atexit.unregister(gc.freeze)  # once, however often main runs in one process
     atexit.register(gc.freeze)
     cli.main(args=argv, prog_name="pipesim")
