@@ -6,7 +6,7 @@ import itertools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -93,6 +93,10 @@ class Result:
     metrics: Metrics
     engine_wall_s: float
     startup_s: float = 0.0
+
+    #: The keys of ``to_dict`` measured on the wall clock: the only values in which two runs of
+    #: the same inputs differ (files meant to be reproduced leave them out).
+    TIMINGS: ClassVar[tuple[str, ...]] = ("engine_wall_s", "startup_s")
 
     def __repr__(self) -> str:
         m = self.metrics

@@ -47,15 +47,18 @@ def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | N
     """Write a Result's data files into ``out_dir``; return the paths written.
 
     Files: ``metrics.json`` (the ``simulate --json`` object: ``metrics`` when given, with the
-    memory verdict and capacity keys the command added, else ``metrics_dict``), ``trace.json`` (exact round
+    memory verdict and capacity keys the command added, else ``metrics_dict``; less the
+    wall-clock timings, ``Result.TIMINGS``, so that one command writes the same bytes each
+    time), ``trace.json`` (exact round
     trip through ``Trace.from_json``) and ``trace.perfetto.json`` (Chrome trace format), each
     holding ``run`` (``pipesim.export.provenance.run_record``) when given. Plots are drawn by the
     caller with ``pipesim.plots``.
     """
     out = Path(out_dir)
     written = []
+    data = metrics if metrics is not None else metrics_dict(result, run)
     for name, text in (
-        ("metrics.json", strict_dumps(metrics if metrics is not None else metrics_dict(result, run))),
+        ("metrics.json", strict_dumps({key: value for key, value in data.items() if key not in result.TIMINGS})),
         ("trace.json", trace_json(result, run)),
         ("trace.perfetto.json", chrome_json(result.trace, run=run)),
     ):

@@ -204,7 +204,7 @@ def _simulated(result: Result, timings: bool) -> dict[str, Any]:
     data = result.to_dict()
     data["time_per_sample_s"] = _time_per_sample(result)
     if not timings:
-        for timing in ("engine_wall_s", "startup_s"):
+        for timing in Result.TIMINGS:
             data.pop(timing, None)
     return data
 
