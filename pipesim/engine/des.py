@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import numpy.typing as npt
 import simpy
+from simpy import Timeout
 
 from pipesim import jit
 from pipesim.engine.assemble import trace_from_times
@@ -113,10 +114,10 @@ class DesRun:
             """The rank resumes: run its ops until one waits for an input not known yet."""
             while True:
                 woken, delay, woken2, delay2, status, g = step(rank, ints, floats)
-                if woken >= 0:
-                    env.timeout(delay).callbacks.append(handlers[woken])
+                if woken >= 0:  # simpy.Timeout itself: env.timeout adds a call per event
+                    Timeout(env, delay).callbacks.append(handlers[woken])
                     if woken2 >= 0:
-                        env.timeout(delay2).callbacks.append(handlers[woken2])
+                        Timeout(env, delay2).callbacks.append(handlers[woken2])
                 if status == AGAIN:
                     continue
                 if status == SHARED:  # the op's send starts at its end, in SimPy time
