@@ -6,7 +6,11 @@
 - a plain-Python longest path over the explicit op graph (edges: a rank's order and each op's
   input), the textbook way to compute a schedule's timeline;
 - torch.distributed.pipelining's unit-step simulator (``_simulate_comms_compute`` over the
-  schedule with its sends and receives added by ``_add_send_recv``), when torch is installed.
+  schedule with its sends and receives added by ``_add_send_recv``), when torch is installed;
+- for the zero-bubble rows, one greedy pass of the zero-bubble paper's scheduler (Qi et al.,
+  ICLR 2024, section 3.1: F, I and W placed one at a time, each timed as it is placed), in plain
+  Python as the paper's repository runs it: ``pipesim.schedule.zb_auto.greedy`` with one of its
+  eight settings, on the same stage times (zb-auto runs all eight, then simulates the best).
 
 Per-op cost of each peer and its ratio to ``simulate``. The longest path is checked against
 pipesim's makespan on a zero-communication topology (they must agree), so the peer computes the
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import sys
 import time
@@ -36,10 +41,12 @@ from pipesim import Topology, make_plan, simulate, uniform_profile  # noqa: E402
 from pipesim.engine.analytic import run_analytic  # noqa: E402
 from pipesim.engine.lowering import Program  # noqa: E402
 from pipesim.schedule.csv_format import to_csv  # noqa: E402
+from pipesim.schedule.ir import F_CODE, I_CODE, W_CODE  # noqa: E402
+from pipesim.schedule.zb_auto import Knobs, ZeroBubbleCosts, greedy  # noqa: E402
 from pipesim.simulation import prepare  # noqa: E402
 
 CASES = (("1f1b", 8, 32, 1), ("1f1b", 32, 128, 1), ("1f1b", 64, 512, 1),
-         ("interleaved-1f1b", 16, 64, 2), ("interleaved-1f1b", 64, 512, 2))
+         ("interleaved-1f1b", 16, 64, 2), ("interleaved-1f1b", 64, 512, 2), ("zb-h1", 8, 32, 1), ("zb-h1", 64, 512, 1))
 
 
 def best_of(run: Callable[[], Any], budget_s: float = 1.5, most: int = 5) -> float:
@@ -108,6 +115,20 @@ def torch_simulator(schedule_csv: str, num_ranks: int, num_stages: int) -> Calla
     return run
 
 
+def zero_bubble_pass(program: Program) -> Callable[[], Any]:
+    """One pass of the zero-bubble greedy scheduler on the program's stage times (F, I and W
+    from the lowered ops, free links, no memory limit): it places and times every F, I and W."""
+    ops = program.ops
+    # Every op of one (stage, kind) lasts the same: any of them gives the stage's time.
+    time_of = dict(zip(zip(ops.stage.tolist(), ops.kind.tolist()), ops.duration_s.tolist(), strict=True))
+    p = program.schedule.num_stages
+    costs = ZeroBubbleCosts(forward_s=tuple(time_of[(s, F_CODE)] for s in range(p)),
+                            backward_input_s=tuple(time_of[(s, I_CODE)] for s in range(p)),
+                            backward_weight_s=tuple(time_of[(s, W_CODE)] for s in range(p))).checked(p)
+    m = program.schedule.num_microbatches
+    return lambda: greedy(costs, m, math.inf, Knobs(True, False, False))
+
+
 def rows() -> list[dict[str, Any]]:
     """One row per case: per-op microseconds of pipesim and each peer."""
     found = []
@@ -132,6 +153,7 @@ def rows() -> list[dict[str, Any]]:
         row["longest path"] = best_of(lambda: longest_path_ends(program))
         torch_run = torch_simulator(to_csv(program.schedule), ranks, p)
         row["torch simulator"] = best_of(torch_run) if torch_run is not None else None
+        row["zero-bubble greedy"] = best_of(zero_bubble_pass(program)) if schedule.startswith("zb") else None
         found.append(row)
         print(row, flush=True)
     return found
@@ -139,7 +161,7 @@ def rows() -> list[dict[str, Any]]:
 
 def render(found: list[dict[str, Any]], header: str) -> str:
     peers = ("simulate", "simulate compiled", "analytic engine compiled", "bare SimPy", "longest path",
-             "torch simulator")
+             "torch simulator", "zero-bubble greedy")
     lines = ["## pipesim beside its peers (`make bench-peers`)", "", header, "",
              "Microseconds per op (best of up to 5 warm runs); in brackets the time over `simulate`'s (the",
              "default kernel policy: plain Python below 50,000 ops). `analytic engine compiled`: `run_analytic`",
@@ -149,7 +171,7 @@ def render(found: list[dict[str, Any]], header: str) -> str:
         cells = []
         for peer in peers:
             if row[peer] is None:
-                cells.append("n/a (no torch)")
+                cells.append("n/a (no torch)" if peer == "torch simulator" else "")
                 continue
             ratio = "" if peer == "simulate" else f" ({row[peer] / row['simulate']:.2f}x)"
             cells.append(f"{row[peer] / row['ops'] * 1e6:.3f}{ratio}")
