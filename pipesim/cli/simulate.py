@@ -108,7 +108,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--cv", type=float, default=None,
               help="Coefficient of variation of every op in --samples runs (default: the profile's measured spread).")
 @click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
-              help="des: SimPy events; analytic: the same timeline by a longest-path pass (no jitter); "
+              help="des: SimPy events; analytic: the same timeline by a longest-path pass (jitter too); "
                    "auto: analytic where it applies.")
 @click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
               help="Refuse runs estimated to have more ops than this (about 0.5 KiB of memory each).")
