@@ -51,8 +51,21 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
         np.asarray(program.schedule.stage_to_rank, dtype=np.int64),
-        working, starts, np.argsort(starts, kind="stable") if costs.working_bytes else np.zeros(0, np.int64))
+        working, starts, _start_order(program, starts) if costs.working_bytes else np.zeros(0, np.int64))
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
+
+
+def _start_order(program: Program, start_s: FloatArray) -> IntArray:
+    """The B and I ops (the ops that may take working bytes at their start), in stable order
+    by start: flat indices. Which ops those are depends on the order alone (kept in
+    ``Schedule.derived``)."""
+    backward: IntArray | None = program.derived.get("backward_ops")
+    if backward is None:
+        kind = program.ops.kind
+        backward = np.flatnonzero((kind == B_CODE) | (kind == I_CODE))
+        backward.flags.writeable = False
+        program.derived["backward_ops"] = backward
+    return backward.take(np.argsort(start_s.take(backward), kind="stable"))
 
 
 def version_events(program: Program, compiled: bool) -> npt.NDArray[np.uint8]:
@@ -116,8 +129,8 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
     """``memory_columns`` in two passes over the ops, one to count the events and one to write
     them: the columns in MEMORY_COLUMNS order.
 
-    ``order`` is the ops' stable order by end (flat indices), ``start_order`` by start (empty
-    without working bytes): the events follow them, merged by time. ``versions``: per op its
+    ``order`` is the ops' stable order by end (flat indices), ``start_order`` that of the B and
+    I ops by start (empty without working bytes): the events follow them, merged by time. ``versions``: per op its
     version events (``version_bits``).
     """
     n, p = kind.shape[0], stash.shape[0]
