@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, NUM_KINDS, U_CODE, W_CODE
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS
 
@@ -46,7 +46,7 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, version_events(program, use), ends,
+        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, *event_structure(program, use), ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
@@ -68,30 +68,35 @@ def _start_order(program: Program, start_s: FloatArray) -> IntArray:
     return backward.take(np.argsort(start_s.take(backward), kind="stable"))
 
 
-def version_events(program: Program, compiled: bool) -> npt.NDArray[np.uint8]:
-    """Per op, its weight-version events as bits (``version_bits``): they depend on the order
-    alone, so they are computed once per schedule and kept in ``Schedule.derived``."""
-    known: npt.NDArray[np.uint8] | None = program.derived.get("version_events")
+def event_structure(program: Program, compiled: bool) -> tuple[npt.NDArray[np.uint8], IntArray, int]:
+    """What of the memory events depends on the order alone (``order_events``), computed once
+    per schedule and kept in ``Schedule.derived``."""
+    known: tuple[npt.NDArray[np.uint8], IntArray, int] | None = program.derived.get("memory_events")
     if known is None:
         ops = program.ops
-        known = jit.pick(version_bits, compiled)(ops.stage, ops.kind, ops.version, program.schedule.num_stages,
-                                                 program.keeps_versions)
-        known.flags.writeable = False
-        program.derived["version_events"] = known
+        bits, counts, num_version_events = jit.pick(order_events, compiled)(
+            ops.stage, ops.kind, ops.version, program.schedule.num_stages, program.keeps_versions)
+        bits.flags.writeable = counts.flags.writeable = False
+        known = (bits, counts, int(num_version_events))
+        program.derived["memory_events"] = known
     return known
 
 
 @jit.jit
-def version_bits(stage: IntArray, kind: IntArray, version: IntArray, num_stages: int,
-                 keeps_versions: bool) -> npt.NDArray[np.uint8]:
-    """Per op, the weight-version events of its end as bits: 2 adds a version (U), 4 frees the
-    version it supersedes (U, when that version's last user came before it), 8 frees a
-    superseded version (its last user, after the U that superseded it). All 0 unless
-    ``keeps_versions``: FLUSH and SINGLE update in place."""
+def order_events(stage: IntArray, kind: IntArray, version: IntArray, num_stages: int,
+                 keeps_versions: bool) -> tuple[npt.NDArray[np.uint8], IntArray, int]:
+    """The memory events' parts that depend on the order alone: per op, the weight-version
+    events of its end as bits (2 adds a version (U), 4 frees the version it supersedes (U,
+    when that version's last user came before it), 8 frees a superseded version (its last
+    user, after the U that superseded it); all 0 unless ``keeps_versions``: FLUSH and SINGLE
+    update in place); the ops per (stage, kind), row-major; and the number of version events."""
     n = kind.shape[0]
     bits = np.zeros(n, np.uint8)
+    counts = np.zeros(num_stages * NUM_KINDS, np.int64)
+    for g in range(n):
+        counts[stage[g] * NUM_KINDS + kind[g]] += 1
     if not keeps_versions or n == 0:
-        return bits
+        return bits, counts, 0
     width = version.max() + 2
     # Per (stage, version): its U and its last other user (flat order within a stage is its rank's order).
     last_user = np.full(num_stages * width, -1, dtype=np.int64)
@@ -101,13 +106,16 @@ def version_bits(stage: IntArray, kind: IntArray, version: IntArray, num_stages:
             update_of[stage[g] * width + version[g]] = g
         else:
             last_user[stage[g] * width + version[g]] = g
+    total = 0
     for g in range(n):
         key = stage[g] * width + version[g]
         if kind[g] == U_CODE:
             bits[g] = 6 if last_user[key] < g else 2
+            total += 2 if last_user[key] < g else 1
         elif last_user[key] == g and 0 <= update_of[key] < g:
             bits[g] = 8
-    return bits
+            total += 1
+    return bits, counts, total
 
 
 @jit.jit(inline=True)
@@ -123,24 +131,22 @@ def activation_events(k: int, takes: bool, partial: bool) -> int:
 
 @jit.jit
 def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, versions: npt.NDArray[np.uint8],
-                  end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
+                  op_counts: IntArray, num_version_events: int, end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
                   stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
                   start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
-    """``memory_columns`` in two passes over the ops, one to count the events and one to write
-    them: the columns in MEMORY_COLUMNS order.
+    """``memory_columns`` in one pass over the ops in order of time: the columns in
+    MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
 
     ``order`` is the ops' stable order by end (flat indices), ``start_order`` that of the B and
-    I ops by start (empty without working bytes): the events follow them, merged by time. ``versions``: per op its
-    version events (``version_bits``).
+    I ops by start (empty without working bytes): the events follow them, merged by time.
+    ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives.
     """
-    n, p = kind.shape[0], stash.shape[0]
-    total = 3 * p
-    for g in range(n):
-        s = stage[g]
-        bits = activation_events(kind[g], working[s] != 0.0, kept[s] != stash[s]) | int(versions[g])
-        while bits:
-            total += bits & 1
-            bits >>= 1
+    p = stash.shape[0]
+    total = 3 * p + num_version_events
+    for s in range(p):
+        for k in range(NUM_KINDS):
+            bits = activation_events(k, working[s] != 0.0, kept[s] != stash[s])
+            total += op_counts[s * NUM_KINDS + k] * ((bits & 1) + (bits >> 4 & 1))
     time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.empty(total, np.int64)
     for s in range(p):
@@ -162,7 +168,7 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
         if g < 0:
             break
         s = stage[g]
-        e = activation_events(kind[g], working[s] != 0.0, kept[s] != stash[s]) | int(versions[g])
+        e = (activation_events(kind[g], working[s] != 0.0, kept[s] != stash[s]) & 1) | int(versions[g])
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row], count[row] = t, rank[g], s, 1
