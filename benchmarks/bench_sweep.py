@@ -1,6 +1,6 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
-Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--no-write]
+Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--baseline TREE [--label L]] [--no-write]
 (``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
 Measurements, each quoted against a baseline taken in the same run (the machines are shared and
@@ -17,6 +17,9 @@ noisy), with the jit backend (pipesim.jit.backend()), date and machine:
    rest (cluster start, Dask, transfers, chunk writes and the merge, imbalance).
    Without ``--full``: Dask's overhead on the slice p <= 16 (2,400 points) through ``run_sweep``
    against the same points simulated serially in this process.
+4. ``--baseline TREE`` (a source tree of another commit: ``git archive COMMIT | tar -x -C TREE``):
+   this tree against it in one run, asked alternately (``sweep_ab.py``): a sample of the sweep
+   simulated serially (CPU seconds) and the whole sweep through ``run_sweep`` on 2 workers.
 
 Results go to benchmarks/RESULTS.md, in its ``sweep`` section (benchmarks/results_file.py).
 """
@@ -209,11 +212,31 @@ def hundred_points(spec: Any) -> str:
             "each; target: under 2 s).")
 
 
+def against_baseline(baseline: Path, label: str) -> list[str]:
+    """This tree against ``baseline`` in one run (``sweep_ab.py``): a table of both sides' times."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sweep_ab import REPEATS, rows
+
+    found = rows(baseline, ROOT, every=20)
+    lines = [f"Against {label}, in the same run (`bench_sweep.py --baseline`, `benchmarks/sweep_ab.py`): each tree "
+             "in its own worker process, the steps asked of both alternately, the fastest of "
+             f"{REPEATS['serial']} (serial) and {REPEATS['run_sweep']} (run_sweep) runs per side kept. `serial`: "
+             "every 20th group of points that share their work, simulated one after another in the worker "
+             "(CPU seconds, with the malloc thresholds of the sweep's workers); `run_sweep`: all points on 2 "
+             "workers (wall seconds).", "", "| points | step | baseline s | this tree s | this / baseline |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {row['point']} | {row['step']} | {row['baseline_s']:.2f} | {row['candidate_s']:.2f} | "
+              f"{row['candidate_s'] / row['baseline_s']:.2f} |" for row in found]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="run all 10,080 points on Dask instead of projecting")
     parser.add_argument("--sample", type=int, default=160, help="points sampled for the projection")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, help="source tree of a commit to compare with, in the same run")
+    parser.add_argument("--label", default="", help="what the baseline is (e.g. its commit)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
@@ -297,6 +320,11 @@ def main() -> None:
     print("4. a 100-point sweep, end to end", flush=True)
     lines += ["", hundred_points(spec)]
     print(lines[-1], flush=True)
+
+    if args.baseline:
+        print(f"5. against {args.baseline}, alternately", flush=True)
+        lines += ["", *against_baseline(args.baseline, args.label or str(args.baseline))]
+        print("\n".join(lines[-6:]), flush=True)
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from results_file import RESULTS, machine, write_section
