@@ -8,31 +8,35 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 
-def serve(tasks: dict[str, Callable[[], Any]], clock: Callable[[], float] = time.perf_counter) -> None:
+def serve(tasks: dict[str, Callable[[], Any]], clock: Callable[[], float] = time.perf_counter,
+          clocks: dict[str, Callable[[], float]] | None = None) -> None:
     """The worker's side: print the task names as JSON, then run each name read from stdin once
     and print its seconds by ``clock`` (wall time; ``time.process_time`` leaves out the time a
-    loaded machine kept the worker waiting for a core)."""
+    loaded machine kept the worker waiting for a core), or by ``clocks[step]`` for a task
+    ``"point|step"`` whose step has a clock of its own."""
     print(json.dumps(list(tasks)), flush=True)
     for line in sys.stdin:
-        task = tasks[line.strip()]
-        started = clock()
+        name = line.strip()
+        task = tasks[name]
+        chosen = (clocks or {}).get(name.split("|")[-1], clock)
+        started = chosen()
         task()
-        print(clock() - started, flush=True)
+        print(chosen() - started, flush=True)
 
 
 def alternate(script: str, baseline: Path, candidate: Path, repeats: Callable[[str], int],
-              names_from: int = 0) -> list[dict[str, Any]]:
-    """Fastest time of every task in each tree: ``script --worker`` run with each tree on
-    PYTHONPATH; ``repeats(step)`` runs per side of a task ``"point|step"``; the task list is the
-    one worker ``names_from`` (0: baseline, 1: candidate) reports. One row per task."""
+              names_from: int = 0, arguments: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Fastest time of every task in each tree: ``script --worker`` (then ``arguments``) run with
+    each tree on PYTHONPATH; ``repeats(step)`` runs per side of a task ``"point|step"``; the task
+    list is the one worker ``names_from`` (0: baseline, 1: candidate) reports. One row per task."""
     def start(tree: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, script, "--worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+        return subprocess.Popen([sys.executable, script, "--worker", *arguments], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
 
     def ask(process: subprocess.Popen[str], line: str) -> str:
         assert process.stdin is not None and process.stdout is not None

@@ -1,6 +1,6 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
-Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--no-write]
+Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--baseline TREE [--label L]] [--no-write]
 (``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
 Measurements, each quoted against a baseline taken in the same run (the machines are shared and
@@ -17,6 +17,9 @@ noisy), with the jit backend (pipesim.jit.backend()), date and machine:
    rest (cluster start, Dask, transfers, chunk writes and the merge, imbalance).
    Without ``--full``: Dask's overhead on the slice p <= 16 (2,400 points) through ``run_sweep``
    against the same points simulated serially in this process.
+4. ``--baseline TREE`` (a source tree of another commit: ``git archive COMMIT | tar -x -C TREE``):
+   this tree against it in one run, asked alternately (``sweep_ab.py``): a sample of the sweep
+   simulated serially (CPU seconds) and the whole sweep through ``run_sweep`` on 2 workers.
 
 Results go to benchmarks/RESULTS.md, in its ``sweep`` section (benchmarks/results_file.py).
 """
@@ -86,37 +89,27 @@ def breakdown(resolved: Resolved) -> list[str]:
     return lines
 
 
-# What profiling the full run found (2026-11-22); the run above measures the code as it is now.
+# What profiling found; the runs above measure the code as it is now.
 FINDINGS = (
-    "Profiled (2026-11-22): the first full run after the columnar generator, the compiled analytic engine "
-    "and the metrics kernels were merged took 138.6 s, twice the serial projection, with 94 s of system time "
-    "and 48 M minor page faults (`/usr/bin/time -v`). Dask starts its worker processes with glibc's "
-    "`MALLOC_TRIM_THRESHOLD_` at 64 KiB (`distributed.nanny.pre-spawn-environ`), so every point's freed numpy "
-    "columns went back to the OS and were faulted in again by the next point. The embedded cluster now starts "
-    "its workers with the trim and mmap thresholds at 256 MiB (`pipesim.sweep.runner.WORKER_MALLOC_BYTES`): "
-    "the same sweep, same session, took 69.1 s with 2.8 s of system time and 0.55 M page faults (127.6 s "
-    "without, measured just after). An external cluster (`--scheduler`) keeps its own settings: start its "
-    "workers with those two variables set. That left a dozen numpy passes and kernels of about 1 ms each "
-    "per point (memory events, exposed communication, staleness, the solve, span columns, the columnar "
-    "order), 69.4 s for the sweep. Profiling a slice (cProfile, 600 points) showed that about a third of "
-    "that work depends on a point's schedule alone: the columnar order (1.5 ms), the staleness kernel "
-    "(1.1 ms), the span columns but times (1.5 ms), the structural columns of lowering; and the stage costs "
-    "(1 ms, Python over 128 layers) on the partition, not on m. Each schedule shape has four points (two "
-    "bandwidths x recomputation off/on), which the sweep ran 5,040 points apart. Now points run grouped by "
-    "shape (`SHARED_WORK`) and a worker keeps the last two orders with their staleness and span columns, "
-    "and the stage costs (`pipesim/reuse.py`); rows are bit for bit those of separate simulations "
-    "(tests/sweep/test_reuse.py). On a quiet machine (2026-11-22) the sweep went from 69.4 s to 38.5 s and 44.7 s "
-    "(two runs, 07:54 and 07:56: the run to run spread on this machine is about 15%)."
-)
-
-FINDINGS_METRICS = (
-    "Profiled (2026-11-25, serial, 200 sampled points): 91 s, of which 126 s of 142 s under cProfile in the "
-    "metrics kernels (`_exposed`, `_levels`, `_minibatch_ends`) running as plain Python although the point "
-    "ran compiled: `jit` wraps a kernel in a `Kernel` object whose call is its plain form, and the metrics "
-    "asked for the compiled form by returning the object itself. With `jit.pick` the same 200 points took "
-    "4.7 s. A sweep's staleness (kept per order by `pipesim.reuse`) now follows the point's kernel choice too. "
-    "Expanding the spec walked all 643,860 combinations of its axes through the `where` filter (2.4 s); it is "
-    "now cut at the axes `where` reads (1.0 s, the where filter evaluated on 32,193 (p, m) pairs)."
+    "Why a point costs what it does (profiled 2026-11-26 against 6f4fbda, both trees in one session, cProfile "
+    "and CPU seconds over 504 points sampled as in `--baseline`). This tree took 9.0 s of wall time against "
+    "4.4 s. The largest difference was the kernel's link numbering (`OpTable.link`): `np.unique` over every op, "
+    "an argsort per point, 3.0 s of 10.3 s under cProfile. It depends on the order alone and is now computed "
+    "once per schedule from a table of rank pairs (`lowering.send_structure`, kept in `Schedule.derived` with "
+    "the send rows). With the malloc thresholds the sweep's Dask workers run with (`MALLOC_TRIM_THRESHOLD_` and "
+    "`MALLOC_MMAP_THRESHOLD_` at 256 MiB, `pipesim.sweep.runner.WORKER_MALLOC_BYTES`; without them every "
+    "point's freed columns go back to the OS and are faulted in again, 2-3x the memory kernel's time) the sample "
+    "then took 5.2 s against 4.0 s. Of the rest, the memory events found each op's weight-version events "
+    "(a pass over every op with a table per stage and version) on every point and sorted every op's start "
+    "for recomputation's working bytes: 0.86 s in their kernel against 0.46 s. The version events and the ops "
+    "per (stage, kind), from which a run's event count follows, are now computed once per schedule "
+    "(`memory.order_events`), and only the B and I ops' starts are sorted (CPU seconds: 4.75 s against 3.9 s). "
+    "The memory events now cost what 6f4fbda's did where nothing is recomputed (0.42 ms against 0.47 ms at p=32, "
+    "m=128; 1.89 ms against 1.77 ms at p=64, m=256) and 1.4-1.7x with recomputation, whose working bytes add an "
+    "event at each B's start (6f4fbda did not record them; issue 18). The rest above 6f4fbda is mostly the timing "
+    "kernel's state, a copy of every column per run (`kernel.KernelState.build`), and its solve: together 1.0 s "
+    "against 0.6 s. Against the merge base of this work (eb4a112), same session, all 10,080 points serially in "
+    "one process: 69.5 s against 102.7 s of CPU time, every row identical (a hash over the rows)."
 )
 
 PHASES = ("plan + row", "build + lower", "engine", "metrics")
@@ -209,11 +202,31 @@ def hundred_points(spec: Any) -> str:
             "each; target: under 2 s).")
 
 
+def against_baseline(baseline: Path, label: str) -> list[str]:
+    """This tree against ``baseline`` in one run (``sweep_ab.py``): a table of both sides' times."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sweep_ab import REPEATS, rows
+
+    found = rows(baseline, ROOT, every=20)
+    lines = [f"Against {label}, in the same run (`bench_sweep.py --baseline`, `benchmarks/sweep_ab.py`): each tree "
+             "in its own worker process, the steps asked of both alternately, the fastest of "
+             f"{REPEATS['serial']} (serial) and {REPEATS['run_sweep']} (run_sweep) runs per side kept. `serial`: "
+             "every 20th group of points that share their work, simulated one after another in the worker "
+             "(CPU seconds, with the malloc thresholds of the sweep's workers); `run_sweep`: all points on 2 "
+             "workers (wall seconds).", "", "| points | step | baseline s | this tree s | this / baseline |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {row['point']} | {row['step']} | {row['baseline_s']:.2f} | {row['candidate_s']:.2f} | "
+              f"{row['candidate_s'] / row['baseline_s']:.2f} |" for row in found]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="run all 10,080 points on Dask instead of projecting")
     parser.add_argument("--sample", type=int, default=160, help="points sampled for the projection")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--baseline", type=Path, help="source tree of a commit to compare with, in the same run")
+    parser.add_argument("--label", default="", help="what the baseline is (e.g. its commit)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
@@ -298,10 +311,15 @@ def main() -> None:
     lines += ["", hundred_points(spec)]
     print(lines[-1], flush=True)
 
+    if args.baseline:
+        print(f"5. against {args.baseline}, alternately", flush=True)
+        lines += ["", *against_baseline(args.baseline, args.label or str(args.baseline))]
+        print("\n".join(lines[-6:]), flush=True)
+
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from results_file import RESULTS, machine, write_section
 
-    lines += ["", FINDINGS_METRICS, "", FINDINGS]
+    lines += ["", FINDINGS]
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     target = "make bench-sweep-full" if args.full else "make bench-sweep"
     section = "\n".join([f"## Sweeps (`{target}`)", "", f"{stamp}; {machine()}; jit backend: {jit.backend()}; load "

@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, NUM_KINDS, U_CODE, W_CODE
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS
 
@@ -46,68 +46,107 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, ops.version, ends,
+        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, *event_structure(program, use), ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
-        program.keeps_versions, np.asarray(program.schedule.stage_to_rank, dtype=np.int64),
-        working, starts, np.argsort(starts, kind="stable") if costs.working_bytes else np.zeros(0, np.int64))
+        np.asarray(program.schedule.stage_to_rank, dtype=np.int64),
+        working, starts, _start_order(program, starts) if costs.working_bytes else np.zeros(0, np.int64))
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
 
 
-@jit.jit(inline=True)
-def op_events(g: int, k: int, takes: bool, partial: bool, width: int, last_user: int, update: int) -> int:
-    """The memory events of op ``g`` (of kind ``k``) as bits: 1 activations, 2 adds a version (U),
-    4 frees the version it supersedes (U), 8 frees a superseded version (its last user), 16 takes
-    working bytes at its start (a B or I of a stage that re-creates activations).
+def _start_order(program: Program, start_s: FloatArray) -> IntArray:
+    """The B and I ops (the ops that may take working bytes at their start), in stable order
+    by start: flat indices. Which ops those are depends on the order alone (kept in
+    ``Schedule.derived``)."""
+    backward: IntArray | None = program.derived.get("backward_ops")
+    if backward is None:
+        kind = program.ops.kind
+        backward = np.flatnonzero((kind == B_CODE) | (kind == I_CODE))
+        backward.flags.writeable = False
+        program.derived["backward_ops"] = backward
+    return backward.take(np.argsort(start_s.take(backward), kind="stable"))
 
-    Scalars only, so that the compiled caller inlines it without reference counting per op.
-    ``takes``: its stage has working bytes; ``partial``: its stage's I keeps part of the stash;
-    ``width`` 0: no versions kept, else ``last_user`` and ``update`` are the last user and the U
-    of its (stage, version) (flat indices, -1: none).
-    """
-    bits = 16 if takes and (k == B_CODE or k == I_CODE) else 0
-    if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and (bits != 0 or partial)):
-        bits |= 1
-    if width > 0:
-        if k == U_CODE:
-            bits |= 2
-            if last_user < g:
-                bits |= 4
-        elif last_user == g and 0 <= update < g:
-            bits |= 8
-    return bits
+
+def event_structure(program: Program, compiled: bool) -> tuple[npt.NDArray[np.uint8], IntArray, int]:
+    """What of the memory events depends on the order alone (``order_events``), computed once
+    per schedule and kept in ``Schedule.derived``."""
+    known: tuple[npt.NDArray[np.uint8], IntArray, int] | None = program.derived.get("memory_events")
+    if known is None:
+        ops = program.ops
+        bits, counts, num_version_events = jit.pick(order_events, compiled)(
+            ops.stage, ops.kind, ops.version, program.schedule.num_stages, program.keeps_versions)
+        bits.flags.writeable = counts.flags.writeable = False
+        known = (bits, counts, int(num_version_events))
+        program.derived["memory_events"] = known
+    return known
 
 
 @jit.jit
-def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, version: IntArray,
-                  end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
-                  keeps_versions: bool, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
-                  start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
-    """``memory_columns`` in two passes over the ops, one to count the events (``op_events``)
-    and one to write them: the columns in MEMORY_COLUMNS order.
-
-    ``order`` is the ops' stable order by end (flat indices), ``start_order`` by start (empty
-    without working bytes): the events follow them, merged by time.
-    """
-    n, p = kind.shape[0], stash.shape[0]
-    width = version.max() + 2 if keeps_versions and n > 0 else 0
+def order_events(stage: IntArray, kind: IntArray, version: IntArray, num_stages: int,
+                 keeps_versions: bool) -> tuple[npt.NDArray[np.uint8], IntArray, int]:
+    """The memory events' parts that depend on the order alone: per op, the weight-version
+    events of its end as bits (2 adds a version (U), 4 frees the version it supersedes (U,
+    when that version's last user came before it), 8 frees a superseded version (its last
+    user, after the U that superseded it); all 0 unless ``keeps_versions``: FLUSH and SINGLE
+    update in place); the ops per (stage, kind), row-major; and the number of version events."""
+    n = kind.shape[0]
+    bits = np.zeros(n, np.uint8)
+    counts = np.zeros(num_stages * NUM_KINDS, np.int64)
+    for g in range(n):
+        counts[stage[g] * NUM_KINDS + kind[g]] += 1
+    if not keeps_versions or n == 0:
+        return bits, counts, 0
+    width = version.max() + 2
     # Per (stage, version): its U and its last other user (flat order within a stage is its rank's order).
-    last_user = np.full(max(p * width, 1), -1, dtype=np.int64)
-    update_of = np.full(max(p * width, 1), -1, dtype=np.int64)
-    for g in range(n if width > 0 else 0):
+    last_user = np.full(num_stages * width, -1, dtype=np.int64)
+    update_of = np.full(num_stages * width, -1, dtype=np.int64)
+    for g in range(n):
         if kind[g] == U_CODE:
             update_of[stage[g] * width + version[g]] = g
         else:
             last_user[stage[g] * width + version[g]] = g
-    total = 3 * p
+    total = 0
     for g in range(n):
-        s = stage[g]
-        key = s * width + version[g] if width > 0 else 0
-        bits = op_events(g, kind[g], working[s] != 0.0, kept[s] != stash[s], width, last_user[key], update_of[key])
-        while bits:
-            total += bits & 1
-            bits >>= 1
+        key = stage[g] * width + version[g]
+        if kind[g] == U_CODE:
+            bits[g] = 6 if last_user[key] < g else 2
+            total += 2 if last_user[key] < g else 1
+        elif last_user[key] == g and 0 <= update_of[key] < g:
+            bits[g] = 8
+            total += 1
+    return bits, counts, total
+
+
+@jit.jit(inline=True)
+def activation_events(k: int, takes: bool, partial: bool) -> int:
+    """The activation events of an op of kind ``k`` as bits: 1 at its end, 16 takes working bytes
+    at its start (a B or I of a stage that re-creates activations: ``takes``). ``partial``: its
+    stage's I keeps part of the stash. Scalars only, so that the compiled caller inlines it."""
+    bits = 16 if takes and (k == B_CODE or k == I_CODE) else 0
+    if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and (bits != 0 or partial)):
+        bits |= 1
+    return bits
+
+
+@jit.jit
+def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, versions: npt.NDArray[np.uint8],
+                  op_counts: IntArray, num_version_events: int, end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
+                  stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
+                  start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
+    """``memory_columns`` in one pass over the ops in order of time: the columns in
+    MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
+
+    ``order`` is the ops' stable order by end (flat indices), ``start_order`` that of the B and
+    I ops by start (empty without working bytes): the events follow them, merged by time.
+    ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives.
+    """
+    p = stash.shape[0]
+    total = 3 * p + num_version_events
+    for s in range(p):
+        for k in range(NUM_KINDS):
+            bits = activation_events(k, working[s] != 0.0, kept[s] != stash[s])
+            total += op_counts[s * NUM_KINDS + k] * ((bits & 1) + (bits >> 4 & 1))
     time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.empty(total, np.int64)
     for s in range(p):
@@ -122,15 +161,14 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
         while taken < start_order.shape[0] and start_s[start_order[taken]] < t:
             h = start_order[taken]
             taken += 1
-            if op_events(h, kind[h], working[stage[h]] != 0.0, False, 0, -1, -1) & 16:
+            if activation_events(kind[h], working[stage[h]] != 0.0, False) & 16:
                 time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
                 category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
                 row += 1
         if g < 0:
             break
         s = stage[g]
-        key = s * width + version[g] if width > 0 else 0
-        e = op_events(g, kind[g], working[s] != 0.0, kept[s] != stash[s], width, last_user[key], update_of[key])
+        e = (activation_events(kind[g], working[s] != 0.0, kept[s] != stash[s]) & 1) | int(versions[g])
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row], count[row] = t, rank[g], s, 1

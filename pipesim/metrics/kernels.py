@@ -99,10 +99,11 @@ def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray
 
 @jit
 def _levels(keys: IntArray, time: FloatArray, category: IntArray, delta: FloatArray, count: IntArray,
-            num_groups: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+            num_groups: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray, bool]:
     """Peak, breakdown at the peak, most weight versions and stashed microbatches per group of
     memory events whose times never decrease: a running level per category (row by row, as a
     cumulative sum down a table of the group's events does it), read after each instant.
+    False (and nothing computed) when some event's time is not at least its predecessor's.
 
     Events are read in stored order, each group keeping its own levels; a group's instant
     is read when its next event comes later (or at the end)."""
@@ -110,6 +111,9 @@ def _levels(keys: IntArray, time: FloatArray, category: IntArray, delta: FloatAr
     breakdown = np.zeros((num_groups, _NUM_CATEGORIES))
     versions = np.zeros(num_groups, dtype=np.int64)
     inflight = np.zeros(num_groups, dtype=np.int64)
+    for i in range(1, keys.size):
+        if not time[i] >= time[i - 1]:
+            return peaks, breakdown, versions, inflight, False
     level = np.zeros((num_groups, _NUM_CATEGORIES))
     held = np.zeros((num_groups, _NUM_CATEGORIES), dtype=np.int64)
     pending = np.zeros(num_groups, dtype=np.bool_)
@@ -143,7 +147,7 @@ def _levels(keys: IntArray, time: FloatArray, category: IntArray, delta: FloatAr
         held[g, c] += count[i]
         pending[g] = True
         instant[g] = time[i]
-    return peaks, breakdown, versions, inflight
+    return peaks, breakdown, versions, inflight, True
 
 
 @jit
@@ -290,16 +294,17 @@ def level_peaks(trace: Trace, keys: IntArray, num_groups: int, *, compiled: bool
 
     A group's levels are running sums of its events in time order (ties in stored order),
     read after the last event of each instant; the peak is the first largest total. Events
-    not in time order are first put in it by a stable sort.
+    not in time order (as the engines write them) are first put in it by a stable sort.
     """
     m = trace.memory
     times, category, delta, count = m["time_s"], m["category"], m["delta_bytes"], m["delta_count"]
-    if times.size > 1 and not bool((times[1:] >= times[:-1]).all()):
+    kernel = pick(_levels, compiled)
+    peaks, breakdown, versions, inflight, in_order = kernel(keys, times, category, delta, count, num_groups)
+    if not in_order:
         order = np.argsort(times, kind="stable")
-        keys, times, category, delta, count = keys[order], times[order], category[order], delta[order], count[order]
-    found: tuple[FloatArray, FloatArray, IntArray, IntArray] = pick(_levels, compiled)(
-        keys, times, category, delta, count, num_groups)
-    return found
+        peaks, breakdown, versions, inflight, _ = kernel(keys[order], times[order], category[order], delta[order],
+                                                         count[order], num_groups)
+    return peaks, breakdown, versions, inflight
 
 
 def staleness_all(trace: Trace, key: IntArray, num_groups: int, *, compiled: bool) -> tuple[
