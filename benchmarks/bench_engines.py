@@ -181,7 +181,7 @@ def analytic_phases() -> list[dict[str, Any]]:
         trace = run_analytic(prog, compiled=True)
         spans = {column: values.copy() for column, values in trace.spans.items()}
         remote = np.flatnonzero(prog.ops.is_remote_send)
-        end = spans["end_s"]
+        start, end = spans["start_s"], spans["end_s"]
 
         def solved(prog: Program = prog) -> None:
             state = KernelState.build(prog, prog.ops.duration_s, compiled=True)
@@ -189,7 +189,8 @@ def analytic_phases() -> list[dict[str, Any]]:
 
         phases = {
             "solve_s": best_of(solved, budget_s=5.0, most=7),
-            "memory_s": best_of(lambda prog=prog, end=end, n=n: memory_columns(prog, end[:n], compiled=True),
+            "memory_s": best_of(lambda prog=prog, start=start, end=end, n=n: memory_columns(prog, start[:n], end[:n],
+                                                                                          compiled=True),
                                 budget_s=5.0, most=7),
             "spans_s": best_of(lambda prog=prog, spans=spans, remote=remote: fill_span_columns(prog, spans, remote),
                                budget_s=5.0, most=7),
@@ -314,7 +315,8 @@ def main() -> None:
         print(json.dumps(plain_points()))
         return
     if args.startup:
-        print(json.dumps(startup_point(*args.startup, kernels=args.kernels)))
+        p, m = args.startup
+        print(json.dumps(startup_point(p, m, kernels=args.kernels)))
         return
     if args.point:
         schedule, p, m, engine = args.point

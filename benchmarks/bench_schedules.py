@@ -95,10 +95,11 @@ def _ab_tasks() -> dict[str, Callable[[], Any]]:
         costs = stage_costs(profile, plan, topology)
         program = prepare(profile, topology, plan)
         trace = run_analytic(program)
-        end = trace.spans["end_s"][: program.ops.num_ops].copy()
+        n = program.ops.num_ops
+        start, end = trace.spans["start_s"][:n].copy(), trace.spans["end_s"][:n].copy()
         key = f"{schedule} p={p} m={m}"
         tasks[f"{key}|lower"] = lambda b=built, c=costs, t=topology: lower(b, c, t, check=False)
-        tasks[f"{key}|memory"] = lambda g=program, e=end: memory_columns(g, e)
+        tasks[f"{key}|memory"] = lambda g=program, s=start, e=end: memory_columns(g, s, e)
         tasks[f"{key}|analytic"] = lambda g=program: run_analytic(g)
         tasks[f"{key}|des"] = lambda g=program: run_des(g)
         tasks[f"{key}|metrics"] = lambda t=trace: compute_metrics(t)

@@ -19,31 +19,20 @@ from pipesim.engine.trace import SPAN_COLUMNS, STREAMS, Trace
 
 FloatArray = npt.NDArray[np.float64]
 COMPUTE, SEND = STREAMS.index("compute"), STREAMS.index("send")
-_FLOAT_SPANS = frozenset({"start_s", "end_s", "bytes"})
+TIMES = ("start_s", "end_s")
 
 
-def span_block(num_spans: int, buffer: FloatArray | None = None) -> dict[str, npt.NDArray[Any]]:
-    """Span columns (SPAN_COLUMNS, int64 or float64 as the Trace defines them), all in one
-    allocation: each column is a row of one block, viewed with its dtype, so an engine can
-    write times straight into the Trace's own columns. ``buffer`` (at least
-    ``len(SPAN_COLUMNS) * num_spans`` floats) holds the block; by default a new one."""
-    size = len(SPAN_COLUMNS) * num_spans
-    block = (np.empty(size) if buffer is None else buffer[:size]).reshape(len(SPAN_COLUMNS), num_spans)
-    return {column: block[i] if column in _FLOAT_SPANS else block[i].view(np.int64)
-            for i, column in enumerate(SPAN_COLUMNS)}
-
-
-def trace_from_times(program: Program, spans: dict[str, npt.NDArray[Any]], info: RunInfo, *,
+def trace_from_times(program: Program, times: dict[str, FloatArray], info: RunInfo, *,
                      compiled: bool | None = None) -> Trace:
-    """The Trace of a run whose span times are already in place (in the module's span order).
+    """The Trace of a run from its spans' times (``start_s`` and ``end_s``, in the module's span
+    order); the other span columns are the program's (``shared_span_columns``).
 
     Args:
-        spans: columns from ``span_block`` whose ``start_s`` and ``end_s`` hold every span's
-            times in span order; the other columns are filled here from the OpTable.
         compiled: compute the memory events with numba's kernel (``memory.memory_columns``).
     """
     n = program.ops.num_ops
-    spans.update(shared_span_columns(program))
+    shared = shared_span_columns(program)
+    spans = {column: times[column] if column in TIMES else shared[column] for column in SPAN_COLUMNS}
     return Trace(info=info, spans=spans, memory=memory_columns(program, spans["start_s"][:n], spans["end_s"][:n],
                                                                    compiled=compiled))
 
@@ -60,9 +49,10 @@ def shared_span_columns(program: Program) -> dict[str, npt.NDArray[Any]]:
         columns: dict[str, npt.NDArray[Any]] = known[1]
         return columns
     remote = np.flatnonzero(program.ops.is_remote_send)
-    spans = span_block(program.ops.num_ops + remote.size)
-    fill_span_columns(program, spans, remote)
-    columns = {column: values for column, values in spans.items() if column not in ("start_s", "end_s")}
+    size = program.ops.num_ops + remote.size
+    columns = {column: np.empty(size, np.float64 if column == "bytes" else np.int64)
+               for column in SPAN_COLUMNS if column not in TIMES}
+    fill_span_columns(program, columns, remote)
     for values in columns.values():
         values.flags.writeable = False
     derived["span_columns"] = (key, columns)
@@ -74,7 +64,7 @@ def fill_span_columns(program: Program, spans: dict[str, npt.NDArray[Any]], remo
     compute spans, then for the send spans of the ops ``remote`` (flat indices, rising)."""
     ops = program.ops
     n = ops.num_ops
-    assert spans["start_s"].shape == (n + remote.size,)
+    assert spans["device"].shape == (n + remote.size,)
     for column, compute, send in (
         ("device", ops.rank, None), ("stream", COMPUTE, SEND), ("kind", ops.kind, None),
         ("stage", ops.stage, None), ("microbatch", ops.microbatch, None), ("minibatch", ops.minibatch, None),

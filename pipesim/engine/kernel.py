@@ -24,7 +24,6 @@ numba the buffers are numpy arrays; the plain-Python kernels run on lists of the
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.assemble import span_block
-from pipesim.engine.lowering import OpTable, Program
+from pipesim.engine.lowering import Program
 from pipesim.engine.trace import SPAN_COLUMNS
 from pipesim.errors import DeadlockError
 from pipesim.schedule.ir import grid
@@ -183,16 +181,19 @@ def solve(ints: Any, floats: Any) -> int:
     return left
 
 
-_STRUCTURES: weakref.WeakKeyDictionary[OpTable, IntArray] = weakref.WeakKeyDictionary()
+def _structure(program: Program, link: IntArray | None = None) -> IntArray:
+    """The integer buffer of a run of ``program`` before it starts (header, columns; read only).
 
-
-def _structure(ops: OpTable, link: IntArray | None = None) -> IntArray:
-    """The integer buffer of a run of ``ops`` before it starts (header, columns; read only):
-    it depends on the table alone, so runs of one program share it (kept while ``ops`` lives)
-    unless ``link`` replaces the table's links."""
-    known = _STRUCTURES.get(ops) if link is None else None
-    if known is not None:
-        return known
+    It depends on the order alone (the ops' inputs, links, send rows and chunks), so the
+    programs lowered from one schedule share it (``Program.derived``), checked against the
+    table's columns; ``link`` (shared NICs) makes one for this run only."""
+    ops = program.ops
+    sources = (ops.wait, ops.link, ops.send_row, ops.rank_offsets)
+    known = program.derived.get("kernel_structure") if link is None else None
+    if known is not None and all(a is b for a, b in zip(known[0], sources, strict=True)) \
+            and np.array_equal(known[1], ops.chunk_wait):
+        structure: IntArray = known[2]
+        return structure
     n, num_ranks = ops.num_ops, ops.num_ranks
     num_links = int(ops.link.max()) + 1 if n else 0
     remote = np.concatenate(([0], np.cumsum(ops.is_remote_send, dtype=np.int64)))
@@ -205,18 +206,16 @@ def _structure(ops: OpTable, link: IntArray | None = None) -> IntArray:
     columns = (wait, np.column_stack((ops.wait[chunked], ops.chunk_wait[chunked])).ravel(),
                ops.link if link is None else link, n + remote[ops.rank_offsets[:-1]], np.full(n, -1),
                ops.rank_offsets[:-1], ops.rank_offsets[1:])
-    float_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks)  # HOLD has one slot more (see build)
-    block_at = sum(float_sizes)
+    # Float columns; then each span's start and end, rows the Trace takes as its time columns.
+    float_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks, num_spans)  # HOLD: one slot more (see build)
     ints = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
-    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))),
-                        *np.cumsum((0, *float_sizes[:-1]))] + \
-        [block_at + SPAN_COLUMNS.index(column) * num_spans for column in ("start_s", "end_s")]
+    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))), *np.cumsum((0, *float_sizes))]
     ints[NUM_RANKS] = num_ranks
     for index, values in enumerate(columns):
         ints[ints[index]: ints[index] + len(values)] = values
     ints.flags.writeable = False
     if link is None:
-        _STRUCTURES[ops] = ints
+        program.derived["kernel_structure"] = (sources, ops.chunk_wait, ints)
     return ints
 
 
@@ -244,14 +243,13 @@ class KernelState:
               compiled: bool) -> KernelState:
         ops = program.ops
         n = ops.num_ops
-        structure = _structure(ops) if link is None else _structure(ops, link)
+        structure = _structure(program, link)
         offsets = structure[:HEADER].tolist()
         num_spans = n + int(np.count_nonzero(ops.is_remote_send))
-        # The state's float columns, then the Trace's span block (one row per span column) whose
-        # start_s and end_s rows are START and END: the kernel writes the Trace's own columns.
-        # HOLD's extra slot, just before ARRIVAL, holds 0: the arrival an op with WAIT -1 reads.
-        block_at = offsets[START] - SPAN_COLUMNS.index("start_s") * num_spans
-        floats = np.empty(block_at + len(SPAN_COLUMNS) * num_spans)
+        # The state's float columns, then every span's start and end (the Trace's own time
+        # columns: the kernel writes them in place). HOLD's extra slot, just before ARRIVAL,
+        # holds 0: the arrival an op with WAIT -1 reads.
+        floats = np.empty(offsets[END] + num_spans)
         floats[offsets[TRANSFER]: offsets[TRANSFER] + n] = ops.transfer_s
         floats[offsets[HOLD]: offsets[HOLD] + n] = ops.link_hold_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
@@ -259,7 +257,7 @@ class KernelState:
         state.rerun(durations)
         if not compiled:
             state.ints, state.floats, state.compiled = state.ints.tolist(), \
-                floats[:block_at].tolist() + [0.0] * (len(SPAN_COLUMNS) * num_spans), False
+                floats[:offsets[START]].tolist() + [0.0] * (2 * num_spans), False
         return state
 
     def rerun(self, durations: FloatArray) -> None:
@@ -271,7 +269,7 @@ class KernelState:
         self.ints[:] = self.structure
         self.floats[at[DURATION]: at[DURATION] + n] = durations
         self.floats[at[ARRIVAL]: at[ARRIVAL] + n] = np.nan  # not known yet
-        self.floats[at[LINK_FREE]: at[START] - SPAN_COLUMNS.index("start_s") * self.num_spans] = 0.0
+        self.floats[at[LINK_FREE]: at[START]] = 0.0
 
     def column(self, index: int, size: int) -> npt.NDArray[Any]:
         """A column as a numpy array: ``size`` values from its offset (a view of a compiled
@@ -288,14 +286,10 @@ class KernelState:
         return self.column(START, self.num_spans), self.column(END, self.num_spans)
 
     def span_columns(self) -> dict[str, npt.NDArray[Any]]:
-        """The Trace's span columns with the times in place (``assemble.span_block``'s layout);
-        the other columns are left for ``assemble.trace_from_times`` to fill."""
-        if self.compiled:
-            block_at = self.offsets[START] - SPAN_COLUMNS.index("start_s") * self.num_spans
-            return span_block(self.num_spans, self.floats[block_at:])
-        spans = span_block(self.num_spans)
-        spans["start_s"][:], spans["end_s"][:] = self.span_times()
-        return spans
+        """The Trace's time columns, ``start_s`` and ``end_s`` (a compiled run's are views of its
+        buffer); ``assemble.trace_from_times`` adds the others."""
+        start, end = self.span_times()
+        return {"start_s": start, "end_s": end}
 
     def arrival_s(self) -> FloatArray:
         """Per op, the arrival of its output (NaN: not known)."""

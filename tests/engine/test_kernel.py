@@ -98,3 +98,23 @@ def test_span_ends_of_many_runs_are_those_of_separate_runs(case: Case, compiled:
     runs.append(program.ops.duration_s)
     for durations, ends in zip(runs, span_ends(program, runs, compiled=use), strict=True):
         assert same(ends, run_analytic(program, durations=durations, compiled=use).spans["end_s"])
+
+
+def test_programs_of_one_schedule_share_the_kernel_structure_only_where_their_chunks_agree() -> None:
+    """The kernel's integer structure is kept per schedule: lowering one schedule with and without
+    overlapped chunks must still give each program its own inputs."""
+    from pipesim import Topology, build_schedule, uniform_profile
+    from pipesim.engine.lowering import lower
+    from pipesim.spec.stages import stage_costs
+
+    profile = uniform_profile(num_layers=8, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e6)
+    topology = Topology.uniform(num_devices=4, bandwidth="10GB/s", latency="5us")
+    plan = make_plan(profile, schedule="dualpipev", num_stages=8, num_microbatches=8, stages_per_rank=2)
+    shared = build_schedule("dualpipev", 8, 8, num_minibatches=plan.num_minibatches, num_ranks=4)
+    costs = stage_costs(profile, plan, topology, stage_devices=tuple(shared.stage_to_rank))
+    for chunks in ("dualpipe", "torch", "dualpipe"):
+        fresh = build_schedule("dualpipev", 8, 8, num_minibatches=plan.num_minibatches, num_ranks=4)
+        one, other = (run_analytic(lower(schedule, costs, topology, fb_chunks=chunks, fb_overlap=0.5))
+                      for schedule in (shared, fresh))
+        assert same(one.spans["end_s"], other.spans["end_s"]), chunks
+    assert "kernel_structure" in shared.derived
