@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import B_CODE, F_CODE, Schedule
+from pipesim.schedule.ir import B_CODE, F_CODE, Schedule, read_only
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -77,13 +77,16 @@ def overlap_chunks(
         raise ConfigError("fb_chunks", model, f"must be one of {', '.join(CHUNK_MODELS)}")
     if not 0.0 <= fb_overlap <= 1.0:
         raise ConfigError("fb_overlap", fb_overlap, "must be between 0 and 1 (the hidden share of the shorter op)")
-    chunk_wait = np.full(duration.shape[0], -1, dtype=np.int64)
     if schedule.name == "pipemare":
         model, fb_overlap = "dualpipe", 1.0
     starts = chunk_starts(schedule, pipemare_model=pipemare_model) if model == "dualpipe" else \
         np.empty(0, dtype=np.int64)
-    if starts.size == 0:
-        return duration, chunk_wait
+    if starts.size == 0:  # one column of -1 serves every program of the schedule
+        none: IntArray | None = schedule.derived.get("no_chunk_wait")
+        if none is None:
+            none = schedule.derived["no_chunk_wait"] = read_only(np.full(duration.shape[0], -1, dtype=np.int64))
+        return duration, none
+    chunk_wait = np.full(duration.shape[0], -1, dtype=np.int64)
     forward, backward = duration[starts], duration[starts + 1]
     duration = duration.copy()
     duration[starts] = forward + backward - fb_overlap * np.minimum(forward, backward)

@@ -184,14 +184,14 @@ def solve(ints: Any, floats: Any) -> int:
 def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     """The integer buffer of a run of ``program`` before it starts (header, columns; read only).
 
-    It depends on the order alone (the ops' inputs, links, send rows and chunks), so the
-    programs lowered from one schedule share it (``Program.derived``), checked against the
-    table's columns; ``link`` (shared NICs) makes one for this run only."""
+    It depends on the order alone (each op's input, rank, receiver and chunk), so the programs
+    lowered from one schedule share it (``Program.derived``), checked against the table's
+    columns; ``link`` (shared NICs) makes one for this run only."""
     ops = program.ops
-    sources = (ops.wait, ops.link, ops.send_row, ops.rank_offsets)
+    sources = (ops.wait, ops.rank_offsets, ops.send_rank, ops.is_remote_send)
     known = program.derived.get("kernel_structure") if link is None else None
     if known is not None and all(a is b for a, b in zip(known[0], sources, strict=True)) \
-            and np.array_equal(known[1], ops.chunk_wait):
+            and (known[1] is ops.chunk_wait or np.array_equal(known[1], ops.chunk_wait)):
         structure: IntArray = known[2]
         return structure
     n, num_ranks = ops.num_ops, ops.num_ranks

@@ -76,11 +76,6 @@ class OpTable:
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
-        send_row: per op, the Trace row of its send span, or -1 (no send to another rank): the
-            compute spans come first, one per op, then one send span per op with a remote send,
-            in op order.
-        link: per op, the index of the directed link (rank -> send_rank) its send uses, or -1;
-            links are numbered in order of (rank, send_rank).
     """
 
     rank_offsets: IntArray
@@ -100,8 +95,6 @@ class OpTable:
     link_hold_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
-    send_row: IntArray
-    link: IntArray
 
     @property
     def num_ops(self) -> int:
@@ -112,6 +105,29 @@ class OpTable:
     def num_ranks(self) -> int:
         """Number of ranks."""
         return int(self.rank_offsets.shape[0]) - 1
+
+    @cached_property
+    def send_row(self) -> IntArray:
+        """Per op, the Trace row of its send span, or -1 (no send to another rank): the compute
+        spans come first, one per op, then one send span per op with a remote send, in op order."""
+        n = self.num_ops
+        senders = np.flatnonzero(self.is_remote_send)
+        row = np.full(n, -1, dtype=np.int64)
+        row[senders] = np.arange(n, n + senders.size, dtype=np.int64)
+        return read_only(row)
+
+    @cached_property
+    def link(self) -> IntArray:
+        """Per op, the index of the directed link (rank -> send_rank) its send uses, or -1;
+        links are numbered in order of (rank, send_rank)."""
+        num_ranks = max(self.num_ranks, 1)
+        senders = np.flatnonzero(self.is_remote_send)
+        key = self.rank[senders] * num_ranks + self.send_rank[senders]
+        used = np.zeros(num_ranks * num_ranks, dtype=np.int64)
+        used[key] = 1
+        link = np.full(self.num_ops, -1, dtype=np.int64)
+        link[senders] = (np.cumsum(used) - 1).take(key)
+        return read_only(link)
 
 @dataclass(frozen=True, eq=False)
 class Program:
@@ -238,32 +254,9 @@ def lower(
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
         link_hold_s=hold_s.take(send_link),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
-        **send_structure(schedule),
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)
-
-
-def send_structure(schedule: Schedule) -> dict[str, IntArray]:
-    """The OpTable's ``send_row`` and ``link`` columns: they depend on the order alone, so they
-    are computed once per schedule and kept in ``Schedule.derived`` (read only)."""
-    known: dict[str, IntArray] | None = schedule.derived.get("send_structure")
-    if known is not None:
-        return known
-    n, num_ranks = schedule.num_ops, max(schedule.num_ranks, 1)
-    remote = schedule.is_remote_send
-    senders = np.flatnonzero(remote)
-    send_row = np.full(n, -1, dtype=np.int64)
-    send_row[senders] = np.arange(n, n + senders.size, dtype=np.int64)
-    # A directed link's index is its rank among the (rank, send_rank) pairs that carry a send.
-    key = schedule.table.rank[senders] * num_ranks + schedule.send_rank[senders]
-    used = np.zeros(num_ranks * num_ranks, dtype=np.int64)
-    used[key] = 1
-    link = np.full(n, -1, dtype=np.int64)
-    link[senders] = (np.cumsum(used) - 1).take(key)
-    known = {"send_row": read_only(send_row), "link": read_only(link)}
-    schedule.derived["send_structure"] = known
-    return known
 
 
 def _devices(schedule: Schedule, costs: StageCosts, topology: Topology,
