@@ -32,7 +32,6 @@ import numpy.typing as npt
 
 from pipesim import jit
 from pipesim.engine.lowering import Program
-from pipesim.engine.trace import SPAN_COLUMNS
 from pipesim.errors import DeadlockError
 from pipesim.schedule.ir import grid
 
@@ -74,23 +73,24 @@ def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, 
 def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
-    Writes every op's compute span (row ``g``) and send span (the rank's sends take rows
-    one after another from ``SEND_NEXT[rank]``; ``OpTable.send_row``) and its output's arrival. Where an op computes the input a blocked rank waits for, that rank is
-    woken: its ``CLOCK`` becomes the time its op can start.
+    Writes every op's compute span (row ``g``), its send span (a rank's sends take the rows
+    from ``SEND_NEXT[rank]`` on, one after another: ``OpTable.send_row``) and its output's
+    arrival. Where an op computes the input a blocked rank waits for, that rank is woken: its
+    ``CLOCK`` becomes the time its op can start.
 
     Returns:
         ``(woken, delay, woken2, delay2, status, g)``: up to two woken ranks (-1: none) and how
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, pairs, link, send_row, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
+    wait, pairs, link, send_next, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
         start, end = at
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
     last = ints[stop + rank]
     t = floats[free + rank]
-    row = ints[send_row + rank]
+    row = ints[send_next + rank]
     while g < last:
         producer = ints[wait + g]
         if producer >= -1:
@@ -105,7 +105,7 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
         if ready != ready:  # NaN: the input's arrival is not known yet
             ints[waiter + producer] = rank
             ints[next_op + rank] = g
-            ints[send_row + rank] = row
+            ints[send_next + rank] = row
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, BLOCKED, g
         if ready > t:
@@ -127,7 +127,7 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
             done = t
         else:
             ints[next_op + rank] = g + 1
-            ints[send_row + rank] = row + 1
+            ints[send_next + rank] = row + 1
             floats[free + rank] = t
             return woken_first, delay_first, -1, 0.0, SHARED, g
         floats[arrival + g] = done
@@ -142,11 +142,11 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
                 woken_first, delay_first = woken, resume - now
             else:
                 ints[next_op + rank] = g
-                ints[send_row + rank] = row
+                ints[send_next + rank] = row
                 floats[free + rank] = t
                 return woken_first, delay_first, woken, resume - now, AGAIN, g
     ints[next_op + rank] = g
-    ints[send_row + rank] = row
+    ints[send_next + rank] = row
     floats[free + rank] = t
     return woken_first, delay_first, -1, 0.0, FINISHED, g
 
