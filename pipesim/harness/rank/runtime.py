@@ -379,7 +379,7 @@ def write_error(run_dir: Path, rank: int, op: str, error: BaseException) -> None
 
 def init_process_group(config: RunConfig, rank: int, world_size: int) -> None:
     """Join the process group named by MASTER_ADDR/MASTER_PORT (as torchrun sets them)."""
-    configure_process(config.threads)
+    configure_process(config.threads, config.emulation.realtime_priority if config.emulation else 0)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(config.backend, rank=rank, world_size=world_size,
