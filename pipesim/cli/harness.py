@@ -109,6 +109,7 @@ def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int
     for layer in profile.layers:
         click.echo(f"{layer.name:>16}  forward {layer.forward_s * 1e3:8.3f} ms"
                    f"  backward {layer.backward_s * 1e3:8.3f} ms"
+                   f" (I {(layer.backward_input_s or 0) * 1e3:7.3f}, W {(layer.backward_weight_s or 0) * 1e3:7.3f})"
                    f"  update {(layer.update_s or 0) * 1e3:7.3f} ms  out {layer.activation_bytes:>10.0f} B"
                    f"  stash {layer.stashed_bytes:>10.0f} B  params {layer.param_bytes:>10.0f} B")
     click.echo(f"wrote {out_path}")
