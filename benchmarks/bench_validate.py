@@ -40,7 +40,7 @@ from pipesim.harness.comparison import Comparison  # noqa: E402
 from pipesim.harness.config import ModelSpec  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.overheads import host_cost  # noqa: E402
-from pipesim.harness.priority import raise_priority  # noqa: E402
+from pipesim.harness.priority import check_realtime, raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
 from pipesim.harness.validate import ScheduleValidation  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402
@@ -135,13 +135,14 @@ def misses(label: str, name: str, emulated: Comparison, real: Comparison) -> lis
     return [f"- {label}, {name}: {miss}" for miss in found]
 
 
-def run_case(case: Case, runs: int, names: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """Every schedule of one case, emulated and real, interleaved; its table and notes."""
+def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int) -> tuple[list[str], list[str]]:
+    """Every schedule of one case, emulated and real, interleaved; its table and notes. The emulated
+    ranks (host-cost runs included) run under SCHED_RR at priority ``realtime`` (0: not)."""
     timing = Timing(repeats=30, processes=case.num_ranks)
     profile = measure_profile(case.spec, case.microbatch_size, timing=timing).profile
     largest = int(max(layer.activation_bytes for layer in profile.layers))
     topology, fits = measure_links(case.num_ranks, max_bytes=max(4, largest))
-    host_cost_s = host_cost(profile, topology, case.spec, case.num_ranks)
+    host_cost_s = host_cost(profile, topology, case.spec, case.num_ranks, realtime_priority=realtime)
     calibration = OncePerPartition(case.spec, CalibrationRun())
     lines = [f"### {case.label}, m={case.num_microbatches}, K={case.num_minibatches}", "",
              f"Links: {fits[0].latency_s * 1e6:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s. "
@@ -161,7 +162,7 @@ def run_case(case: Case, runs: int, names: tuple[str, ...]) -> tuple[list[str], 
         try:
             validations[name] = {
                 "emulated": ScheduleValidation(profile, topology, case.spec, compute="emulated",
-                                               host_cost_s=host_cost_s, **common),
+                                               host_cost_s=host_cost_s, realtime_priority=realtime, **common),
                 # the calibration run has one stage per rank: two stages per rank take the layer profile's times
                 "real": ScheduleValidation(profile, topology, case.spec, calibration=None if shared else calibration,
                                            **common)}
@@ -201,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=-20,
                         help="nice value of this benchmark's own session (ranks must wake on time; below 0 needs "
                              "root); 0 leaves it")
+    parser.add_argument("--realtime-priority", type=int, default=10,
+                        help="SCHED_RR priority of the emulated runs' ranks (needs root; 0: the normal policy)")
     args = parser.parse_args(argv)
+    check_realtime(args.realtime_priority)
     if args.nice:
         with contextlib.suppress(OSError):
             os.setsid()  # a session of its own, so that the priority applies to this benchmark alone
@@ -214,14 +218,15 @@ def main(argv: list[str] | None = None) -> int:
              f"Written by `make bench-validate` (benchmarks/bench_validate.py) on "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}, gloo on CPU, nice {args.nice}, {runs} runs per "
              f"schedule and compute mode, interleaved across schedules. Emulated: each op lasts its predicted "
-             f"duration (`--compute emulated`). Real: op times from one separate calibration run per partition "
+             f"duration (`--compute emulated`), the ranks under SCHED_RR at priority {args.realtime_priority} "
+             f"(`--realtime-priority`; 0: the normal policy). Real: op times from one separate calibration run per partition "
              f"(gpipe, m=4, K=20). Replay: the engine fed each run's measured op durations. Noise floor: the "
              f"largest distance of a real run's iteration time from the runs' median; real errors below it "
              f"cannot be judged here. Errors are (predicted - measured) / measured of the steady-state "
              f"iteration time.", ""]
     missed: list[str] = []
     for case in cases:
-        table, case_missed = run_case(case, runs, names)
+        table, case_missed = run_case(case, runs, names, args.realtime_priority)
         lines += table + [""]
         missed += case_missed
     lines.append(f"Took {time.perf_counter() - started:.0f} s.")

@@ -25,6 +25,12 @@ COMPUTE_HELP = ("real: the layers compute. emulated: a device of steady speed; e
                 "instead of computing, while tensors of the model's sizes really go over the process group and the "
                 "runtime's dispatch, stashes, weight versions, updates and memory stay real.")
 
+REALTIME_OPTION = click.option(
+    "--realtime-priority", type=int, default=0, show_default=True,
+    help="Emulated compute: the ranks run under the real-time policy SCHED_RR at this priority (1-99; root or "
+         "CAP_SYS_NICE), so that other programs cannot delay a rank's wake-up at an op's deadline or its "
+         "communication threads (the ranks sleep nearly all the time). 0: the OS's normal policy.")
+
 
 def model_options(function: FuncT) -> FuncT:
     """The options that name a model: --model and the built-in models' sizes."""
@@ -103,6 +109,7 @@ def profile_command(model: str, depth: int, width: int, seq_len: int, heads: int
     for layer in profile.layers:
         click.echo(f"{layer.name:>16}  forward {layer.forward_s * 1e3:8.3f} ms"
                    f"  backward {layer.backward_s * 1e3:8.3f} ms"
+                   f" (I {(layer.backward_input_s or 0) * 1e3:7.3f}, W {(layer.backward_weight_s or 0) * 1e3:7.3f})"
                    f"  update {(layer.update_s or 0) * 1e3:7.3f} ms  out {layer.activation_bytes:>10.0f} B"
                    f"  stash {layer.stashed_bytes:>10.0f} B  params {layer.param_bytes:>10.0f} B")
     click.echo(f"wrote {out_path}")
@@ -187,6 +194,7 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--threads", type=int, default=1, show_default=True, help="torch threads per rank.")
 @click.option("--compute", type=click.Choice(["real", "emulated"]), default="real", show_default=True,
               help=COMPUTE_HELP)
+@REALTIME_OPTION
 @training_options
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True,
               help="Seconds a rank may stay on one op before the run is declared hung.")
@@ -199,7 +207,7 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
               help="Trace JSON to write (partial if the run fails).")
 def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
                 partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
-                learning_rate: float,
+                realtime_priority: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
                 pipemare_correction_decay: float, op_timeout_s: float, master_port: int | None, weights_out: str,
                 run_dir: str | None, as_json: bool, out_path: str) -> None:
@@ -211,6 +219,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
     from pipesim.harness.launch import check_port, launch
     from pipesim.harness.prediction import emulation_of, predict
+    from pipesim.harness.priority import check_realtime
     from pipesim.metrics import compute_metrics
     from pipesim.spec.stages import balance_partition
 
@@ -229,8 +238,10 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
         training=build_training(learning_rate, pipemare_warmup_updates, pipemare_correction,
                                 pipemare_correction_decay),
         trace_out=out_path, weights_out=weights_out, num_ranks=num_ranks)
+    check_realtime(realtime_priority, compute)
     if compute == "emulated":
-        config = replace(config, emulation=emulation_of(predict(profile, None, config).trace, profile, cuts))
+        config = replace(config, emulation=emulation_of(predict(profile, None, config).trace, profile, cuts,
+                                                        realtime_priority=realtime_priority))
     if master_port is not None:
         check_port(master_port)
     try:

@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from pipesim.cli.harness import COMPUTE_HELP, build_spec, build_training, model_options, run_failed, training_options
+from pipesim.cli.harness import (
+    COMPUTE_HELP,
+    REALTIME_OPTION,
+    build_spec,
+    build_training,
+    model_options,
+    run_failed,
+    training_options,
+)
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology
@@ -78,6 +86,7 @@ def parse_schedules(text: str) -> list[str]:
               help="Nice value for every process of the measurement (profile, calibration, runs), set before any "
                    "starts; below 0 puts them ahead of other programs (needs root or CAP_SYS_NICE) and, where Linux "
                    "groups the CPU by session, applies to the caller's whole session. 0 leaves it as it is.")
+@REALTIME_OPTION
 @training_options
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cpu runs on gloo; cuda on NCCL, one GPU per rank.")
@@ -89,7 +98,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      profile_path: str | None, topology_path: str | None, profile_repeats: int, reprofile: bool,
                      statistic: str, op_times: str | None, calibration_schedule: str,
                      calibration_microbatches: int,
-                     calibration_minibatches: int, spread_draws: int, host_cost_runs: int, nice: int, learning_rate: float, pipemare_update: str,
+                     calibration_minibatches: int, spread_draws: int, host_cost_runs: int, nice: int,
+                     realtime_priority: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
     """Profile a model, simulate each schedule, run it for real, and compare the two.
@@ -106,12 +116,13 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     from pipesim.harness.config import default_microbatch_size, spec_of
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
-    from pipesim.harness.priority import raise_priority
+    from pipesim.harness.priority import check_realtime, raise_priority
     from pipesim.harness.profiler import Timing, measure_profile
     from pipesim.harness.validate import FreshProfiles, ScheduleValidation, validate_interleaved
 
     names = parse_schedules(schedules)
     raise_priority(nice)
+    check_realtime(realtime_priority, compute)
     if repeats < 1:
         raise ConfigError("repeats", repeats, "must be >= 1")
     if spread_draws < 0:
@@ -150,7 +161,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
         host_cost_s = (host_cost(profile, topology, spec, num_ranks or num_stages, runs=host_cost_runs,
-                                 device=device, op_timeout_s=op_timeout_s)
+                                 device=device, op_timeout_s=op_timeout_s, realtime_priority=realtime_priority)
                        if compute == "emulated" and host_cost_runs else 0.0)
         validations = []
         for name in names:
@@ -163,6 +174,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 num_minibatches=num_minibatches, training=training, pipemare_update=pipemare_update,
                 op_timeout_s=op_timeout_s, device=device, backend="nccl" if device == "cuda" else "gloo",
                 num_ranks=num_ranks, spread_draws=spread_draws, compute=compute, host_cost_s=host_cost_s,
+                realtime_priority=realtime_priority,
                 calibration=None if op_times == "layers" else
                 lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s)))
         reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]

@@ -128,7 +128,8 @@ def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tu
 
     A stage's layers keep their shares of the stage's time (equal shares when the profile gives
     the stage none of a kind); the per-op overheads stay as they are and are taken off the
-    target first (a target below them leaves the layers at 0).
+    target first (a target below them leaves the layers at 0). A split backward's I and W, which
+    the calibration run does not have, scale as the stage's B does.
     """
     overheads = OpCosts(profile.forward_overhead_s or 0.0, profile.backward_overhead_s or 0.0,
                         profile.update_overhead_s or 0.0)
@@ -145,10 +146,12 @@ def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tu
                 change[name] = wanted * time_s / total if total > 0 else wanted / len(stage)
             if kind == "F" or kind == "B":
                 ratio = wanted / total if total > 0 else 1.0
-                std = "forward_std_s" if kind == "F" else "backward_std_s"
+                scaled_too = ("forward_std_s",) if kind == "F" else ("backward_std_s", "backward_input_s",
+                                                                      "backward_weight_s")
                 for change, layer in zip(changes, stage, strict=True):
-                    if getattr(layer, std) is not None:
-                        change[std] = float(getattr(layer, std)) * ratio
+                    for name_too in scaled_too:
+                        if getattr(layer, name_too) is not None:
+                            change[name_too] = float(getattr(layer, name_too)) * ratio
         layers += [layer.model_copy(update=change) for layer, change in zip(stage, changes, strict=True)]
     return profile.model_copy(update={"layers": tuple(layers)})
 

@@ -15,6 +15,7 @@ from pipesim.spec.profile import Profile
 
 BACKENDS = ("gloo", "nccl")
 COMPUTE_MODES = ("real", "emulated")
+MAX_REALTIME_PRIORITY = 99  # Linux's highest SCHED_RR priority
 # How repeated timings of one op are summarized.
 STATISTICS = ("mean", "median")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
@@ -112,11 +113,16 @@ class Emulation:
         stash_bytes: per stage, the bytes a forward keeps for its backward (allocated for real).
         weight_stash_bytes: per stage, of those, the bytes a split backward's W still needs after
             its I (I frees the rest); empty: all of them.
+        realtime_priority: 1-99: the ranks run under the real-time policy SCHED_RR at this
+            priority (root or CAP_SYS_NICE), so that no other program delays a rank's wake-up at
+            an op's deadline or its communication threads (the ranks sleep nearly all the time,
+            so they take little from others); 0: the OS's normal policy.
     """
 
     durations_s: tuple[tuple[float, ...], ...]
     stash_bytes: tuple[float, ...]
     weight_stash_bytes: tuple[float, ...] = ()
+    realtime_priority: int = 0
 
     def kept_by_weight_gradient(self, stage: int) -> float:
         """The bytes stage ``stage``'s W frees (the rest of its stash is freed by its I)."""
@@ -130,6 +136,8 @@ class Emulation:
         bad_bytes = [b for b in (*self.stash_bytes, *self.weight_stash_bytes) if not b >= 0]
         if bad_bytes:
             raise ConfigError("stash_bytes", bad_bytes[0], "must be >= 0")
+        if not 0 <= self.realtime_priority <= MAX_REALTIME_PRIORITY:
+            raise ConfigError("realtime_priority", self.realtime_priority, f"must be in 0..{MAX_REALTIME_PRIORITY}")
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,8 @@ class RunConfig:
                                                             for rank in emulation["durations_s"]),
                                           stash_bytes=tuple(float(b) for b in emulation["stash_bytes"]),
                                           weight_stash_bytes=tuple(float(b) for b in
-                                                                   emulation.get("weight_stash_bytes", ())))
+                                                                   emulation.get("weight_stash_bytes", ())),
+                                          realtime_priority=int(emulation.get("realtime_priority", 0)))
         return cls(**data)
 
     def with_outputs(self, trace_out: str | Path = "", weights_out: str | Path = "") -> RunConfig:

@@ -150,7 +150,7 @@ def late_ops(device: Trace, measured: Trace) -> list[float]:
 
 def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: int, *, runs: int = 3,
               num_microbatches: int = 8, num_minibatches: int = 6, device: str = "cpu",
-              op_timeout_s: float = 120.0) -> float:
+              op_timeout_s: float = 120.0, realtime_priority: int = 0) -> float:
     """The emulated host's own seconds per F and B op with an input from another rank, beyond the
     device's durations.
 
@@ -158,7 +158,8 @@ def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: 
     partition balanced on ``profile``; gloo on CPU, or NCCL with ``device="cuda"``), never a
     validated run; for each, the mean of
     ``late_ops`` (at least 0). The median over the runs, so that one run slowed by the machine
-    does not set it.
+    does not set it. The ranks run at ``realtime_priority``, as the validated runs do (see
+    ``Emulation``).
 
     Raises:
         ConfigError: a bad shape; RunFailedError: a run failed.
@@ -170,7 +171,8 @@ def host_cost(profile: Profile, topology: Topology, spec: ModelSpec, num_ranks: 
                        num_minibatches=num_minibatches, microbatch_size=profile.microbatch_size, partition=partition,
                        device=device, backend="nccl" if device == "cuda" else "gloo")
     prediction = predict(profile, topology, config).trace
-    config = dataclasses.replace(config, emulation=emulation_of(prediction, profile, partition))
+    config = dataclasses.replace(config, emulation=emulation_of(prediction, profile, partition,
+                                                                realtime_priority=realtime_priority))
     costs = []
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="pipesim-host-cost-") as folder:

@@ -23,11 +23,13 @@ def predict(profile: Profile, topology: Topology | None, config: RunConfig) -> R
                     pipemare_update=config.pipemare_update, stages_per_rank=stages_per_rank, fb_chunks="torch")
 
 
-def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Emulation:
+def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int, int], ...], *,
+                 realtime_priority: int = 0) -> Emulation:
     """The emulated device for a run: each op lasts as long as in ``prediction`` (its compute span,
     keyed by rank and position), and a forward keeps its stage's stash as the simulator counts it
     (``pipesim.spec.stages.stage_memory``: its layers', the model's input on stage 0, the loss
-    buffer on the last), of which a split backward's W keeps the weight stash."""
+    buffer on the last), of which a split backward's W keeps the weight stash. The ranks run at
+    ``realtime_priority`` (see ``Emulation``)."""
     durations: dict[int, dict[int, float]] = {}
     for span in prediction.iter_spans():
         if span.stream == "compute":
@@ -36,4 +38,4 @@ def emulation_of(prediction: Trace, profile: Profile, partition: tuple[tuple[int
                      for _, ops in sorted(durations.items()))
     sizes = [stage_memory(profile, start, end) for start, end in partition]
     return Emulation(durations_s=per_rank, stash_bytes=tuple(float(size[0]) for size in sizes),
-                     weight_stash_bytes=tuple(float(size[1]) for size in sizes))
+                     weight_stash_bytes=tuple(float(size[1]) for size in sizes), realtime_priority=realtime_priority)

@@ -116,7 +116,8 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
     timing = timing or Timing()
     parts = _measure(spec, microbatch_size, timing, calibrate)
     first = parts[0]
-    executor = OpCosts(*(statistics.fmean(part["executor"][k] for part in parts) for k in range(3)))
+    fixed = [statistics.fmean(part["executor"][k] for part in parts) for k in range(5)]
+    executor = OpCosts(*fixed[:3])
     measured = _mean_rows(parts, "layers")
     layers = []
     for index, name in enumerate(first["names"]):
@@ -126,6 +127,9 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
             "forward_s": times.forward_s,
             "backward_s": times.backward_s,
             "update_s": times.update_s,
+            # A split backward's I and W, timed apart, less the executor's fixed cost of each.
+            "backward_input_s": max(0.0, measured[index][6] - fixed[3]),
+            "backward_weight_s": max(0.0, measured[index][7] - fixed[4]),
             "forward_std_s": measured[index][3],
             "backward_std_s": measured[index][4],
             "activation_bytes": first["activation_bytes"][index],

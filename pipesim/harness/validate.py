@@ -112,10 +112,12 @@ class ScheduleValidation:
         host_cost_s: emulated compute only: the host's own seconds per F and B op with an input
             from another rank, beyond the device's durations (pipesim.harness.overheads.host_cost), added to the prediction
             the run is compared with; the emulated ops last the durations predicted without it.
+        realtime_priority: emulated compute only: the ranks' SCHED_RR priority (see
+            ``pipesim.harness.config.Emulation``); 0: the OS's normal policy.
 
     Raises:
         ConfigError: an unknown compute mode, a calibration with emulated compute, or a host cost
-            with real compute or below 0.
+            or a real-time priority with real compute, or either out of range.
     """
 
     def __init__(self, profile: Profile | ProfileSource, topology: Topology, spec: ModelSpec, *, schedule: str,
@@ -124,7 +126,7 @@ class ScheduleValidation:
                  partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                  backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
                  calibration: Calibration | None = None, spread_draws: int = 32, compute: str = "real",
-                 host_cost_s: float = 0.0) -> None:
+                 host_cost_s: float = 0.0, realtime_priority: int = 0) -> None:
         if compute not in COMPUTE_MODES:
             raise ConfigError("compute", compute, f"must be one of {', '.join(COMPUTE_MODES)}")
         if compute == "emulated" and calibration is not None:
@@ -132,7 +134,10 @@ class ScheduleValidation:
                                                         "use the layer profile")
         if host_cost_s < 0 or (host_cost_s and compute != "emulated"):
             raise ConfigError("host_cost_s", host_cost_s, "must be >= 0, and 0 unless compute is emulated")
+        if realtime_priority and compute != "emulated":  # checked here too: the class is public
+            raise ConfigError("realtime_priority", realtime_priority, "must be 0 unless compute is emulated")
         self.host_cost_s = host_cost_s
+        self.realtime_priority = realtime_priority
         self.profile = profile
         self.topology = topology
         self.spec = spec
@@ -190,7 +195,8 @@ class ScheduleValidation:
                 predicted, iteration_time_s=expected,
                 throughput_samples_per_s=predicted.throughput_samples_per_s * mean_ops / expected)
         if self.compute == "emulated":
-            config = dataclasses.replace(config, emulation=emulation_of(device.trace, current, config.partition))
+            config = dataclasses.replace(config, emulation=emulation_of(device.trace, current, config.partition,
+                                                                        realtime_priority=self.realtime_priority))
         with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)

@@ -21,7 +21,7 @@ import numpy as np
 from pipesim.errors import ConfigError
 from pipesim.harness.overheads import OpCosts
 from pipesim.metrics import compute_metrics
-from pipesim.schedule.ir import B_CODE, F_CODE, U_CODE
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.simulation import PreparedRun, run_program
 
 _KIND_OF_CODE = {F_CODE: "F", B_CODE: "B", U_CODE: "U"}
@@ -29,7 +29,9 @@ _KIND_OF_CODE = {F_CODE: "F", B_CODE: "B", U_CODE: "U"}
 
 def op_spread_s(program: PreparedRun, spread: Sequence[OpCosts]) -> np.ndarray:
     """Per op of ``program`` (its OpTable order), the standard deviation of its duration: its
-    stage's spread for its kind (F, B, U; 0 for any other kind).
+    stage's spread for its kind (F, B, U). A split backward's I and W share their stage's B spread
+    in proportion to their durations (B's coefficient of variation, as a calibration run measures
+    B whole); any other kind gets 0.
 
     Raises:
         ConfigError: ``spread`` has fewer stages than the program.
@@ -44,6 +46,16 @@ def op_spread_s(program: PreparedRun, spread: Sequence[OpCosts]) -> np.ndarray:
     result = np.zeros(len(stages), dtype=np.float64)
     known = column >= 0
     result[known] = table[stages[known], column[known]]
+    split = (program.ops.kind == I_CODE) | (program.ops.kind == W_CODE)
+    if split.any():
+        durations = program.ops.duration_s
+        backward = np.zeros(len(spread), dtype=np.float64)  # per stage: its mean I plus its mean W
+        for code in (I_CODE, W_CODE):
+            mine = program.ops.kind == code
+            counts = np.bincount(stages[mine], minlength=len(spread))
+            backward += np.bincount(stages[mine], weights=durations[mine], minlength=len(spread)) / np.maximum(counts, 1)
+        share = durations[split] / np.where(backward[stages[split]] > 0, backward[stages[split]], 1.0)
+        result[split] = table[stages[split], "FBU".index("B")] * share
     return result
 
 

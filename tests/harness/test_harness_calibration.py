@@ -37,6 +37,19 @@ def test_each_stage_gets_the_calibration_run_op_times_and_keeps_its_layer_shares
     assert calibrated.forward_overhead_s == profile.forward_overhead_s
 
 
+def test_a_split_backward_scales_as_its_stage_b() -> None:
+    profile = four_layers(backward_overhead_s=0.0003)
+    split = profile.model_copy(update={"layers": tuple(
+        layer.model_copy(update={"backward_input_s": 0.4 * layer.backward_s, "backward_weight_s": 0.7 * layer.backward_s})
+        for layer in profile.layers)})
+    calibrated = scaled(split, PARTITION, (OpCosts(0.004, 0.009, 0.002), OpCosts(0.011, 0.015, 0.0005)))
+    for before, after in zip(split.layers, calibrated.layers, strict=True):
+        ratio = after.backward_s / before.backward_s
+        assert ratio != pytest.approx(1.0)
+        assert after.backward_input_s == pytest.approx(before.backward_input_s * ratio, rel=1e-12)
+        assert after.backward_weight_s == pytest.approx(before.backward_weight_s * ratio, rel=1e-12)
+
+
 def test_a_kind_the_profile_gives_no_time_is_shared_equally_and_a_target_below_the_overhead_is_zero() -> None:
     profile = four_layers(update_overhead_s=0.001)
     no_update = profile.model_copy(update={"layers": tuple(layer.model_copy(update={"update_s": 0.0})
@@ -61,6 +74,7 @@ def test_a_real_calibration_run_sets_each_stage_op_times_from_its_spans() -> Non
 
     spec = ModelSpec("mlp", depth=3, width=16)
     profile = measure_profile(spec, 4, timing=Timing(warmup=1, repeats=3, processes=1), calibrate=False).profile
+    assert profile.has_split_backward  # I and W timed apart, for the split-backward schedules
     result = calibrate(profile, spec, ((0, 2), (2, 4)), CalibrationRun(num_microbatches=2, num_minibatches=3))
     assert result.cpu_share > 0
     assert len(result.op_times) == 2 and all(t.of(k) > 0 for t in result.op_times for k in "FBU")

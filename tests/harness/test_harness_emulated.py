@@ -134,3 +134,65 @@ def test_validate_refuses_a_negative_number_of_host_cost_runs() -> None:
     done = pipesim("validate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--compute", "emulated",
                    "--host-cost-runs", "-1")
     assert done.returncode == 2 and "host_cost_runs=-1" in done.stderr and done.stderr.count("\n") == 1
+
+
+def may_take_realtime() -> bool:
+    import os
+
+    try:
+        before = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    except OSError:
+        return False
+    os.sched_setscheduler(0, *before)
+    return True
+
+
+@torch_needed
+def test_an_emulated_run_at_a_realtime_priority_runs_or_is_refused_in_one_line(files: tuple[Path, Path],
+                                                                                tmp_path: Path) -> None:
+    profile_path, _ = files
+    done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                   "--minibatches", "3", "--compute", "emulated", "--realtime-priority", "5",
+                   "--out", str(tmp_path / "trace.json"))
+    if may_take_realtime():
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 2 and "realtime_priority=5" in done.stderr and done.stderr.count("\n") == 1
+
+
+@torch_needed
+@pytest.mark.parametrize(("compute", "priority"), [("real", "5"), ("emulated", "100"), ("emulated", "-1")])
+def test_a_realtime_priority_is_refused_with_real_compute_or_out_of_range(files: tuple[Path, Path], tmp_path: Path,
+                                                                          compute: str, priority: str) -> None:
+    profile_path, _ = files
+    done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                   "--compute", compute, "--realtime-priority", priority, "--out", str(tmp_path / "trace.json"))
+    assert done.returncode == 2 and f"realtime_priority={priority}" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_the_realtime_priority_travels_with_the_run_config_and_is_checked() -> None:
+    from pipesim.errors import ConfigError
+    from pipesim.harness.config import Emulation, ModelSpec, RunConfig
+
+    emulation = Emulation(durations_s=((0.001,),), stash_bytes=(8.0,), realtime_priority=7)
+    config = RunConfig(model=ModelSpec("mlp", depth=1, width=4), schedule="gpipe", num_stages=1, num_microbatches=1,
+                       num_minibatches=1, microbatch_size=1, partition=((0, 2),), emulation=emulation)
+    assert RunConfig.from_json(config.to_json()).emulation == emulation
+    with pytest.raises(ConfigError, match="realtime_priority"):
+        Emulation(durations_s=((0.001,),), stash_bytes=(8.0,), realtime_priority=100)
+
+
+@torch_needed
+def test_a_rank_at_a_realtime_priority_runs_it_and_so_do_the_threads_it_starts() -> None:
+    if not may_take_realtime():
+        pytest.skip("SCHED_RR needs root or CAP_SYS_NICE")
+    probe = ("import os, threading\n"
+             "from pipesim.harness.rank.process import configure_process\n"
+             "configure_process(1, realtime_priority=3)\n"
+             "seen = []\n"
+             "thread = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(threading.get_native_id())))\n"
+             "thread.start(); thread.join()\n"
+             "print(os.sched_getscheduler(0) == os.SCHED_RR, seen == [os.SCHED_RR], os.sched_getparam(0).sched_priority)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.stdout.split() == ["True", "True", "3"], done.stderr

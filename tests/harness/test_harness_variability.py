@@ -52,6 +52,22 @@ def test_each_op_gets_its_stage_and_kind_spread() -> None:
         assert value == spread[int(stage)].of("FBIWU"[int(kind)])
 
 
+def test_a_split_backward_shares_its_stage_b_spread_by_duration() -> None:
+    split = balanced().model_copy(update={"layers": tuple(
+        layer.model_copy(update={"backward_input_s": 0.0005, "backward_weight_s": 0.0015})
+        for layer in balanced().layers)})
+    result = simulate(split, schedule="zb-h1", num_stages=2, num_microbatches=4, num_minibatches=6,
+                      partition=PARTITION)
+    program = prepare(split, Topology.uniform(num_devices=2), result.plan)
+    spread = (OpCosts(1.0, 0.2, 3.0), OpCosts(4.0, 0.4, 6.0))
+    values = op_spread_s(program, spread)
+    for stage, kind, value in zip(program.ops.stage, program.ops.kind, values, strict=True):
+        letter, costs = "FBIWU"[int(kind)], spread[int(stage)]
+        share = {"I": 0.25, "W": 0.75}  # of the stage's B spread, as I and W share I + W
+        wanted = share[letter] * costs.backward_s if letter in share else costs.of(letter)
+        assert value == pytest.approx(wanted, rel=1e-12)
+
+
 def test_bad_draws_or_spreads_are_refused() -> None:
     _, program = program_of("1f1b")
     with pytest.raises(ConfigError, match="spread_draws"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 from collections.abc import Iterator
 
@@ -37,8 +38,16 @@ def keep_freed_memory() -> bool:
     return False
 
 
-def configure_process(threads: int) -> None:
-    """Pin torch to ``threads`` intra-op threads and keep freed memory, as every rank and the profiler do."""
+def configure_process(threads: int, realtime_priority: int = 0) -> None:
+    """Pin torch to ``threads`` intra-op threads and keep freed memory, as every rank and the profiler do;
+    with ``realtime_priority`` (1-99), run this thread, and every thread it starts after, under
+    SCHED_RR at that priority (an emulated device's rank: see ``config.Emulation``).
+
+    Raises:
+        OSError: the process may not take the real-time policy (root or CAP_SYS_NICE is needed).
+    """
+    if realtime_priority:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(realtime_priority))
     torch.set_num_threads(threads)
     keep_freed_memory()
 

@@ -61,7 +61,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def _rows(times: list[LayerTimes]) -> list[list[float]]:
-    return [[t.forward_s, t.backward_s, t.update_s, t.forward_std_s, t.backward_std_s, t.cpu_share] for t in times]
+    return [[t.forward_s, t.backward_s, t.update_s, t.forward_std_s, t.backward_std_s, t.cpu_share,
+             t.backward_input_s, t.backward_weight_s] for t in times]
 
 
 def measure(spec: ModelSpec, microbatch_size: int, *, warmup: int, repeats: int, statistic: str, device: str,
@@ -70,9 +71,10 @@ def measure(spec: ModelSpec, microbatch_size: int, *, warmup: int, repeats: int,
 
     Returns:
         ``names, dtype, activation_bytes, stash_bytes, param_bytes`` per layer; ``layers``: per
-        layer ``[forward, backward, update, forward_std, backward_std, cpu_share]`` (seconds);
-        ``executor``: the stage executor's fixed cost per F, B and U, timed on a layer that does
-        nothing to one number; with ``calibrate``, ``null_elements`` and ``null_layers``: the
+        layer ``[forward, backward, update, forward_std, backward_std, cpu_share, backward_input,
+        backward_weight]`` (seconds; the last two: a split backward's I and W);
+        ``executor``: the stage executor's fixed cost per F, B, U, I and W, timed on a layer that
+        does nothing to one number; with ``calibrate``, ``null_elements`` and ``null_layers``: the
         null model the calibration run uses (messages as large as the largest activation) and
         its layers' times, so that the run's spans can be taken apart.
     """
@@ -95,7 +97,8 @@ def measure(spec: ModelSpec, microbatch_size: int, *, warmup: int, repeats: int,
     null = build_model(ModelSpec("null", depth=2, width=1), 1)
     (executor,) = time_layers(null, 1, target, warmup=20, repeats=200, statistic=statistic, indices=[1],
                                clock=clock)
-    result["executor"] = [executor.forward_s, executor.backward_s, executor.update_s]
+    result["executor"] = [executor.forward_s, executor.backward_s, executor.update_s, executor.backward_input_s,
+                          executor.backward_weight_s]
     result["layers"] = _rows(time_layers(bundle, microbatch_size, target, warmup=warmup, repeats=repeats,
                                          statistic=statistic, clock=clock))
     if calibrate:

@@ -256,7 +256,9 @@ class RankRuntime:
         An op's span runs from when it can start (its input in hand) to when its output is handed
         to the link: the receive of an input that had already arrived, the send and the
         bookkeeping are the op's work, as the profile's per-op overheads count them; only waiting
-        for an input that has not arrived is idle time.
+        for an input that has not arrived is idle time (a receive whose wait blocked: gloo cannot
+        say sooner that a message is in hand, see ``Links.receive``). The emulated device starts
+        an op fed by another rank no earlier than the host holds its input, blocked or not.
         """
         self.state.position, self.state.op = position, str(op)
         op_start = last.end
@@ -267,11 +269,12 @@ class RankRuntime:
         if incoming is not None:
             source, tag = incoming
             was_ready = links.ready(source, tag)
-            received, arrived = links.receive(source, tag)
+            received, arrived, blocked = links.receive(source, tag)
             self.recorder.arrival(source, tag, arrived)
             if not was_ready:
-                op_start = arrived
                 device_start = max(device_start, arrived)
+            if blocked:
+                op_start = arrived
         self.recorder.progress(position, COMPUTING, op_start)
         minibatch = last.minibatch if op.kind is OpKind.U else self.schedule.minibatch_of(op.microbatch)
         start = self.clock.mark()
@@ -379,7 +382,7 @@ def write_error(run_dir: Path, rank: int, op: str, error: BaseException) -> None
 
 def init_process_group(config: RunConfig, rank: int, world_size: int) -> None:
     """Join the process group named by MASTER_ADDR/MASTER_PORT (as torchrun sets them)."""
-    configure_process(config.threads)
+    configure_process(config.threads, config.emulation.realtime_priority if config.emulation else 0)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(config.backend, rank=rank, world_size=world_size,

@@ -20,6 +20,9 @@ class SavedTensors:
     Each distinct storage counts once; weights are not activations. Under SINGLE weights (PipeMare)
     a saved weight is replaced by a reference to its slot, so that the backward reads whatever
     weights ``backward_weights`` holds when it runs, while activations stay those of the forward.
+    An activation is kept detached: an op that saves its own output (ReLU, softmax) would
+    otherwise hold its graph node through that output, a cycle that Python's collector cannot see
+    into, so a graph kept for a split backward's W would never be freed.
     """
 
     def __init__(self, store: WeightStore, *, by_reference: bool) -> None:
@@ -41,7 +44,7 @@ class SavedTensors:
         if pointer not in self.storages:
             self.storages.add(pointer)
             self.bytes += storage.nbytes()
-        return tensor
+        return tensor.detach()
 
     def unpack(self, packed: Any) -> torch.Tensor:
         """The saved tensor, or the backward's weight for a slot reference."""
@@ -99,10 +102,11 @@ class StageExecutor:
         self.leaves: dict[int, int] = {}
         for module, _ in slots_of(self.layers):
             self.leaves[id(module)] = self.leaves.get(id(module), 0) + 1
+        self._weighted = list({id(m): m for m, _ in slots_of(self.layers)}.values())
         self._captured: dict[int, torch.Tensor] = {}
-        if split_backward:  # a split backward needs each weighted module's output (see backward_input)
-            for module in {id(m): m for m, _ in slots_of(self.layers)}.values():
-                module.register_forward_hook(self._capture)
+        # A split backward needs each weighted module's output (see backward_input); the forward
+        # keeps them while this is true (the profiler times I and W on the executor that times B).
+        self.split_backward = split_backward
         self.stash: dict[int, Stashed] = {}
         self.stash_bytes_seen = 0.0
 
@@ -126,13 +130,16 @@ class StageExecutor:
         if self.loss is not None:
             self.loss.target = target
         saved = SavedTensors(self.store, by_reference=self.policy is WeightPolicy.SINGLE)
+        hooks = [module.register_forward_hook(self._capture) for module in self._weighted] if self.split_backward else []
         with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-            self._captured = {}
             output = inputs
             for layer in self.layers:
                 output = layer(output)
+        for hook in hooks:
+            hook.remove()
         self.stash[microbatch] = Stashed(inputs, output, version, self.store.tensors(version), saved, microbatch,
                                          leaf_outputs=self._captured)
+        self._captured = {}
         self.store.acquire(version)
         self.stash_bytes_seen = max(self.stash_bytes_seen, saved.bytes)
         memory = [("activations", saved.bytes, 1), *self.store.finished(version, is_backward=False)]

@@ -19,8 +19,9 @@ from pipesim.schedule.ir import WeightPolicy
 
 @dataclass(frozen=True)
 class LayerTimes:
-    """One layer's op times (mean or median) and their spread, seconds, and the share of those ops'
-    wall time the process had a CPU for (below 1 when the OS ran others in the middle of them)."""
+    """One layer's op times (mean or median) and their spread, seconds, the share of those ops'
+    wall time the process had a CPU for (below 1 when the OS ran others in the middle of them),
+    and the two steps of its split backward: I (input gradients) and W (weight gradients)."""
 
     forward_s: float
     backward_s: float
@@ -28,6 +29,8 @@ class LayerTimes:
     forward_std_s: float
     backward_std_s: float
     cpu_share: float = 1.0
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
 
 
 def timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], Any]], float]:
@@ -55,15 +58,18 @@ def timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], A
 
 def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device, *, warmup: int, repeats: int,
                 statistic: str = "mean", indices: list[int] | None = None, clock: str = "wall") -> list[LayerTimes]:
-    """Time F, B and U of each layer run as a one-layer stage, exactly as the runtime runs a stage.
+    """Time F, B and U of each layer run as a one-layer stage, exactly as the runtime runs a stage,
+    and the I and W of its split backward.
 
     A repeat runs every layer's F in order, then every B (with a random output gradient) in
     reverse, then every U, as a training step touches them: between two uses of a layer the
     others pass through the caches, as in a pipeline stage, and all layers see the same
-    conditions (a machine whose load changes over time biases no layer). The first ``warmup``
-    repeats are dropped; the rest are summarized by ``statistic``: the mean keeps the time the
-    OS gave to other processes in the middle of an op, which a real run pays too; the median
-    drops it.
+    conditions (a machine whose load changes over time biases no layer). Then, on the same
+    executors, every F again (untimed, keeping the module outputs a split backward needs), every
+    I in reverse and every W in reverse, as a split-backward schedule runs them. The first
+    ``warmup`` repeats are dropped; the rest are summarized by ``statistic``: the mean keeps the
+    time the OS gave to other processes in the middle of an op, which a real run pays too; the
+    median drops it.
     """
     chosen = list(range(bundle.num_layers)) if indices is None else indices
     measure = timer(device, clock)
@@ -77,28 +83,39 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
         out_shape = (microbatch_size, *bundle.output_shapes[index])
         grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
         setups.append((executor, inputs, target if executor.has_loss else None, grad))
-    samples: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in chosen]
+    # Per layer: F, B, U, I, W samples.
+    samples: list[tuple[list[float], ...]] = [([], [], [], [], []) for _ in chosen]
     cpu_s = wall_s = 0.0
     with without_gc():
         for repeat in range(warmup + repeats):
             if repeat == warmup:
                 cpu_s, wall_s = -time.thread_time(), -time.perf_counter()
-            for (stage, inputs, loss_target, _), (forward, _, _) in zip(setups, samples, strict=True):
+            for (stage, inputs, loss_target, _), times in zip(setups, samples, strict=True):
                 x = inputs.clone()
-                forward.append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
-            for (stage, _, _, output_grad), (_, backward, _) in reversed(list(zip(setups, samples, strict=True))):
-                backward.append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
-            for (stage, _, _, _), (_, _, update) in zip(setups, samples, strict=True):
-                update.append(measure(lambda: stage.update(repeat)))  # noqa: B023
+                times[0].append(measure(lambda: stage.forward(repeat, 0, x, loss_target)))  # noqa: B023 - called at once
+            for (stage, _, _, output_grad), times in reversed(list(zip(setups, samples, strict=True))):
+                times[1].append(measure(lambda: stage.backward(repeat, output_grad)))  # noqa: B023
+            for (stage, _, _, _), times in zip(setups, samples, strict=True):
+                times[2].append(measure(lambda: stage.update(repeat)))  # noqa: B023
+            for stage, inputs, loss_target, _ in setups:
+                stage.split_backward = True
+                stage.forward(repeat, 0, inputs.clone(), loss_target)
+                stage.split_backward = False
+            for (stage, _, _, output_grad), times in reversed(list(zip(setups, samples, strict=True))):
+                times[3].append(measure(lambda: stage.backward_input(repeat, output_grad)))  # noqa: B023
+            for (stage, _, _, _), times in reversed(list(zip(setups, samples, strict=True))):
+                times[4].append(measure(lambda: stage.backward_weight(repeat)))  # noqa: B023
     cpu_s += time.thread_time()
     wall_s += time.perf_counter()
     share = min(1.0, cpu_s / wall_s) if wall_s > 0 and device.type == "cpu" else 1.0
     results = []
-    for forward, backward, update in samples:
-        forward, backward, update = forward[warmup:], backward[warmup:], update[warmup:]
+    for times in samples:
+        forward, backward, update, backward_input, backward_weight = (kind[warmup:] for kind in times)
         results.append(LayerTimes(
             forward_s=summarize(forward, statistic), backward_s=summarize(backward, statistic),
             update_s=summarize(update, statistic),
             forward_std_s=statistics.pstdev(forward), backward_std_s=statistics.pstdev(backward), cpu_share=share,
+            backward_input_s=summarize(backward_input, statistic),
+            backward_weight_s=summarize(backward_weight, statistic),
         ))
     return results
