@@ -74,10 +74,12 @@ def test_emulated_ops_take_at_least_their_predicted_durations_back_to_back(files
         expected_op, expected_s, expected_version = predicted[(span.device, span.position)]
         assert (span.op, span.weight_version) == (expected_op, expected_version)
         # The device runs its ops back to back: op k ends no earlier than the rank's first start plus
-        # the durations of ops 0..k (less at most the isend it expects after it, well under 1 ms).
+        # the durations of ops 0..k, less at most the isend it expects after it (the median of the
+        # rank's recent isend calls: well under 1 ms on an idle host, a few ms on one whose cores are
+        # busy with other programs). A device that skipped a wait would end a whole op (4 ms) early.
         first_start.setdefault(span.device, span.start_s)
         device_time[span.device] = device_time.get(span.device, 0.0) + expected_s
-        assert span.end_s > first_start[span.device] + device_time[span.device] - 1e-3, span.op
+        assert span.end_s > first_start[span.device] + device_time[span.device] - OP_S / 2, span.op
 
 
 @torch_needed
