@@ -47,6 +47,19 @@ class DeadlockError(ScheduleError):
     """The engine reached a state where no op can start; the stuck ops are named."""
 
 
+def interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is, or was raised because of, a KeyboardInterrupt (Ctrl-C): one that
+    lands inside compiled code (numba loading a kernel) surfaces as another error caused by it."""
+    seen: BaseException | None = error
+    for _ in range(16):  # a chain of causes, never a cycle in practice
+        if seen is None:
+            return False
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _printable(text: str) -> str:
     """``text`` itself when printable on one line, else its escaped repr."""
     return text if text.isprintable() else repr(text)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from pipesim.cli.outputs import ProgressBar, out_file_option
+from pipesim.errors import interrupted
 from pipesim.sweep.runner import WORKER_TIMEOUT_S, run_sweep
 from pipesim.sweep.store import SweepFailedError
 
@@ -44,14 +45,16 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
                             batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)
-    except KeyboardInterrupt:
-        bar.stop()
-        click.echo(f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)", err=True)
-        sys.exit(130)
     except SweepFailedError as error:  # the cluster or the disk failed, not the input: exit 1
         bar.stop()
         click.echo(f"pipesim: error: {error}", err=True)
         sys.exit(1)
+    except BaseException as error:  # noqa: BLE001 - Ctrl-C may surface as another error (errors.interrupted)
+        if not interrupted(error):
+            raise
+        bar.stop()
+        click.echo(f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)", err=True)
+        sys.exit(130)
     finally:
         bar.stop()
     errors = f", {summary.num_errors} with errors (see the error column)" if summary.num_errors else ""

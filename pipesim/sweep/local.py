@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pipesim.errors import interrupted
 from pipesim.sweep.points import PointRunner
 from pipesim.sweep.store import ResultStore
 
@@ -86,9 +87,11 @@ def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: Resul
             if full:
                 chunks += _flush(store, pending, progress, total)
                 written = time.perf_counter()
-    except KeyboardInterrupt:
+    except BaseException as error:  # noqa: BLE001 - Ctrl-C may surface as another error (errors.interrupted)
+        if not interrupted(error):
+            raise
         _flush(store, pending, progress, total)  # the finished points are kept
-        raise
+        raise KeyboardInterrupt from error
     chunks += _flush(store, pending, progress, total)
     return here, chunks
 

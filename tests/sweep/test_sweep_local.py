@@ -60,3 +60,32 @@ def test_an_explicit_batch_size_writes_a_chunk_per_batch_here(tmp_path: Path) ->
                         progress=lambda done, total, where: seen.append(done))
     assert summary.num_here == NUM_POINTS and summary.num_batches == -(-NUM_POINTS // 5)  # chunks written
     assert seen == [0, *range(5, NUM_POINTS, 5), NUM_POINTS]
+
+
+def test_ctrl_c_inside_compiled_code_still_keeps_the_finished_points(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands while numba loads a kernel surfaces as a SystemError caused by the
+    KeyboardInterrupt: the sweep treats it as the interrupt it is (finished chunks kept)."""
+    from pipesim.sweep.points import PointRunner
+
+    real_run = PointRunner.run
+    calls = [0]
+
+    def run_then_interrupt(self: PointRunner, point: dict[str, object]) -> dict[str, object]:
+        calls[0] += 1
+        if calls[0] == 8:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as error:
+                raise SystemError("CPUDispatcher returned a result with an exception set") from error
+        return real_run(self, point)
+
+    monkeypatch.setattr(PointRunner, "run", run_then_interrupt)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "results.csv"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(spec, out, workers=1, batch_size=5)
+    kept = sorted(path.name for path in Path(f"{out}.parts").glob("chunk-*"))
+    assert len(kept) == 2, kept  # points 1-5, then 6-7 flushed on the interrupt
+    assert not out.exists()
