@@ -52,15 +52,11 @@ def run_analytic(
         ConfigError: the analytic engine does not apply (see ``analytic_unsupported``), or
             the durations break a rule.
     """
-    reason = analytic_unsupported(program)
-    if reason is not None:
-        raise ConfigError("engine", "analytic", reason)
-    ops = program.ops
+    _check_applies(program)
     chosen = run_durations(program, jitter=jitter, seed=seed, durations=durations)
-    use = jit.use_compiled(ops.num_ops) if compiled is None else compiled
+    use = jit.use_compiled(program.ops.num_ops) if compiled is None else compiled
     state = KernelState.build(program, chosen, compiled=use)
-    if jit.pick(solve, use)(state.ints, state.floats):
-        raise deadlock_error(program, state.stuck(program), state.arrival_s())
+    _solve(program, state, use)
     spans = state.span_columns()
     info = program.info.ran("analytic", jitter=jitter, seed=seed if jitter or durations is not None else None)
     return trace_from_times(program, spans, info, compiled=use)
@@ -75,9 +71,7 @@ def span_ends(program: Program, runs: Iterable[FloatArray], *, compiled: bool | 
     Raises:
         DeadlockError, ConfigError: as ``run_analytic``.
     """
-    reason = analytic_unsupported(program)
-    if reason is not None:
-        raise ConfigError("engine", "analytic", reason)
+    _check_applies(program)
     use = jit.use_compiled(program.ops.num_ops) if compiled is None else compiled
     state: KernelState | None = None
     for durations in runs:
@@ -86,6 +80,18 @@ def span_ends(program: Program, runs: Iterable[FloatArray], *, compiled: bool | 
             state.rerun(chosen)
         else:
             state = KernelState.build(program, chosen, compiled=use)
-        if jit.pick(solve, use)(state.ints, state.floats):
-            raise deadlock_error(program, state.stuck(program), state.arrival_s())
+        _solve(program, state, use)
         yield state.column(END, state.num_spans)
+
+
+def _check_applies(program: Program) -> None:
+    """Raise ConfigError where the analytic engine does not apply (``analytic_unsupported``)."""
+    reason = analytic_unsupported(program)
+    if reason is not None:
+        raise ConfigError("engine", "analytic", reason)
+
+
+def _solve(program: Program, state: KernelState, compiled: bool) -> None:
+    """Run the timing kernel over every rank of ``state``; raise DeadlockError if some rank is stuck."""
+    if jit.pick(solve, compiled)(state.ints, state.floats):
+        raise deadlock_error(program, state.stuck(program), state.arrival_s())

@@ -129,6 +129,7 @@ class OpTable:
         link[senders] = (np.cumsum(used) - 1).take(key)
         return read_only(link)
 
+
 @dataclass(frozen=True, eq=False)
 class Program:
     """A schedule lowered for the engines: its ops by column, plus sizes for memory.

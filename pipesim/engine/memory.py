@@ -131,9 +131,9 @@ def activation_events(k: int, takes: bool, partial: bool) -> int:
 
 @jit.jit
 def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, versions: npt.NDArray[np.uint8],
-                  op_counts: IntArray, num_version_events: int, end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float,
-                  stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
-                  start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
+                  op_counts: IntArray, num_version_events: int, end_s: FloatArray, stash: FloatArray,
+                  kept: FloatArray, params: FloatArray, multiplier: float, stage_to_rank: IntArray,
+                  working: FloatArray, start_s: FloatArray, start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in one pass over the ops in order of time: the columns in
     MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
 
