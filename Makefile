@@ -58,6 +58,12 @@ bench-engines: $(STAMP)
 bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare \
 	bench-variance bench-validate bench-search bench-op-cost bench-memory
 
+.PHONY: bench-gpu
+# Needs a CUDA GPU, so not part of bench: CUDA-event layer profiles against a whole stage's step
+# timed on the card (benchmarks/bench_gpu.py; its table goes into benchmarks/RESULTS.md by hand).
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/bench_gpu.py
+
 .PHONY: bench-op-cost
 # simulate() per op of every schedule against the 1F1B family's at p=64, m=512, warm and on a fresh
 # process's first call, into its section of benchmarks/RESULTS.md (about a minute).

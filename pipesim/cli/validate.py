@@ -114,6 +114,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
     from pipesim.harness.config import default_microbatch_size, spec_of
+    from pipesim.harness.launch import check_backend
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
     from pipesim.harness.priority import check_realtime, raise_priority
@@ -129,6 +130,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         raise ConfigError("spread_draws", spread_draws, "must be >= 0")
     if host_cost_runs < 0:
         raise ConfigError("host_cost_runs", host_cost_runs, "must be >= 0")
+    check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:
         profile = load_profile(profile_path)
         spec = spec_of(profile)

@@ -81,13 +81,15 @@ def check_port(port: int) -> None:
                               "port, or leave the option out to let the OS choose a free one") from None
 
 
-def check_backend(backend: str, device: str) -> None:
+def check_backend(backend: str, device: str, ranks: int = 1) -> None:
     """Refuse, before any rank starts, a backend or device this torch cannot use here.
 
-    gloo on CPU is always there, and is checked without importing torch in this process.
+    gloo on CPU is always there, and is checked without importing torch in this process. On CUDA
+    each of the ``ranks`` processes takes a GPU of its own (see ``check_gpus``).
 
     Raises:
-        ConfigError: CUDA is asked for but torch sees no GPU, or NCCL is not built into torch.
+        ConfigError: CUDA is asked for but torch sees no GPU, or fewer GPUs than ranks, or NCCL
+            is not built into torch.
     """
     if backend == "gloo" and device == "cpu":
         return
@@ -100,6 +102,22 @@ def check_backend(backend: str, device: str) -> None:
                           "--backend gloo --device cpu")
     if backend == "nccl" and not dist.is_nccl_available():
         raise ConfigError("backend", backend, f"is not built into torch {torch.__version__}: use --backend gloo")
+    check_gpus("ranks", ranks)
+
+
+def check_gpus(field: str, processes: int, hint: str = "") -> None:
+    """Refuse ``processes`` CUDA processes where torch sees fewer GPUs: NCCL refuses two ranks on
+    one GPU, and processes sharing a GPU would time each other's kernels.
+
+    Raises:
+        ConfigError: naming ``field``, when there are fewer GPUs than processes (``hint`` ends it).
+    """
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if processes > gpus:
+        raise ConfigError(field, processes, f"each CUDA process takes a GPU of its own, and torch sees {gpus} GPU"
+                          f"{'s' if gpus != 1 else ''} here{hint}")
 
 
 class RankProcess(Protocol):
@@ -179,7 +197,7 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
-    check_backend(config.backend, config.device)
+    check_backend(config.backend, config.device, config.build_schedule().num_ranks)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
     folder.mkdir(parents=True, exist_ok=True)

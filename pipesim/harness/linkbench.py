@@ -87,7 +87,7 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", backend, "must be gloo or nccl")
-    check_backend(backend, "cuda" if backend == "nccl" else "cpu")
+    check_backend(backend, "cuda" if backend == "nccl" else "cpu", num_ranks)
     sizes = message_sizes(max_bytes)
     folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
     try:

@@ -114,6 +114,13 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
         RunFailedError: a profiling process or the calibration run failed.
     """
     timing = timing or Timing()
+    if timing.device == "cuda":
+        from pipesim.harness.launch import check_backend, check_gpus
+
+        check_backend("nccl" if calibrate else "gloo", "cuda")
+        check_gpus("processes", timing.processes, ": use --processes 1")
+        if calibrate:
+            check_gpus("calibrate", 2, " (its run has two ranks): use --no-calibrate")
     parts = _measure(spec, microbatch_size, timing, calibrate)
     first = parts[0]
     fixed = [statistics.fmean(part["executor"][k] for part in parts) for k in range(5)]

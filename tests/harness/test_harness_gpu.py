@@ -1,4 +1,5 @@
-"""The GPU path: NCCL between one GPU per rank, op spans timed by CUDA events (skipped without CUDA)."""
+"""The GPU path: layer profiles timed by CUDA events on one GPU; NCCL between one GPU per rank
+(skipped without CUDA, the pipeline runs without two GPUs)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
                                 reason="needs a CUDA GPU (NCCL and CUDA events); torch sees none here")
 
 ROOT = Path(__file__).resolve().parents[2]
+GPUS = torch.cuda.device_count()
+two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"a pipeline on NCCL takes one GPU per rank (2); torch sees {GPUS}")
 
 
 def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
@@ -22,6 +25,7 @@ def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=600)
 
 
+@two_gpus
 def test_flush_schedule_on_nccl_equals_non_pipelined_training(tmp_path: Path) -> None:
     from pipesim.engine.trace import Trace
     from pipesim.harness.config import ModelSpec, RunConfig, TrainingOptions
@@ -44,6 +48,7 @@ def test_flush_schedule_on_nccl_equals_non_pipelined_training(tmp_path: Path) ->
     assert all(span.end_s >= span.start_s for span in trace.iter_spans())
 
 
+@two_gpus
 @pytest.mark.parametrize("compute", ["real", "emulated"])
 def test_validate_on_cuda_reports_every_figure(compute: str) -> None:
     done = pipesim("validate", "--model", "mlp", "--schedule", "1f1b,zb-h1", "--stages", "2", "--microbatches", "4",
@@ -52,3 +57,37 @@ def test_validate_on_cuda_reports_every_figure(compute: str) -> None:
     for report in json.loads(done.stdout):
         assert report["versions_match"] is True and report["compute"] == compute
         assert report["measured"]["iteration_time_s"] > 0 and "noise_floor" in report
+
+
+def test_a_cuda_profile_times_every_layer_and_has_the_cpu_profiles_sizes(tmp_path: Path) -> None:
+    args = ("profile", "--model", "transformer", "--depth", "2", "--width", "64", "--seq-len", "16",
+            "--microbatch-size", "4", "--repeats", "5", "--processes", "1", "--no-calibrate")
+    gpu = pipesim(*args, "--device", "cuda", "--out", str(tmp_path / "gpu.json"))
+    assert gpu.returncode == 0, gpu.stderr
+    cpu = pipesim(*args, "--device", "cpu", "--out", str(tmp_path / "cpu.json"))
+    assert cpu.returncode == 0, cpu.stderr
+    on_gpu, on_cpu = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("gpu", "cpu"))
+    assert on_gpu["device"].startswith("cuda")
+    for layer in on_gpu["layers"][:-1]:  # the loss's ops may be no slower than the fixed cost taken off
+        assert 0 < layer["forward_s"] < 1 and 0 < layer["backward_s"] < 1, layer
+    sizes = ("activation_bytes", "stash_bytes", "param_bytes")
+    assert [[layer[key] for key in sizes] for layer in on_gpu["layers"]] == \
+        [[layer[key] for key in sizes] for layer in on_cpu["layers"]]
+
+
+@pytest.mark.skipif(GPUS >= 2, reason="checks the refusal on a machine with one GPU")
+@pytest.mark.parametrize(("args", "expected"), [
+    (("validate", "--model", "mlp", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4",
+      "--device", "cuda", "--json"), "ranks=2: each CUDA process takes a GPU of its own, and torch sees 1 GPU here"),
+    (("profile", "--model", "mlp", "--microbatch-size", "4", "--device", "cuda", "--no-calibrate", "--out", "{out}"),
+     "processes=2: each CUDA process takes a GPU of its own, and torch sees 1 GPU here: use --processes 1"),
+    (("profile", "--model", "mlp", "--microbatch-size", "4", "--device", "cuda", "--processes", "1",
+      "--out", "{out}"), "calibrate=2: each CUDA process takes a GPU of its own"),
+    (("linkbench", "--backend", "nccl", "--out", "{out}"), "ranks=2: each CUDA process takes a GPU of its own"),
+])
+def test_more_cuda_processes_than_gpus_is_one_line_and_exit_2(tmp_path: Path, args: tuple[str, ...],
+                                                              expected: str) -> None:
+    out = tmp_path / "out.json"
+    done = pipesim(*(arg.format(out=out) for arg in args))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert expected in done.stderr and not out.exists()

@@ -33,19 +33,31 @@ class LayerTimes:
     backward_weight_s: float = 0.0
 
 
-def timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], Any]], float]:
-    """Seconds one call takes: CUDA events on GPU; on CPU ``perf_counter`` (``clock="wall"``) or the
-    thread's CPU time (``clock="cpu"``: what the op costs, without time lost to other processes)."""
+def timer(device: torch.device, clock: str = "wall") -> tuple[Callable[[Callable[[], Any]], Any],
+                                                              Callable[[Any], float]]:
+    """How a call is timed: ``(measure, seconds)``; ``measure(call)`` runs it and returns a reading,
+    ``seconds(reading)`` its duration.
+
+    On CPU a reading is the seconds, by ``perf_counter`` (``clock="wall"``) or the thread's CPU
+    time (``clock="cpu"``: what the op costs, without time lost to other processes). On GPU it is
+    a pair of CUDA events, read once the device has run them: the host issues the next op while
+    the device runs this one, as in a run, so that no op is timed from a device left idle by a
+    synchronize (which would add a kernel launch's latency to every op).
+    """
     if device.type == "cuda":
-        def cuda_time(call: Callable[[], Any]) -> float:
+        def record(call: Callable[[], Any]) -> Any:
             start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             call()
             end.record()
+            return start, end
+
+        def elapsed(reading: Any) -> float:
+            start, end = reading
             end.synchronize()
             return float(start.elapsed_time(end)) / 1e3
-        return cuda_time
+        return record, elapsed
 
     read = time.thread_time if clock == "cpu" else time.perf_counter
 
@@ -53,7 +65,7 @@ def timer(device: torch.device, clock: str = "wall") -> Callable[[Callable[[], A
         start = read()
         call()
         return read() - start
-    return host_time
+    return host_time, float
 
 
 def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device, *, warmup: int, repeats: int,
@@ -72,7 +84,7 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
     median drops it.
     """
     chosen = list(range(bundle.num_layers)) if indices is None else indices
-    measure = timer(device, clock)
+    measure, seconds = timer(device, clock)
     setups: list[tuple[StageExecutor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = []
     for index in chosen:
         executor = StageExecutor(bundle, index, index + 1, WeightPolicy.FLUSH, TrainingOptions(learning_rate=1e-9))
@@ -84,7 +96,7 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
         grad = None if executor.has_loss else torch.randn(out_shape, generator=generator).to(device)
         setups.append((executor, inputs, target if executor.has_loss else None, grad))
     # Per layer: F, B, U, I, W samples.
-    samples: list[tuple[list[float], ...]] = [([], [], [], [], []) for _ in chosen]
+    samples: list[tuple[list[Any], ...]] = [([], [], [], [], []) for _ in chosen]
     cpu_s = wall_s = 0.0
     with without_gc():
         for repeat in range(warmup + repeats):
@@ -110,7 +122,8 @@ def time_layers(bundle: ModelBundle, microbatch_size: int, device: torch.device,
     share = min(1.0, cpu_s / wall_s) if wall_s > 0 and device.type == "cpu" else 1.0
     results = []
     for times in samples:
-        forward, backward, update, backward_input, backward_weight = (kind[warmup:] for kind in times)
+        forward, backward, update, backward_input, backward_weight = ([seconds(r) for r in kind[warmup:]]
+                                                                      for kind in times)
         results.append(LayerTimes(
             forward_s=summarize(forward, statistic), backward_s=summarize(backward, statistic),
             update_s=summarize(update, statistic),
