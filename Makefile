@@ -64,6 +64,12 @@ bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules 
 bench-gpu: $(STAMP)
 	$(PY) benchmarks/bench_gpu.py
 
+.PHONY: bench-page-faults
+# Page faults and time per run, glibc's adaptive malloc thresholds against pipesim's fixed ones,
+# against BASELINE=TREE (a source tree of the commit to compare with), into benchmarks/RESULTS.md.
+bench-page-faults: $(STAMP)
+	$(PY) benchmarks/bench_page_faults.py --baseline $(BASELINE) --label "$(BASELINE_LABEL)" --write
+
 .PHONY: bench-op-cost
 # simulate() per op of every schedule against the 1F1B family's at p=64, m=512, warm and on a fresh
 # process's first call, into its section of benchmarks/RESULTS.md (about a minute).

@@ -97,7 +97,7 @@ FINDINGS = (
     "an argsort per point, 3.0 s of 10.3 s under cProfile. It is now numbered from a table of rank pairs "
     "without a sort, and only where the kernel's integer structure is built, once per schedule (it depends on "
     "the order alone and is kept in `Schedule.derived`). With the malloc thresholds the sweep's Dask workers run with (`MALLOC_TRIM_THRESHOLD_` and "
-    "`MALLOC_MMAP_THRESHOLD_` at 256 MiB, `pipesim.sweep.runner.WORKER_MALLOC_BYTES`; without them every "
+    "`MALLOC_MMAP_THRESHOLD_` at 256 MiB, `pipesim.allocator.ENVIRONMENT`; without them every "
     "point's freed columns go back to the OS and are faulted in again, 2-3x the memory kernel's time) the sample "
     "then took 5.2 s against 4.0 s. Of the rest, the memory events found each op's weight-version events "
     "(a pass over every op with a table per stage and version) on every point and sorted every op's start "

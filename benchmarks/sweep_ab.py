@@ -11,7 +11,7 @@ machine's speed hits both sides alike. Two steps:
 - ``run_sweep``: all points through ``run_sweep`` with 2 workers, wall seconds end to end.
 
 Both sides run with the malloc thresholds the embedded cluster gives its workers
-(``pipesim.sweep.runner.WORKER_MALLOC_BYTES``), so the serial step measures what a worker does.
+(``pipesim.allocator.ENVIRONMENT``), so the serial step measures what a worker does.
 Only public calls are used; where the baseline's API differs (``PointRunner`` without a kernel
 setting) the worker adapts.
 """

@@ -1,5 +1,6 @@
 """pipesim: simulate and analyze pipeline-parallel training schedules."""
 
+from pipesim.allocator import keep_freed_memory
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError, PipesimError, ScheduleError
 from pipesim.metrics import Metrics, StageMetrics, compute_metrics
@@ -17,6 +18,8 @@ from pipesim.spec import (
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
 
 __version__ = "0.1.0"
+
+keep_freed_memory()  # before any run: a run's speed must not depend on what the process freed earlier
 
 __all__ = [
     "ConfigError",

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipesim import allocator
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
 from pipesim.sweep.local import HERE, ON_DASK, Progress, point_cost, run_here
@@ -81,9 +82,6 @@ def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]]) -> list[dic
     return runner.run_batch(points)
 
 
-# glibc's trim and mmap thresholds for embedded workers (bytes): freed memory up to this is reused.
-WORKER_MALLOC_BYTES = 256 << 20
-
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
@@ -115,11 +113,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     if count < 1:
         raise ConfigError("workers", count, "must be >= 1")
     # Dask starts its worker processes with glibc's MALLOC_TRIM_THRESHOLD_ at 64 KiB, so the numpy
-    # columns a point frees go back to the OS and are faulted in again by the next point: on the
-    # 10,080-point sweep that was 48 M page faults and 94 s of system time, about half the wall
-    # (benchmarks/RESULTS.md, sweeps). Workers keep up to WORKER_MALLOC_BYTES of freed memory instead.
-    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}),
-               "MALLOC_TRIM_THRESHOLD_": WORKER_MALLOC_BYTES, "MALLOC_MMAP_THRESHOLD_": WORKER_MALLOC_BYTES}
+    # columns a point frees would go back to the OS and be faulted in again by the next point
+    # (benchmarks/RESULTS.md, sweeps): workers start with pipesim's thresholds (pipesim.allocator).
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **allocator.ENVIRONMENT}
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when

@@ -182,11 +182,12 @@ def test_an_interrupted_sweep_resumes_to_exactly_the_uninterrupted_table(
 
 def test_embedded_workers_keep_freed_memory_instead_of_trimming_it() -> None:
     """Dask's default (trim at 64 KiB) made the workers fault every point's columns in again."""
-    from pipesim.sweep.runner import WORKER_MALLOC_BYTES, dask_client
+    from pipesim.allocator import KEEP_BYTES
+    from pipesim.sweep.runner import dask_client
 
     def thresholds() -> tuple[str | None, str | None]:
         return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_THRESHOLD_")
 
     with dask_client(workers=1, scheduler=None) as client:
         seen = client.run(thresholds)
-    assert list(seen.values()) == [(str(WORKER_MALLOC_BYTES), str(WORKER_MALLOC_BYTES))]
+    assert list(seen.values()) == [(str(KEEP_BYTES), str(KEEP_BYTES))]
