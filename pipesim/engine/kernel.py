@@ -8,7 +8,9 @@ The recurrence, written once (``advance``):
     arrival    = send(op) + transfer(op)            (end(op) when nothing crosses to another rank)
 
 A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
-(``transfer`` = latency + hold): latency pipelines, as on a real wire. An op waits for one
+(``transfer`` = latency + hold): latency pipelines, as on a real wire. Both are read from small
+tables by the op's path (``PATH``: the stage it leaves and its direction; ``OpTable.send_link``),
+so a run copies no per-op column for them. An op waits for one
 input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
 too (the two inputs in ``PAIRS``).
 
@@ -39,10 +41,10 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 # Integer columns, then float columns; the header holds each one's offset in its buffer.
-WAIT, PAIRS, LINK, SEND_NEXT, WAITER, NEXT, STOP = range(7)
-DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(7, 16)
-NUM_RANKS = 16
-HEADER = 17
+WAIT, PAIRS, LINK, PATH, SEND_NEXT, WAITER, NEXT, STOP = range(8)
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(8, 17)
+NUM_RANKS = 17
+HEADER = 18
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -51,16 +53,16 @@ FINISHED = -2  # the rank has run all its ops
 SHARED = 1     # the op it returns ended with a send over shared NICs (arrival not known)
 
 
-Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
 
 
 @jit.jit(inline=True)
 def offsets_of(ints: Any) -> Offsets:
     """The columns' offsets from the header, read once per kernel call (a loop that calls
     ``advance_at`` keeps them in registers)."""
-    return (ints[WAIT], ints[PAIRS], ints[LINK], ints[SEND_NEXT], ints[WAITER], ints[NEXT], ints[STOP],
-            ints[DURATION], ints[TRANSFER], ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE], ints[CLOCK],
-            ints[START], ints[END])
+    return (ints[WAIT], ints[PAIRS], ints[LINK], ints[PATH], ints[SEND_NEXT], ints[WAITER], ints[NEXT],
+            ints[STOP], ints[DURATION], ints[TRANSFER], ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE],
+            ints[CLOCK], ints[START], ints[END])
 
 
 @jit.jit
@@ -83,8 +85,8 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, pairs, link, send_next, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, clock, \
-        start, end = at
+    wait, pairs, link, path, send_next, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, \
+        clock, start, end = at
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
@@ -119,8 +121,9 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
             if t > done:
                 done = t
             floats[start + row] = done
-            floats[link_free + channel] = done + floats[hold + g]
-            done = done + floats[transfer + g]
+            k = ints[path + g]
+            floats[link_free + channel] = done + floats[hold + k]
+            done = done + floats[transfer + k]
             floats[end + row] = done
             row += 1
         elif channel == -1:
@@ -188,7 +191,7 @@ def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     lowered from one schedule share it (``Program.derived``), checked against the table's
     columns; ``link`` (shared NICs) makes one for this run only."""
     ops = program.ops
-    sources = (ops.wait, ops.rank_offsets, ops.send_rank, ops.is_remote_send)
+    sources = (ops.wait, ops.rank_offsets, ops.send_rank, ops.is_remote_send, ops.send_link)
     known = program.derived.get("kernel_structure") if link is None else None
     if known is not None and all(a is b for a, b in zip(known[0], sources, strict=True)) \
             and (known[1] is ops.chunk_wait or np.array_equal(known[1], ops.chunk_wait)):
@@ -204,10 +207,12 @@ def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     wait = ops.wait.copy()
     wait[chunked] = -2 - np.arange(chunked.size)
     columns = (wait, np.column_stack((ops.wait[chunked], ops.chunk_wait[chunked])).ravel(),
-               ops.link if link is None else link, n + remote[ops.rank_offsets[:-1]], np.full(n, -1),
+               ops.link if link is None else link, ops.send_link, n + remote[ops.rank_offsets[:-1]], np.full(n, -1),
                ops.rank_offsets[:-1], ops.rank_offsets[1:])
-    # Float columns; then each span's start and end, rows the Trace takes as its time columns.
-    float_sizes = (n, n, n + 1, n, num_links, num_ranks, num_ranks, num_spans)  # HOLD: one slot more (see build)
+    # Float columns (TRANSFER and HOLD: one entry per path); then each span's start and end, rows
+    # the Trace takes as its time columns.
+    paths = ops.transfer_by_link_s.shape[0]
+    float_sizes = (n, paths, paths + 1, n, num_links, num_ranks, num_ranks, num_spans)  # HOLD: one slot more
     ints = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
     ints[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))), *np.cumsum((0, *float_sizes))]
     ints[NUM_RANKS] = num_ranks
@@ -250,10 +255,11 @@ class KernelState:
         # columns: the kernel writes them in place). HOLD's extra slot, just before ARRIVAL,
         # holds 0: the arrival an op with WAIT -1 reads.
         floats = np.empty(offsets[END] + num_spans)
-        floats[offsets[TRANSFER]: offsets[TRANSFER] + n] = ops.transfer_s
-        floats[offsets[HOLD]: offsets[HOLD] + n] = ops.link_hold_s
+        paths = ops.transfer_by_link_s.shape[0]
+        floats[offsets[TRANSFER]: offsets[TRANSFER] + paths] = ops.transfer_by_link_s
+        floats[offsets[HOLD]: offsets[HOLD] + paths] = ops.hold_by_link_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
-        state = cls(structure.copy(), floats, offsets, n, num_spans, True, structure)
+        state = cls(np.empty_like(structure), floats, offsets, n, num_spans, True, structure)  # rerun fills it
         state.rerun(durations)
         if not compiled:
             state.ints, state.floats, state.compiled = state.ints.tolist(), \

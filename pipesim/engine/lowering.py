@@ -69,10 +69,13 @@ class OpTable:
             op waits for at most one such input: see ``schedule.deps.dependencies``).
         chunk_wait: for the F that opens an overlapped F&B chunk (``engine.chunks``), the
             input its B waits for, which the chunk waits for too; -1 elsewhere.
-        send_rank: rank receiving the op's output, or -1; send_bytes: its size.
-        transfer_s: link time of the send, seconds, from leaving to arriving (0 on the same rank).
-        link_hold_s: how long the send holds its link, seconds: its bytes / bandwidth. Latency
-            pipelines (the next send on the link may leave before this one arrives).
+        send_rank: rank receiving the op's output, or -1.
+        send_link: the path the op's output leaves by (``Schedule.send_link``: its stage and
+            direction; one more for ops that send nothing); the three tables below are per path.
+        bytes_by_link: the size of a send; transfer_by_link_s: its link time, seconds, from
+            leaving to arriving (0 on the same rank); hold_by_link_s: how long it holds its link,
+            seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
+            before this one arrives). ``send_bytes``, ``transfer_s`` and ``link_hold_s`` give them per op.
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
@@ -90,9 +93,10 @@ class OpTable:
     wait: IntArray
     chunk_wait: IntArray
     send_rank: IntArray
-    send_bytes: FloatArray
-    transfer_s: FloatArray
-    link_hold_s: FloatArray
+    send_link: IntArray
+    bytes_by_link: FloatArray
+    transfer_by_link_s: FloatArray
+    hold_by_link_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
 
@@ -105,6 +109,21 @@ class OpTable:
     def num_ranks(self) -> int:
         """Number of ranks."""
         return int(self.rank_offsets.shape[0]) - 1
+
+    @cached_property
+    def send_bytes(self) -> FloatArray:
+        """Per op, the bytes it sends (0 where it sends nothing to another stage)."""
+        return read_only(self.bytes_by_link.take(self.send_link))
+
+    @cached_property
+    def transfer_s(self) -> FloatArray:
+        """Per op, the link time of its send, seconds (0 on the same rank or with no send)."""
+        return read_only(self.transfer_by_link_s.take(self.send_link))
+
+    @cached_property
+    def link_hold_s(self) -> FloatArray:
+        """Per op, how long its send holds its link, seconds."""
+        return read_only(self.hold_by_link_s.take(self.send_link))
 
     @cached_property
     def send_row(self) -> IntArray:
@@ -244,16 +263,15 @@ def lower(
     link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
-    send_bytes, transfer = link_bytes.take(send_link), link_s.take(send_link)
     duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
                                           pipemare_model=pipemare_model)
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
-        _check_finite(duration, transfer)  # the op columns gather from these tables: name the first op's value
+        _check_finite(duration, link_s.take(send_link))  # the ops gather from these tables: name an op's value
     ops = OpTable(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
-        duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_bytes=send_bytes, transfer_s=transfer,
-        link_hold_s=hold_s.take(send_link),
+        duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
+        bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,

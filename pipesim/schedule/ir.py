@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from pipesim.schedule.columns import SendLinks
 
 IntArray = npt.NDArray[np.int64]
+ArrayT = TypeVar("ArrayT", bound="npt.NDArray[Any]")
 
 
 class OpKind(enum.Enum):
@@ -104,7 +105,7 @@ def U(stage: int, update_index: int) -> Op:  # noqa: N802
     return Op(stage, OpKind.U, update_index)
 
 
-def read_only(column: IntArray) -> IntArray:
+def read_only(column: ArrayT) -> ArrayT:
     """``column``, made read only (a schedule's columns are shared by programs and traces)."""
     column.flags.writeable = False
     return column
