@@ -185,7 +185,7 @@ def analytic_phases() -> list[dict[str, Any]]:
 
         def solved(prog: Program = prog) -> None:
             state = KernelState.build(prog, prog.ops.duration_s, compiled=True)
-            jit.pick(solve, True)(state.ints, state.floats)
+            jit.pick(solve, True)(state.order, state.ints, state.floats)
 
         phases = {
             "solve_s": best_of(solved, budget_s=5.0, most=7),

@@ -93,5 +93,5 @@ def _check_applies(program: Program) -> None:
 
 def _solve(program: Program, state: KernelState, compiled: bool) -> None:
     """Run the timing kernel over every rank of ``state``; raise DeadlockError if some rank is stuck."""
-    if jit.pick(solve, compiled)(state.ints, state.floats):
+    if jit.pick(solve, compiled)(state.order, state.ints, state.floats):
         raise deadlock_error(program, state.stuck(program), state.arrival_s())

@@ -105,7 +105,8 @@ class DesRun:
         self._trace: Trace | None = None
 
     def _handler(self, rank: int) -> Handler:
-        env, handlers, ints, floats = self.env, self.handlers, self.state.ints, self.state.floats
+        env, handlers = self.env, self.handlers
+        order, ints, floats = self.state.order, self.state.ints, self.state.floats
         step = jit.pick(advance, self.compiled)
         clock, free, end = self._at[CLOCK] + rank, self._at[FREE] + rank, self._at[END]
         send = self.shared.send if self.shared is not None else None
@@ -113,7 +114,7 @@ class DesRun:
         def resume(_: simpy.Event | None) -> None:
             """The rank resumes: run its ops until one waits for an input not known yet."""
             while True:
-                woken, delay, woken2, delay2, status, g = step(rank, ints, floats)
+                woken, delay, woken2, delay2, status, g = step(rank, order, ints, floats)
                 if woken >= 0:  # simpy.Timeout itself: env.timeout adds a call per event
                     Timeout(env, delay).callbacks.append(handlers[woken])
                     if woken2 >= 0:

@@ -19,9 +19,11 @@ calls it each time SimPy resumes a rank, and schedules the resumptions it asks f
 over shared NICs have no arrival known in advance: ``advance`` stops after such an op and
 the DES engine moves its bytes through ``network.SharedLinks``.
 
-State lives in two flat buffers (one of int64, one of float64) so that a compiled call takes
-two arguments: columns are slices at offsets kept in the first ``HEADER`` integers. With
-numba the buffers are numpy arrays; the plain-Python kernels run on lists of the same layout.
+State lives in three flat buffers: the order's integers (read only, shared by every run of
+the schedule), the run's integers (each rank's next op and send row, and the rank waiting for
+each op's output) and its floats. Columns are slices at offsets kept in the first ``HEADER``
+integers of the order's buffer. With numba the buffers are numpy arrays; the plain-Python
+kernels run on lists of the same layout.
 """
 
 from __future__ import annotations
@@ -40,11 +42,14 @@ from pipesim.schedule.ir import grid
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# Integer columns, then float columns; the header holds each one's offset in its buffer.
-WAIT, PAIRS, LINK, PATH, SEND_NEXT, WAITER, NEXT, STOP = range(8)
-DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(8, 17)
-NUM_RANKS = 17
-HEADER = 18
+# The order's columns (INITIAL: the run's integers before it starts), the run's integer columns,
+# then its float columns; the order's header holds each one's offset in its buffer.
+WAIT, PAIRS, LINK, PATH, STOP, INITIAL = range(6)
+NEXT, SEND_NEXT, WAITER = range(6, 9)
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(9, 18)
+RUN_COLUMNS = (NEXT, SEND_NEXT, WAITER)
+NUM_RANKS = 18
+HEADER = 19
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -57,22 +62,23 @@ Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int,
 
 
 @jit.jit(inline=True)
-def offsets_of(ints: Any) -> Offsets:
+def offsets_of(order: Any) -> Offsets:
     """The columns' offsets from the header, read once per kernel call (a loop that calls
     ``advance_at`` keeps them in registers)."""
-    return (ints[WAIT], ints[PAIRS], ints[LINK], ints[PATH], ints[SEND_NEXT], ints[WAITER], ints[NEXT],
-            ints[STOP], ints[DURATION], ints[TRANSFER], ints[HOLD], ints[ARRIVAL], ints[LINK_FREE], ints[FREE],
-            ints[CLOCK], ints[START], ints[END])
+    return (order[WAIT], order[PAIRS], order[LINK], order[PATH], order[STOP], order[NEXT], order[SEND_NEXT],
+            order[WAITER], order[DURATION], order[TRANSFER], order[HOLD], order[ARRIVAL], order[LINK_FREE],
+            order[FREE], order[CLOCK], order[START], order[END])
 
 
 @jit.jit
-def advance(rank: int, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
+def advance(rank: int, order: Any, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
     """``advance_at`` with the offsets read from the header (the DES engine's call)."""
-    return advance_at(rank, ints, floats, offsets_of(ints))
+    return advance_at(rank, order, ints, floats, offsets_of(order))
 
 
 @jit.jit(inline=True)
-def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, float, int, float, int, int]:
+def advance_at(rank: int, order: Any, ints: Any, floats: Any,
+               at: Offsets) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
     Writes every op's compute span (row ``g``), its send span (a rank's sends take the rows
@@ -85,21 +91,21 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, pairs, link, path, send_next, waiter, next_op, stop, duration, transfer, hold, arrival, link_free, free, \
+    wait, pairs, link, path, stop, next_op, send_next, waiter, duration, transfer, hold, arrival, link_free, free, \
         clock, start, end = at
     now = floats[clock + rank]
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
-    last = ints[stop + rank]
+    last = order[stop + rank]
     t = floats[free + rank]
     row = ints[send_next + rank]
     while g < last:
-        producer = ints[wait + g]
+        producer = order[wait + g]
         if producer >= -1:
             ready = floats[arrival + producer]
         else:  # an overlapped chunk: the later of its two inputs (NaN while either is not known)
             chunk = pairs - 2 * producer - 4  # WAIT holds -2 - j for the j-th chunk
-            producer, second = ints[chunk], ints[chunk + 1]
+            producer, second = order[chunk], order[chunk + 1]
             ready = floats[arrival + producer]
             other = floats[arrival + second]
             if ready == ready and (other > ready or other != other):
@@ -115,13 +121,13 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
         floats[start + g] = t
         t = t + floats[duration + g]
         floats[end + g] = t
-        channel = ints[link + g]
+        channel = order[link + g]
         if channel >= 0:
             done = floats[link_free + channel]
             if t > done:
                 done = t
             floats[start + row] = done
-            k = ints[path + g]
+            k = order[path + g]
             floats[link_free + channel] = done + floats[hold + k]
             done = done + floats[transfer + k]
             floats[end + row] = done
@@ -155,22 +161,22 @@ def advance_at(rank: int, ints: Any, floats: Any, at: Offsets) -> tuple[int, flo
 
 
 @jit.jit
-def solve(ints: Any, floats: Any) -> int:
+def solve(order: Any, ints: Any, floats: Any) -> int:
     """Advance every rank until none can move (the analytic engine). Returns how many ranks
     have ops left (0 unless the run deadlocks)."""
-    num_ranks = ints[NUM_RANKS]
+    num_ranks = order[NUM_RANKS]
     stack = np.empty(num_ranks, np.int64)  # each rank is on it at most once: it is pushed when woken
     top = 0
     for r in range(num_ranks - 1, -1, -1):
         stack[top] = r
         top += 1
-    at = offsets_of(ints)
+    at = offsets_of(order)
     while top > 0:
         top -= 1
         r = stack[top]
         status = AGAIN
         while status == AGAIN:
-            woken, _, woken2, _, status, _ = advance_at(r, ints, floats, at)
+            woken, _, woken2, _, status, _ = advance_at(r, order, ints, floats, at)
             if woken >= 0:
                 stack[top] = woken
                 top += 1
@@ -179,13 +185,13 @@ def solve(ints: Any, floats: Any) -> int:
                 top += 1
     left = 0
     for r in range(num_ranks):
-        if ints[ints[NEXT] + r] < ints[ints[STOP] + r]:
+        if ints[order[NEXT] + r] < order[order[STOP] + r]:
             left += 1
     return left
 
 
 def _structure(program: Program, link: IntArray | None = None) -> IntArray:
-    """The integer buffer of a run of ``program`` before it starts (header, columns; read only).
+    """The order's buffer of ``program`` (header, columns, the run's integers before it starts; read only).
 
     It depends on the order alone (each op's input, rank, receiver and chunk), so the programs
     lowered from one schedule share it (``Program.derived``), checked against the table's
@@ -206,22 +212,24 @@ def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     chunked = np.flatnonzero(ops.chunk_wait >= 0)
     wait = ops.wait.copy()
     wait[chunked] = -2 - np.arange(chunked.size)
+    # The run's integers start as: each rank at its first op and first send row, nobody waiting.
+    initial = np.concatenate((ops.rank_offsets[:-1], n + remote[ops.rank_offsets[:-1]], np.full(n, -1)))
     columns = (wait, np.column_stack((ops.wait[chunked], ops.chunk_wait[chunked])).ravel(),
-               ops.link if link is None else link, ops.send_link, n + remote[ops.rank_offsets[:-1]], np.full(n, -1),
-               ops.rank_offsets[:-1], ops.rank_offsets[1:])
+               ops.link if link is None else link, ops.send_link, ops.rank_offsets[1:], initial)
     # Float columns (TRANSFER and HOLD: one entry per path); then each span's start and end, rows
     # the Trace takes as its time columns.
     paths = ops.transfer_by_link_s.shape[0]
     float_sizes = (n, paths, paths + 1, n, num_links, num_ranks, num_ranks, num_spans)  # HOLD: one slot more
-    ints = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
-    ints[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))), *np.cumsum((0, *float_sizes))]
-    ints[NUM_RANKS] = num_ranks
+    order = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
+    order[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))),
+                         0, num_ranks, 2 * num_ranks, *np.cumsum((0, *float_sizes))]
+    order[NUM_RANKS] = num_ranks
     for index, values in enumerate(columns):
-        ints[ints[index]: ints[index] + len(values)] = values
-    ints.flags.writeable = False
+        order[order[index]: order[index] + len(values)] = values
+    order.flags.writeable = False
     if link is None:
-        program.derived["kernel_structure"] = (sources, ops.chunk_wait, ints)
-    return ints
+        program.derived["kernel_structure"] = (sources, ops.chunk_wait, order)
+    return order
 
 
 @dataclass(eq=False)
@@ -235,21 +243,21 @@ class KernelState:
         compiled: numpy buffers for the compiled kernels; False: lists for the plain ones.
     """
 
-    ints: Any
+    order: Any  # the order's buffer (read only; ``_structure``)
+    ints: Any  # the run's integers (RUN_COLUMNS)
     floats: Any
     offsets: list[int]
     num_ops: int
     num_spans: int
     compiled: bool
-    structure: IntArray  # the integer buffer before a run (read only)
 
     @classmethod
     def build(cls, program: Program, durations: FloatArray, *, link: IntArray | None = None,
               compiled: bool) -> KernelState:
         ops = program.ops
         n = ops.num_ops
-        structure = _structure(program, link)
-        offsets = structure[:HEADER].tolist()
+        order = _structure(program, link)
+        offsets = order[:HEADER].tolist()
         num_spans = n + int(np.count_nonzero(ops.is_remote_send))
         # The state's float columns, then every span's start and end (the Trace's own time
         # columns: the kernel writes them in place). HOLD's extra slot, just before ARRIVAL,
@@ -259,20 +267,21 @@ class KernelState:
         floats[offsets[TRANSFER]: offsets[TRANSFER] + paths] = ops.transfer_by_link_s
         floats[offsets[HOLD]: offsets[HOLD] + paths] = ops.hold_by_link_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
-        state = cls(np.empty_like(structure), floats, offsets, n, num_spans, True, structure)  # rerun fills it
+        ints = np.empty(2 * ops.num_ranks + n, np.int64)  # rerun fills it
+        state = cls(order, ints, floats, offsets, n, num_spans, True)
         state.rerun(durations)
         if not compiled:
-            state.ints, state.floats, state.compiled = state.ints.tolist(), \
+            state.order, state.ints, state.floats, state.compiled = order.tolist(), ints.tolist(), \
                 floats[:offsets[START]].tolist() + [0.0] * (2 * num_spans), False
         return state
 
     def rerun(self, durations: FloatArray) -> None:
         """Ready a compiled state's buffers for another run of its program with ``durations``:
-        the integer buffer as before a run, arrivals unknown, links and ranks free at 0. (A
-        plain state's lists are rebuilt instead: refilling them costs as much.)"""
+        every rank at its first op, nobody waiting, arrivals unknown, links and ranks free at 0.
+        (A plain state's lists are rebuilt instead: refilling them costs as much.)"""
         assert self.compiled, "a plain state is rebuilt (KernelState.build) for another run"
         at, n = self.offsets, self.num_ops
-        self.ints[:] = self.structure
+        self.ints[:] = self.order[at[INITIAL]: at[INITIAL] + self.ints.shape[0]]
         self.floats[at[DURATION]: at[DURATION] + n] = durations
         self.floats[at[ARRIVAL]: at[ARRIVAL] + n] = np.nan  # not known yet
         self.floats[at[LINK_FREE]: at[START]] = 0.0
@@ -281,7 +290,7 @@ class KernelState:
         """A column as a numpy array: ``size`` values from its offset (a view of a compiled
         run's buffer: copy what outlives the state)."""
         at = self.offsets[index]
-        source = self.ints if index < DURATION else self.floats
+        source = self.floats if index >= DURATION else self.ints if index in RUN_COLUMNS else self.order
         if self.compiled:
             view: npt.NDArray[Any] = source[at: at + size]
             return view
