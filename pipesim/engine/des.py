@@ -97,6 +97,7 @@ class DesRun:
         link = self.shared.link if self.shared is not None else None
         self.state = KernelState.build(program, chosen, link=link, compiled=self.compiled)
         self._at = self.state.offsets
+        self._step = jit.pick_for(advance, self.compiled, 0, self.state.order, self.state.ints, self.state.floats)
         self._send_row = program.ops.send_row.tolist() if self.shared is not None else []
         self.handlers: list[Handler] = []
         self.handlers.extend(self._handler(rank) for rank in range(program.ops.num_ranks))
@@ -107,7 +108,7 @@ class DesRun:
     def _handler(self, rank: int) -> Handler:
         env, handlers = self.env, self.handlers
         order, ints, floats = self.state.order, self.state.ints, self.state.floats
-        step = jit.pick(advance, self.compiled)
+        step = self._step
         clock, free, end = self._at[CLOCK] + rank, self._at[FREE] + rank, self._at[END]
         send = self.shared.send if self.shared is not None else None
 
