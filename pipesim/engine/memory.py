@@ -143,9 +143,11 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
     """
     p = stash.shape[0]
     total = 3 * p + num_version_events
+    activations = np.empty(p * NUM_KINDS, np.int64)  # per (stage, kind): activation_events
     for s in range(p):
         for k in range(NUM_KINDS):
             bits = activation_events(k, working[s] != 0.0, kept[s] != stash[s])
+            activations[s * NUM_KINDS + k] = bits
             total += op_counts[s * NUM_KINDS + k] * ((bits & 1) + (bits >> 4 & 1))
     time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.empty(total, np.int64)
@@ -161,14 +163,16 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
         while taken < start_order.shape[0] and start_s[start_order[taken]] < t:
             h = start_order[taken]
             taken += 1
-            if activation_events(kind[h], working[stage[h]] != 0.0, False) & 16:
+            if activations[stage[h] * NUM_KINDS + kind[h]] & 16:
                 time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
                 category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
                 row += 1
         if g < 0:
             break
         s = stage[g]
-        e = (activation_events(kind[g], working[s] != 0.0, kept[s] != stash[s]) & 1) | int(versions[g])
+        e = (activations[s * NUM_KINDS + kind[g]] & 1) | int(versions[g])
+        if e == 0:
+            continue
         for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
             if e & bit:
                 time_s[row], device[row], stage_of[row], count[row] = t, rank[g], s, 1
