@@ -32,9 +32,7 @@ class SharedPath:
 def link_hold_s(topology: Topology, src: int, dst: int, num_bytes: float) -> float:
     """How long a message of ``num_bytes`` from device ``src`` to ``dst`` holds its link: its
     bytes over the bandwidth (the latency pipelines); 0 on the same device."""
-    if src == dst or not num_bytes:
-        return 0.0
-    return num_bytes / topology.link_cost(src, dst)[1]
+    return topology.send_s(src, dst, num_bytes)[1]
 
 
 def transfer_column(
@@ -64,8 +62,7 @@ def transfer_column(
         s, downstream = divmod(k, 2)
         peer, boundary = (s + 1, s) if downstream else (s - 1, s - 1)
         src, dst, num_bytes = devices[int(stage_to_rank[s])], devices[int(stage_to_rank[peer])], float(output_bytes[boundary])
-        times[k] = topology.transfer_s(src, dst, num_bytes)
-        holds[k] = link_hold_s(topology, src, dst, num_bytes)
+        times[k], holds[k] = topology.send_s(src, dst, num_bytes)
     transfer[senders], hold[senders] = times[key], holds[key]
     return transfer, hold
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from pipesim.spec.validation import FrozenModel
@@ -91,6 +96,28 @@ class Layer(FrozenModel):
         return self.param_bytes == 0 if self.selective_recompute is None else self.selective_recompute
 
 
+@dataclass(frozen=True)
+class LayerColumns:
+    """The layers' numbers that stage costs add up, one list per number in the layers' order
+    (``Profile.columns``): a stage's sum is the sum of a slice, the same additions in the same
+    order as a sum over its layers. Unset optional times count 0; ``*_var`` are the squared stds."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    backward_input_s: list[float]
+    backward_weight_s: list[float]
+    update_s: list[float]
+    forward_var: list[float]
+    backward_var: list[float]
+    gradient_allreduce_s: list[float]
+    activation_bytes: list[float]
+    param_bytes: list[float]
+    stashed_bytes: list[float]
+    weight_stashed_bytes: list[float]
+    recomputed_bytes: list[float]
+    selective: list[bool]
+
+
 class Profile(FrozenModel):
     """A model's layers in execution order, with where and how they were measured.
 
@@ -153,6 +180,34 @@ class Profile(FrozenModel):
     def has_split_backward(self) -> bool:
         """True when every layer carries ``backward_input_s`` and ``backward_weight_s``."""
         return all(layer.backward_input_s is not None for layer in self.layers)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Profile:
+        """``BaseModel.model_copy`` without the cached ``columns``, which an update of the layers
+        would leave stale (pydantic copies an instance's ``__dict__``, cached values included)."""
+        copied = super().model_copy(update=update, deep=deep)
+        copied.__dict__.pop("columns", None)
+        return copied
+
+    @cached_property
+    def columns(self) -> LayerColumns:
+        """The layers' numbers by column (``LayerColumns``), made once per profile."""
+        layers = self.layers
+        return LayerColumns(
+            forward_s=[layer.forward_s for layer in layers],
+            backward_s=[layer.backward_s for layer in layers],
+            backward_input_s=[layer.backward_input_s or 0.0 for layer in layers],
+            backward_weight_s=[layer.backward_weight_s or 0.0 for layer in layers],
+            update_s=[layer.update_s or 0.0 for layer in layers],
+            forward_var=[(layer.forward_std_s or 0.0) ** 2 for layer in layers],
+            backward_var=[(layer.backward_std_s or 0.0) ** 2 for layer in layers],
+            gradient_allreduce_s=[layer.gradient_allreduce_s or 0.0 for layer in layers],
+            activation_bytes=[layer.activation_bytes for layer in layers],
+            param_bytes=[layer.param_bytes for layer in layers],
+            stashed_bytes=[layer.stashed_bytes for layer in layers],
+            weight_stashed_bytes=[layer.weight_stashed_bytes for layer in layers],
+            recomputed_bytes=[layer.recomputed_bytes or 0.0 for layer in layers],
+            selective=[layer.is_selectively_recomputed for layer in layers],
+        )
 
 
 def uniform_profile(

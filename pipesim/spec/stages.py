@@ -137,6 +137,7 @@ def stage_costs(
     forward_overhead = profile.forward_overhead_s or 0.0
     backward_overhead = profile.backward_overhead_s or 0.0
     update_overhead = profile.update_overhead_s or 0.0
+    columns = profile.columns
     for stage, (start, end) in enumerate(partition):
         device = stage_devices[stage] if stage_devices is not None else plan.device_of(stage)
         if device >= topology.num_devices:
@@ -146,8 +147,7 @@ def stage_costs(
             )
         replicas = plan.replicas_of(stage)
         speed = topology.devices[device].speed * (replicas if round_robin else 1)
-        layers = profile.layers[start:end]
-        f = sum(layer.forward_s for layer in layers) / speed
+        f = sum(columns.forward_s[start:end]) / speed
         mode = plan.recompute_of(stage)
         stage_stash, stage_kept, stage_working = stage_memory(profile, start, end, mode)
         stash.append(stage_stash)
@@ -156,33 +156,33 @@ def stage_costs(
         if mode == "full":
             recompute_s = f
         elif mode == "selective":
-            recompute_s = sum(layer.forward_s for layer in layers if layer.is_selectively_recomputed) / speed
+            recompute_s = sum(time for time, dropped in zip(columns.forward_s[start:end], columns.selective[start:end],
+                                                            strict=True) if dropped) / speed
         else:
             recompute_s = 0.0
         recomputed.append(recompute_s)
         forward.append(f + forward_overhead)
-        backward.append(sum(layer.backward_s for layer in layers) / speed + recompute_s + backward_overhead)
+        backward.append(sum(columns.backward_s[start:end]) / speed + recompute_s + backward_overhead)
         if split:
-            b_input.append(sum(layer.backward_input_s or 0.0 for layer in layers) / speed + recompute_s
-                           + backward_overhead)
-            b_weight.append(sum(layer.backward_weight_s or 0.0 for layer in layers) / speed)
-        output.append(layers[-1].activation_bytes)
-        stage_params = sum(layer.param_bytes for layer in layers)
+            b_input.append(sum(columns.backward_input_s[start:end]) / speed + recompute_s + backward_overhead)
+            b_weight.append(sum(columns.backward_weight_s[start:end]) / speed)
+        output.append(columns.activation_bytes[end - 1])
+        stage_params = sum(columns.param_bytes[start:end])
         params.append(stage_params)
         # The optimizer step on the stage's weights (each replica steps its own copy at once), after
         # whatever of the data-parallel all-reduce outlasts the last backward.
-        step = sum(layer.update_s or 0.0 for layer in layers) / topology.devices[device].speed + update_overhead
-        if any(layer.gradient_allreduce_s for layer in layers):
-            gradients = [(layer.backward_weight_s if split else layer.backward_s) or 0.0 for layer in layers]
+        step = sum(columns.update_s[start:end]) / topology.devices[device].speed + update_overhead
+        if any(columns.gradient_allreduce_s[start:end]):
+            gradients = (columns.backward_weight_s if split else columns.backward_s)[start:end]
             step += overlapped_allreduce_tail_s([time / speed for time in gradients],
-                                                [layer.gradient_allreduce_s or 0.0 for layer in layers])
+                                                columns.gradient_allreduce_s[start:end])
         if round_robin:
             allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
             update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))
         else:
             update.append(step + ring_allreduce_s(stage_params, replicas, topology.bandwidth_bytes_per_s))
-        f_std.append((sum((layer.forward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
-        b_std.append((sum((layer.backward_std_s or 0.0) ** 2 for layer in layers) ** 0.5) / speed)
+        f_std.append((sum(columns.forward_var[start:end]) ** 0.5) / speed)
+        b_std.append((sum(columns.backward_var[start:end]) ** 0.5) / speed)
     return StageCosts(
         forward_s=tuple(forward),
         backward_s=tuple(backward),
@@ -204,24 +204,25 @@ def stage_memory(profile: Profile, start: int, end: int, mode: str = "none") -> 
     """``(stash, weight_stash, working)`` bytes of one microbatch on the stage of layers
     ``[start, end)`` under recomputation ``mode`` (see ``stage_costs``): what it keeps from F to
     B (or I), what W keeps after I, and what its backward re-creates and holds while it runs."""
-    layers = profile.layers[start:end]
-    data = input_layers(layers) if start == 0 else 0
+    columns = profile.columns
+    first = start + (input_layers(profile.layers[start:end]) if start == 0 else 0)  # layers [first, end) compute
+    stashed = columns.stashed_bytes
     # Bytes kept whatever the recomputation: the model's input on stage 0, the loss buffer on the last.
-    fixed = (profile.input_bytes or 0.0 if start == 0 else 0.0) + sum(layer.stashed_bytes for layer in layers[:data])
+    fixed = (profile.input_bytes or 0.0 if start == 0 else 0.0) + sum(stashed[start:first])
     fixed += profile.loss_bytes or 0.0 if end == profile.num_layers else 0.0
-    computed = layers[data:]
-    per_layer = max((layer.recomputed_bytes or 0.0 for layer in layers), default=0.0)
+    per_layer = max(columns.recomputed_bytes[start:end], default=0.0)
     if mode == "full":
-        kept = profile.layers[start - 1].activation_bytes if start > 0 else 0.0
-        again = sum(layer.stashed_bytes for layer in computed) + per_layer
+        kept = columns.activation_bytes[start - 1] if start > 0 else 0.0
+        again = sum(stashed[first:end]) + per_layer
     elif mode == "selective":
-        kept = sum(layer.stashed_bytes for layer in computed if not layer.is_selectively_recomputed)
-        again = max((layer.stashed_bytes * layer.is_selectively_recomputed + (layer.recomputed_bytes or 0.0)
-                     for layer in computed), default=0.0)
+        dropped = columns.selective[first:end]
+        kept = sum(size for size, drop in zip(stashed[first:end], dropped, strict=True) if not drop)
+        again = max((size * drop + extra for size, drop, extra
+                     in zip(stashed[first:end], dropped, columns.recomputed_bytes[first:end], strict=True)), default=0.0)
     else:
-        kept = sum(layer.stashed_bytes for layer in computed)
+        kept = sum(stashed[first:end])
         again = per_layer
-    return fixed + kept, sum(layer.weight_stashed_bytes for layer in computed) + fixed, again
+    return fixed + kept, sum(columns.weight_stashed_bytes[first:end]) + fixed, again
 
 
 def input_layers(layers: Sequence[Layer]) -> int:

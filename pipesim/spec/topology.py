@@ -161,10 +161,17 @@ class Topology(FrozenModel):
 
     def transfer_s(self, src: int, dst: int, num_bytes: float) -> float:
         """Seconds to move ``num_bytes`` from device ``src`` to ``dst`` (0 on the same device)."""
+        return self.send_s(src, dst, num_bytes)[0]
+
+    def send_s(self, src: int, dst: int, num_bytes: float) -> tuple[float, float]:
+        """``(transfer_s, hold_s)`` of a message of ``num_bytes`` from ``src`` to ``dst``: seconds
+        from leaving to arriving (latency + bytes / bandwidth), and how long its bytes hold the
+        path (bytes / bandwidth: latency pipelines); both 0 on the same device."""
         if src == dst:
-            return 0.0
+            return 0.0, 0.0
         latency_s, bandwidth = self.link_cost(src, dst)
-        return latency_s + (num_bytes / bandwidth if num_bytes else 0.0)
+        hold_s = num_bytes / bandwidth if num_bytes else 0.0
+        return latency_s + hold_s, hold_s
 
     @classmethod
     def uniform(
