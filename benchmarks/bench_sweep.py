@@ -106,9 +106,12 @@ FINDINGS = (
     "(`memory.order_events`), and only the B and I ops' starts are sorted (CPU seconds: 4.75 s against 3.9 s). "
     "The memory events now cost what 6f4fbda's did where nothing is recomputed (0.42 ms against 0.47 ms at p=32, "
     "m=128; 1.89 ms against 1.77 ms at p=64, m=256) and 1.4-1.7x with recomputation, whose working bytes add an "
-    "event at each B's start (6f4fbda did not record them; issue 18). The rest above 6f4fbda is mostly the timing "
-    "kernel's state, a copy of every column per run (`kernel.KernelState.build`), and its solve: together 1.0 s "
-    "against 0.6 s. Against the merge base of this work (eb4a112), same session, all 10,080 points serially in "
+    "event at each B's start (6f4fbda did not record them; issue 18). Later the same day the kernel's state "
+    "stopped copying per run what depends on the order alone (a send's link time and hold come from per-path "
+    "tables; only the run's own integers, n + 2R, are filled per run) and stage costs sum slices of per-profile "
+    "lists (`Profile.columns`): serial sample 3.97 s against 3.51 s of CPU (1.27x before), the memory kernel, "
+    "its start sort and the levels pass with recomputation (issue 18's working bytes) making most of what is "
+    "left. Against the merge base of this work (eb4a112), same session, all 10,080 points serially in "
     "one process: 69.5 s against 102.7 s of CPU time, every row identical (a hash over the rows)."
 )
 
