@@ -35,7 +35,7 @@ FloatArray = np.typing.NDArray[np.float64]
 
 # Peak bytes a run holds per op, by engine (op table, trace columns, memory events, metrics and the
 # engine's own state): benchmarks/bench_memory_per_op.py, "Memory per op" in benchmarks/RESULTS.md.
-BYTES_PER_OP: dict[str, int] = {"analytic": 499, "des": 523}
+BYTES_PER_OP: dict[str, int] = {"analytic": 469, "des": 486}
 # The default --max-ops: about 4 GiB on the engine that needs more, in whole hundred thousands.
 DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
 
