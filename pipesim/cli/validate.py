@@ -130,6 +130,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         raise ConfigError("spread_draws", spread_draws, "must be >= 0")
     if host_cost_runs < 0:
         raise ConfigError("host_cost_runs", host_cost_runs, "must be >= 0")
+    check_backend("gloo", device)  # names the device (validate picks the backend: NCCL on CUDA)
     check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:
         profile = load_profile(profile_path)

@@ -98,8 +98,8 @@ def check_backend(backend: str, device: str, ranks: int = 1) -> None:
 
     if not torch.cuda.is_available():
         field, value = ("backend", backend) if backend != "gloo" else ("device", device)
-        raise ConfigError(field, value, f"needs CUDA, and torch {torch.__version__} sees no GPU here: use "
-                          "--backend gloo --device cpu")
+        fix = "--backend gloo --device cpu" if field == "backend" else "--device cpu"
+        raise ConfigError(field, value, f"needs CUDA, and torch {torch.__version__} sees no GPU here: use {fix}")
     if backend == "nccl" and not dist.is_nccl_available():
         raise ConfigError("backend", backend, f"is not built into torch {torch.__version__}: use --backend gloo")
     check_gpus("ranks", ranks)

@@ -117,10 +117,11 @@ def measure_profile(spec: ModelSpec, microbatch_size: int, *, timing: Timing | N
     if timing.device == "cuda":
         from pipesim.harness.launch import check_backend, check_gpus
 
-        check_backend("nccl" if calibrate else "gloo", "cuda")
+        check_backend("gloo", "cuda")  # names the device: the profile's processes share no backend
         check_gpus("processes", timing.processes, ": use --processes 1")
-        if calibrate:
+        if calibrate:  # a two-rank run on NCCL
             check_gpus("calibrate", 2, " (its run has two ranks): use --no-calibrate")
+            check_backend("nccl", "cuda", 2)
     parts = _measure(spec, microbatch_size, timing, calibrate)
     first = parts[0]
     fixed = [statistics.fmean(part["executor"][k] for part in parts) for k in range(5)]

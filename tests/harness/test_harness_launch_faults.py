@@ -136,3 +136,17 @@ def test_linkbench_refuses_nccl_without_cuda_before_any_rank_starts(tmp_path: Pa
     done, _ = run_cli("linkbench", "--backend", "nccl", "--out", str(tmp_path / "topology.json"))
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "backend='nccl': needs CUDA" in done.stderr and not (tmp_path / "topology.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("args", [
+    ("validate", "--model", "mlp", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--device", "cuda"),
+    ("profile", "--model", "mlp", "--microbatch-size", "4", "--device", "cuda", "--out", "{out}"),
+])
+def test_commands_without_a_backend_option_name_the_device_when_cuda_is_missing(tmp_path: Path,
+                                                                                args: tuple[str, ...]) -> None:
+    out = tmp_path / "out.json"
+    done, elapsed = run_cli(*(arg.format(out=out) for arg in args))
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "device='cuda': needs CUDA, and torch" in done.stderr and done.stderr.rstrip().endswith("use --device cpu")
+    assert elapsed < 60 and not out.exists()
