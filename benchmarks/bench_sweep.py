@@ -109,9 +109,10 @@ FINDINGS = (
     "event at each B's start (6f4fbda did not record them; issue 18). Later the same day the kernel's state "
     "stopped copying per run what depends on the order alone (a send's link time and hold come from per-path "
     "tables; only the run's own integers, n + 2R, are filled per run) and stage costs sum slices of per-profile "
-    "lists (`Profile.columns`): serial sample 3.97 s against 3.51 s of CPU (1.27x before), the memory kernel, "
-    "its start sort and the levels pass with recomputation (issue 18's working bytes) making most of what is "
-    "left. Against the merge base of this work (eb4a112), same session, all 10,080 points serially in "
+    "lists (`Profile.columns`): serial sample 3.97 s against 3.51 s of CPU (1.27x before); under cProfile the "
+    "memory kernel, its start sort and the levels pass, which with recomputation handle issue 18's working "
+    "bytes, make about half of what is left (+0.24 s), the solve and its per-run refill most of the rest. "
+    "Against the merge base of this work (eb4a112), same session, all 10,080 points serially in "
     "one process: 69.5 s against 102.7 s of CPU time, every row identical (a hash over the rows)."
 )
 
