@@ -21,7 +21,8 @@ import sys
 KEEP_BYTES = 256 << 20
 #: The same thresholds for a process started from here (glibc reads them at its start).
 ENVIRONMENT = {"MALLOC_TRIM_THRESHOLD_": str(KEEP_BYTES), "MALLOC_MMAP_THRESHOLD_": str(KEEP_BYTES)}
-# glibc's mallopt parameters (malloc.h), and the largest mmap threshold that glibc before 2.35 takes.
+# glibc's mallopt parameters (malloc.h), and the largest mmap threshold that glibc's manual allows
+# on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX), tried where a larger one is refused.
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 OLDER_MMAP_LIMIT = 32 << 20
 
