@@ -119,15 +119,16 @@ class ProgressBar:
 
     On a terminal a rich bar redrawn in place; elsewhere (a log, a CI job) the same words as one
     line at every tenth of the work and at the end, so a redirected run still shows progress.
-    Call it with (done, total) or (done, total, where): ``where`` follows the label (``sweep
-    here``, ``sweep on Dask``). The rate counts from ``started`` (``time.perf_counter()``; the
-    command's start, so that it matches the run's wall time) or else from the first call.
+    Call it with (done, total), (done, total, where) or (done, total, where, work): ``where``
+    follows the label (``sweep here``, ``sweep on Dask``); ``work``, the share of the work done
+    (0 to 1), sets the time left where items differ in size (else the rate of items does). The
+    rate counts from ``started`` (``time.perf_counter()``; the command's start, so that it
+    matches the run's wall time) or else from the first call.
     """
 
     def __init__(self, enabled: bool, *, label: str, unit: str, started: float | None = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.progress import TimeRemainingColumn
 
         console = Console(stderr=True)
         self.label, self.unit, self.enabled = label, unit, enabled
@@ -135,32 +136,38 @@ class ProgressBar:
         self.progress = Progress(
             TextColumn(label + "{task.fields[where]}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
             TextColumn("{task.fields[rate]}"), TextColumn("elapsed"), TimeElapsedColumn(), TextColumn("·"),
-            TimeRemainingColumn(), TextColumn("left"),
+            TextColumn("{task.fields[left]}"), TextColumn("left"),
             console=console, disable=not self.is_live,
         )
         self.task: Any = None
         self.start_done = 0
+        self.start_work: float | None = None
         self.from_start = started is not None
         self.started = time.perf_counter() if started is None else started
         self.printed_tenth = -1
 
-    def __call__(self, done: int, total: int, where: str = "") -> None:
+    def __call__(self, done: int, total: int, where: str = "", work: float | None = None) -> None:
         place = f" {where}" if where else ""
         if self.task is None:
             self.progress.start()
-            self.start_done = done
+            self.start_done, self.start_work = done, work
             if not self.from_start:
                 self.started = time.perf_counter()
-            self.task = self.progress.add_task(self.label, total=total, completed=done, rate="", where=place)
+            self.task = self.progress.add_task(self.label, total=total, completed=done, rate="", where=place,
+                                               left="-:--:--")
             self.printed_tenth = 10 * done // max(1, total)
             return
         elapsed = time.perf_counter() - self.started
         rate = (done - self.start_done) / elapsed if elapsed > 0 else 0.0
-        self.progress.update(self.task, completed=done, rate=f"{rate:.1f} {self.unit}/s", where=place)
+        if work is not None and self.start_work is not None and work > self.start_work:
+            left = elapsed * (1.0 - work) / (work - self.start_work)
+        else:
+            left = (total - done) / rate if rate > 0 else 0.0
+        self.progress.update(self.task, completed=done, rate=f"{rate:.1f} {self.unit}/s", where=place,
+                             left=_clock(left))
         tenth = 10 * done // max(1, total)
         if self.enabled and not self.is_live and tenth > self.printed_tenth:
             self.printed_tenth = tenth
-            left = (total - done) / rate if rate > 0 else 0.0
             click.echo(f"{self.label}{place} {done}/{total} {self.unit} {rate:.1f} {self.unit}/s elapsed "
                        f"{_clock(elapsed)} · {_clock(left)} left", err=True)
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pipesim.errors import interrupted
 from pipesim.sweep.points import PointRunner
@@ -33,8 +33,36 @@ CHUNK_EVERY_S = 0.5
 MEASURED_POINTS = 8
 
 #: Called with (points done, points in the sweep, where they run now: "" before any, ``HERE`` or ``ON_DASK``).
-Progress = Callable[[int, int, str], None]
 HERE, ON_DASK = "here", "on Dask"
+#: A point's own cost beyond its ops, in units of ``point_cost`` (planning, lowering, the metrics'
+#: calls): fitted to the 10,080-point benchmark sweep's progress (benchmarks/RESULTS.md, sweeps).
+POINT_OVERHEAD_COST = 10_000
+
+
+class Progress(Protocol):
+    """Called with the points done, their total, where they run, and the share of the work done."""
+
+    def __call__(self, done: int, total: int, where: str, work: float | None = None) -> None: ...  # noqa: D102
+
+
+class WorkDone:
+    """How much of a sweep's work is done: each point weighs its ``point_cost`` plus
+    ``POINT_OVERHEAD_COST``. A sweep's points differ in size by orders of magnitude and run in
+    shared-work order, so time left follows this share, not the count of points."""
+
+    def __init__(self, points: Sequence[dict[str, Any]]) -> None:
+        self.cost = {point["point"]: point_cost(point) + POINT_OVERHEAD_COST for point in points}
+        self.total = sum(self.cost.values())
+        self.done = 0
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> float:
+        """Count the points of ``rows`` as done; the share of the work done."""
+        self.done += sum(self.cost.get(row["point"], 0) for row in rows)
+        return self.share()
+
+    def share(self) -> float:
+        """The share of the work done, 0 to 1 (1 when there was nothing to do)."""
+        return self.done / self.total if self.total else 1.0
 
 
 def point_cost(point: dict[str, Any]) -> int:
@@ -55,7 +83,8 @@ def cluster_pays(measured: Sequence[tuple[float, int]], rest_points: int, rest_c
 
 
 def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: ResultStore, *,
-             num_workers: int, progress: Progress | None, total: int, batch_size: int | None = None) -> tuple[int, int]:
+             num_workers: int, progress: Progress | None, total: int, work: WorkDone,
+             batch_size: int | None = None) -> tuple[int, int]:
     """Simulate ``points`` in order in this process until a cluster of ``num_workers`` would pay
     for the rest (``cluster_pays``); the rows go to ``store`` in chunks, of ``batch_size`` points
     when given, else one at most every ``CHUNK_EVERY_S`` seconds.
@@ -85,23 +114,25 @@ def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: Resul
             rest_cost, here = rest_cost - cost, here + 1
             full = len(pending) >= batch_size if batch_size else time.perf_counter() - written >= CHUNK_EVERY_S
             if full:
-                chunks += _flush(store, pending, progress, total)
+                chunks += _flush(store, pending, progress, total, work)
                 written = time.perf_counter()
     except BaseException as error:  # noqa: BLE001 - Ctrl-C may surface as another error (errors.interrupted)
         if not interrupted(error):
             raise
-        _flush(store, pending, progress, total)  # the finished points are kept
+        _flush(store, pending, progress, total, work)  # the finished points are kept
         raise KeyboardInterrupt from error
-    chunks += _flush(store, pending, progress, total)
+    chunks += _flush(store, pending, progress, total, work)
     return here, chunks
 
 
-def _flush(store: ResultStore, pending: list[dict[str, Any]], progress: Progress | None, total: int) -> int:
+def _flush(store: ResultStore, pending: list[dict[str, Any]], progress: Progress | None, total: int,
+           work: WorkDone) -> int:
     """Write ``pending`` as one chunk (then empty it) and report progress; the chunks written (0 or 1)."""
     if not pending:
         return 0
     store.write_chunk(pending)
+    share = work.add(pending)
     pending.clear()
     if progress:
-        progress(len(store.done), total, HERE)
+        progress(len(store.done), total, HERE, share)
     return 1

@@ -15,7 +15,7 @@ from typing import Any
 from pipesim import allocator
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
-from pipesim.sweep.local import HERE, ON_DASK, Progress, point_cost, run_here
+from pipesim.sweep.local import HERE, ON_DASK, Progress, WorkDone, point_cost, run_here
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
@@ -160,7 +160,8 @@ def run_sweep(
         scheduler: address of an existing Dask scheduler, e.g. ``tcp://127.0.0.1:8786``.
         resume: continue an interrupted sweep from the chunks in ``OUT.parts/``.
         batch_size: points per Dask task (default: about BATCHES_PER_WORKER tasks per worker).
-        progress: called with (points done, total, where they run) at the start and as chunks are written.
+        progress: called with (points done, total, where they run, share of the work done:
+            ``local.WorkDone``) at the start and as chunks are written.
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
         in_process: None chooses where points run (above); False sends every point to Dask, True
             runs every point in this process.
@@ -187,7 +188,7 @@ def run_sweep(
     if resume and not Path(f"{target}.parts").exists() and finished_digest(target) == digest:
         frame = read_table(target)
         if progress:
-            progress(len(points), len(points), HERE)
+            progress(len(points), len(points), HERE, 1.0)
         return SweepSummary(target, len(points), 0, len(points), int((frame["error"].fillna("") != "").sum()), 0,
                             time.perf_counter() - started)
     # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
@@ -198,8 +199,9 @@ def run_sweep(
     resumed = len(store.done)
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
     todo = shared_work_order([point for point in points if point["point"] not in store.done])
+    work = WorkDone(todo)
     if progress:
-        progress(len(store.done), len(points), "")
+        progress(len(store.done), len(points), "", work.share())
     batches: list[list[dict[str, Any]]] = []
     startup, num_here, chunks = 0.0, 0, 0
     if todo:
@@ -210,7 +212,7 @@ def run_sweep(
         # An existing cluster (--scheduler) takes every point; an embedded one only where it pays.
         num_here, chunks = (0, 0) if scheduler is not None or in_process is False else run_here(
             runner, todo, store, num_workers=1 if in_process else num_workers, progress=progress, total=len(points),
-            batch_size=batch_size)
+            work=work, batch_size=batch_size)
         rest = todo[num_here:]
         if batch_size is not None:
             batches = [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
@@ -220,7 +222,7 @@ def run_sweep(
             connecting = time.perf_counter()
             with dask_client(workers=workers, scheduler=scheduler) as client:
                 startup = time.perf_counter() - connecting
-                _submit_and_collect(client, runner, batches, store, progress, len(points), worker_timeout_s)
+                _submit_and_collect(client, runner, batches, store, progress, len(points), work, worker_timeout_s)
     frame = store.finish()
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
@@ -230,7 +232,7 @@ def run_sweep(
 
 
 def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dict[str, Any]]], store: ResultStore,
-                        progress: Progress | None, total: int, worker_timeout_s: float) -> None:
+                        progress: Progress | None, total: int, work: WorkDone, worker_timeout_s: float) -> None:
     """Submit every batch and write each one's chunk as it finishes.
 
     Raises:
@@ -245,7 +247,7 @@ def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dic
     try:
         watch.wait_for_a_worker()
         if progress:
-            progress(len(store.done), total, ON_DASK)
+            progress(len(store.done), total, ON_DASK, work.share())
         try:
             # A task rather than scattered data: if every worker holding it dies, Dask recomputes it.
             shared = client.submit(_identity, runner, pure=False)
@@ -265,10 +267,12 @@ def _submit_and_collect(client: Any, runner: PointRunner, batches: list[list[dic
                 time.sleep(POLL_S)
                 continue
             for future, result in ready:
-                store.write_chunk(_rows(result, watch, lambda: _span(future, futures, batches)))
+                rows = _rows(result, watch, lambda: _span(future, futures, batches))
+                store.write_chunk(rows)
+                share = work.add(rows)
                 future.release()
                 if progress:
-                    progress(len(store.done), total, ON_DASK)
+                    progress(len(store.done), total, ON_DASK, share)
     except BaseException:
         if futures and client.status == "running":
             with suppress(Exception):

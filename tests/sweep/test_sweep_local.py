@@ -40,12 +40,19 @@ def test_a_small_sweep_runs_here_and_says_so(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     seen: list[tuple[int, int, str]] = []
-    summary = run_sweep(spec, tmp_path / "results.parquet", workers=2,
-                        progress=lambda done, total, where: seen.append((done, total, where)))
+    shares: list[float | None] = []
+
+    def progress(done: int, total: int, where: str, work: float | None = None) -> None:
+        seen.append((done, total, where))
+        shares.append(work)
+
+    summary = run_sweep(spec, tmp_path / "results.parquet", workers=2, progress=progress)
     assert (summary.num_run, summary.num_here, summary.startup_s) == (NUM_POINTS, NUM_POINTS, 0.0)
     assert summary.where == "in this process" and summary.points_per_s == pytest.approx(NUM_POINTS / summary.wall_s)
     assert seen[0] == (0, NUM_POINTS, "") and seen[-1] == (NUM_POINTS, NUM_POINTS, HERE)
     assert [done for done, _, _ in seen] == sorted(done for done, _, _ in seen)
+    # The share of the work done (by point_cost) rises from 0 to 1 with the points done.
+    assert shares[0] == 0.0 and shares[-1] == pytest.approx(1.0) and shares == sorted(shares)
     frame = read_table(tmp_path / "results.parquet")
     assert frame["point"].tolist() == list(range(NUM_POINTS))
     assert frame["error"].isna().all() and (frame["iteration_time_s"] > 0).all()
@@ -57,7 +64,7 @@ def test_an_explicit_batch_size_writes_a_chunk_per_batch_here(tmp_path: Path) ->
     spec.write_text(SPEC)
     seen: list[int] = []
     summary = run_sweep(spec, tmp_path / "results.csv", workers=1, batch_size=5,
-                        progress=lambda done, total, where: seen.append(done))
+                        progress=lambda done, total, where, work=None: seen.append(done))
     assert summary.num_here == NUM_POINTS and summary.num_batches == -(-NUM_POINTS // 5)  # chunks written
     assert seen == [0, *range(5, NUM_POINTS, 5), NUM_POINTS]
 
