@@ -27,8 +27,9 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 OLDER_MMAP_LIMIT = 32 << 20
 
 
-def keep_freed_memory() -> bool:
-    """Fix glibc's mmap and trim thresholds (see the module); True if they were set."""
+def keep_freed_memory(mmap_bytes: int = KEEP_BYTES, trim_bytes: int = KEEP_BYTES) -> bool:
+    """Fix glibc's mmap threshold at ``mmap_bytes`` and its trim threshold at ``trim_bytes`` (see
+    the module); True if they were set."""
     if os.environ.get("PIPESIM_MALLOC", "").strip().lower() == "default" or not sys.platform.startswith("linux"):
         return False
     try:
@@ -39,5 +40,5 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    mapped = mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) or mallopt(M_MMAP_THRESHOLD, OLDER_MMAP_LIMIT)
-    return bool(mapped) and bool(mallopt(M_TRIM_THRESHOLD, KEEP_BYTES))
+    mapped = mallopt(M_MMAP_THRESHOLD, mmap_bytes) or mallopt(M_MMAP_THRESHOLD, min(mmap_bytes, OLDER_MMAP_LIMIT))
+    return bool(mapped) and bool(mallopt(M_TRIM_THRESHOLD, trim_bytes))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pipesim.engine.lowering import split_evenly
-from pipesim.engine.transfers import link_hold_s
 from pipesim.schedule.zb_auto import ZeroBubbleCosts
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
@@ -25,13 +24,15 @@ def zero_bubble_costs(profile: Profile, topology: Topology, plan: Plan) -> ZeroB
         input_s, weight_s = costs.backward_input_s, costs.backward_weight_s
     devices = [plan.device_of(stage) for stage in range(plan.num_stages)]
     links = list(zip(devices, devices[1:], costs.output_bytes, strict=False))
+    forward = [topology.send_s(src, dst, size) for src, dst, size in links]
+    backward = [topology.send_s(dst, src, size) for src, dst, size in links]
     kept = costs.weight_stash_bytes or costs.stash_bytes
     return ZeroBubbleCosts(
         forward_s=costs.forward_s, backward_input_s=input_s, backward_weight_s=weight_s,
-        forward_comm_s=tuple(topology.transfer_s(src, dst, size) for src, dst, size in links),
-        backward_comm_s=tuple(topology.transfer_s(dst, src, size) for src, dst, size in links),
-        forward_hold_s=tuple(link_hold_s(topology, src, dst, size) for src, dst, size in links),
-        backward_hold_s=tuple(link_hold_s(topology, dst, src, size) for src, dst, size in links),
+        forward_comm_s=tuple(transfer for transfer, _ in forward),
+        backward_comm_s=tuple(transfer for transfer, _ in backward),
+        forward_hold_s=tuple(hold for _, hold in forward),
+        backward_hold_s=tuple(hold for _, hold in backward),
         forward_bytes=costs.stash_bytes,
         input_bytes=tuple(k - s for k, s in zip(kept, costs.stash_bytes, strict=True)),
         update_s=costs.update_s,

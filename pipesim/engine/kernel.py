@@ -258,7 +258,7 @@ class KernelState:
         n = ops.num_ops
         order = _structure(program, link)
         offsets = order[:HEADER].tolist()
-        num_spans = n + int(np.count_nonzero(ops.is_remote_send))
+        num_spans = offsets[END] - offsets[START]  # START's rows are every span's
         # The state's float columns, then every span's start and end (the Trace's own time
         # columns: the kernel writes them in place). HOLD's extra slot, just before ARRIVAL,
         # holds 0: the arrival an op with WAIT -1 reads.

@@ -29,12 +29,6 @@ class SharedPath:
     nics: tuple[str, ...]
 
 
-def link_hold_s(topology: Topology, src: int, dst: int, num_bytes: float) -> float:
-    """How long a message of ``num_bytes`` from device ``src`` to ``dst`` holds its link: its
-    bytes over the bandwidth (the latency pipelines); 0 on the same device."""
-    return topology.send_s(src, dst, num_bytes)[1]
-
-
 def transfer_column(
     topology: Topology, devices: tuple[int, ...], stage_to_rank: IntArray, stage: IntArray, is_forward: BoolArray,
     remote: BoolArray, output_bytes: FloatArray,

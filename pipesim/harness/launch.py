@@ -197,7 +197,8 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
-    check_backend(config.backend, config.device, config.build_schedule().num_ranks)
+    schedule = config.build_schedule()
+    check_backend(config.backend, config.device, schedule.num_ranks)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -205,7 +206,6 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
         stale.unlink()
     config_path = folder / "config.json"
     write_text_atomic(config_path, config.to_json())
-    schedule = config.build_schedule()
     world_size = schedule.num_ranks
     processes: list[RankProcess] = []
     started = time.perf_counter()

@@ -32,7 +32,7 @@ CHUNK_EVERY_S = 0.5
 #: Points measured (after the first) before the first projection; it is made again at twice as many.
 MEASURED_POINTS = 8
 
-#: Called with (points done, points in the sweep, where they run now: "" before any, ``HERE`` or ``ON_DASK``).
+#: Where points run, as progress says it ("" before any run).
 HERE, ON_DASK = "here", "on Dask"
 #: A point's own cost beyond its ops, in units of ``point_cost`` (planning, lowering, the metrics'
 #: calls): fitted to the 10,080-point benchmark sweep's progress (benchmarks/RESULTS.md, sweeps).
@@ -40,7 +40,8 @@ POINT_OVERHEAD_COST = 10_000
 
 
 class Progress(Protocol):
-    """Called with the points done, their total, where they run, and the share of the work done."""
+    """Called with the points done, the points in the sweep, where they run now ("", ``HERE`` or
+    ``ON_DASK``) and the share of the work done (``WorkDone``)."""
 
     def __call__(self, done: int, total: int, where: str, work: float | None = None) -> None: ...  # noqa: D102
 

@@ -5,37 +5,19 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import sys
 from collections.abc import Iterator
 
 import torch
 
-# glibc mallopt parameters.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 * 1024 * 1024  # the largest glibc accepts on 64-bit
-_TRIM_THRESHOLD = 1 << 30
+from pipesim.allocator import keep_freed_memory
 
-
-def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the OS (Linux only).
-
-    By default a CPU tensor of 128 KB or more gets fresh pages from mmap and every page faults on
-    first touch, which is slow under virtualization; how often that happens depends on the order
-    of allocations, so a layer timed alone and the same layer inside a pipeline would pay
-    differently. With a high mmap threshold and no trimming, a steady state reuses the same memory.
-
-    Returns:
-        True when the allocator accepted both settings.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
-            libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
-    return False
+# The thresholds a harness process keeps freed memory by (pipesim.allocator): every tensor of up to
+# 32 MiB reused from the heap, and up to 1 GiB of freed memory kept. By default a CPU tensor of 128 KB
+# or more gets fresh pages from mmap and every page faults on first touch, which is slow under
+# virtualization; how often that happens depends on the order of allocations, so a layer timed alone
+# and the same layer inside a pipeline would pay differently.
+MMAP_THRESHOLD_BYTES = 32 << 20
+TRIM_THRESHOLD_BYTES = 1 << 30
 
 
 def configure_process(threads: int, realtime_priority: int = 0) -> None:
@@ -49,7 +31,7 @@ def configure_process(threads: int, realtime_priority: int = 0) -> None:
     if realtime_priority:
         os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(realtime_priority))
     torch.set_num_threads(threads)
-    keep_freed_memory()
+    keep_freed_memory(MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES)
 
 
 @contextlib.contextmanager
