@@ -10,7 +10,8 @@ The recurrence, written once (``advance``):
 A send holds its link for its bytes / bandwidth (``hold``) and arrives latency later
 (``transfer`` = latency + hold): latency pipelines, as on a real wire. Both are read from small
 tables by the op's path (``PATH``: the stage it leaves and its direction; ``OpTable.send_link``),
-so a run copies no per-op column for them. An op waits for one
+so a run copies no per-op column for them. Where every sender computes for at least the longest
+hold, no send finds its link busy (``links_may_queue``) and the run skips the queue. An op waits for one
 input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
 too (the two inputs in ``PAIRS``).
 
@@ -20,8 +21,8 @@ over shared NICs have no arrival known in advance: ``advance`` stops after such 
 the DES engine moves its bytes through ``network.SharedLinks``.
 
 State lives in three flat buffers: the order's integers (read only, shared by every run of
-the schedule), the run's integers (each rank's next op and send row, and the rank waiting for
-each op's output) and its floats. Columns are slices at offsets kept in the first ``HEADER``
+the schedule), the run's integers (each rank's next op and send row, the rank waiting for
+each op's output, and whether links may queue) and its floats. Columns are slices at offsets kept in the first ``HEADER``
 integers of the order's buffer. With numba the buffers are numpy arrays; the plain-Python
 kernels run on lists of the same layout.
 """
@@ -35,7 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pipesim import jit
-from pipesim.engine.lowering import Program
+from pipesim.engine.lowering import OpTable, Program
 from pipesim.errors import DeadlockError
 from pipesim.schedule.ir import grid
 
@@ -45,11 +46,11 @@ IntArray = npt.NDArray[np.int64]
 # The order's columns (INITIAL: the run's integers before it starts), the run's integer columns,
 # then its float columns; the order's header holds each one's offset in its buffer.
 WAIT, PAIRS, LINK, PATH, STOP, INITIAL = range(6)
-NEXT, SEND_NEXT, WAITER = range(6, 9)
-DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(9, 18)
-RUN_COLUMNS = (NEXT, SEND_NEXT, WAITER)
-NUM_RANKS = 18
-HEADER = 19
+NEXT, SEND_NEXT, WAITER, QUEUES = range(6, 10)
+DURATION, TRANSFER, HOLD, ARRIVAL, LINK_FREE, FREE, CLOCK, START, END = range(10, 19)
+RUN_COLUMNS = (NEXT, SEND_NEXT, WAITER, QUEUES)
+NUM_RANKS = 19
+HEADER = 20
 
 # What ``advance`` returns as its status.
 AGAIN = 0      # it woke two ranks and stopped: call it again
@@ -58,7 +59,7 @@ FINISHED = -2  # the rank has run all its ops
 SHARED = 1     # the op it returns ended with a send over shared NICs (arrival not known)
 
 
-Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+Offsets = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
 
 
 @jit.jit(inline=True)
@@ -66,34 +67,37 @@ def offsets_of(order: Any) -> Offsets:
     """The columns' offsets from the header, read once per kernel call (a loop that calls
     ``advance_at`` keeps them in registers)."""
     return (order[WAIT], order[PAIRS], order[LINK], order[PATH], order[STOP], order[NEXT], order[SEND_NEXT],
-            order[WAITER], order[DURATION], order[TRANSFER], order[HOLD], order[ARRIVAL], order[LINK_FREE],
+            order[WAITER], order[QUEUES], order[DURATION], order[TRANSFER], order[HOLD], order[ARRIVAL], order[LINK_FREE],
             order[FREE], order[CLOCK], order[START], order[END])
 
 
 @jit.jit
 def advance(rank: int, order: Any, ints: Any, floats: Any) -> tuple[int, float, int, float, int, int]:
-    """``advance_at`` with the offsets read from the header (the DES engine's call)."""
-    return advance_at(rank, order, ints, floats, offsets_of(order))
+    """``advance_at`` with the offsets read from the header, writing woken ranks' clocks (the
+    DES engine's call)."""
+    return advance_at(rank, order, ints, floats, offsets_of(order), True)
 
 
 @jit.jit(inline=True)
 def advance_at(rank: int, order: Any, ints: Any, floats: Any,
-               at: Offsets) -> tuple[int, float, int, float, int, int]:
+               at: Offsets, clocked: bool) -> tuple[int, float, int, float, int, int]:
     """Run ``rank``'s ops in order while each op's input is known.
 
     Writes every op's compute span (row ``g``), its send span (a rank's sends take the rows
     from ``SEND_NEXT[rank]`` on, one after another: ``OpTable.send_row``) and its output's
-    arrival. Where an op computes the input a blocked rank waits for, that rank is woken: its
-    ``CLOCK`` becomes the time its op can start.
+    arrival. Where an op computes the input a blocked rank waits for, that rank is woken; with
+    ``clocked`` (the DES) its ``CLOCK`` becomes the time its op can start and the delays are
+    returned, else (the analytic solve, which numba compiles without that work) they are 0.
 
     Returns:
         ``(woken, delay, woken2, delay2, status, g)``: up to two woken ranks (-1: none) and how
         long after this rank's ``CLOCK`` their ops start; the status (AGAIN, BLOCKED,
         FINISHED or SHARED) and the rank's next op (for SHARED: the op whose send is shared).
     """
-    wait, pairs, link, path, stop, next_op, send_next, waiter, duration, transfer, hold, arrival, link_free, free, \
-        clock, start, end = at
-    now = floats[clock + rank]
+    wait, pairs, link, path, stop, next_op, send_next, waiter, queues, duration, transfer, hold, arrival, link_free, \
+        free, clock, start, end = at
+    now = floats[clock + rank] if clocked else 0.0
+    queued = ints[queues] != 0
     woken_first, delay_first = -1, 0.0
     g = ints[next_op + rank]
     last = order[stop + rank]
@@ -123,12 +127,14 @@ def advance_at(rank: int, order: Any, ints: Any, floats: Any,
         floats[end + g] = t
         channel = order[link + g]
         if channel >= 0:
-            done = floats[link_free + channel]
-            if t > done:
-                done = t
-            floats[start + row] = done
+            done = t
             k = order[path + g]
-            floats[link_free + channel] = done + floats[hold + k]
+            if queued:
+                busy = floats[link_free + channel]
+                if busy > done:
+                    done = busy
+                floats[link_free + channel] = done + floats[hold + k]
+            floats[start + row] = done
             done = done + floats[transfer + k]
             floats[end + row] = done
             row += 1
@@ -143,10 +149,12 @@ def advance_at(rank: int, order: Any, ints: Any, floats: Any,
         woken = ints[waiter + g]
         g += 1
         if woken >= 0:
-            resume = floats[free + woken]
-            if done > resume:
-                resume = done
-            floats[clock + woken] = resume
+            resume = 0.0
+            if clocked:
+                resume = floats[free + woken]
+                if done > resume:
+                    resume = done
+                floats[clock + woken] = resume
             if woken_first < 0:
                 woken_first, delay_first = woken, resume - now
             else:
@@ -176,7 +184,7 @@ def solve(order: Any, ints: Any, floats: Any) -> int:
         r = stack[top]
         status = AGAIN
         while status == AGAIN:
-            woken, _, woken2, _, status, _ = advance_at(r, order, ints, floats, at)
+            woken, _, woken2, _, status, _ = advance_at(r, order, ints, floats, at, False)
             if woken >= 0:
                 stack[top] = woken
                 top += 1
@@ -188,6 +196,18 @@ def solve(order: Any, ints: Any, floats: Any) -> int:
         if ints[order[NEXT] + r] < order[order[STOP] + r]:
             left += 1
     return left
+
+
+def links_may_queue(ops: OpTable, durations: FloatArray) -> bool:
+    """Whether a send may find its link still busy with the one before it. Not where every op
+    that sends to another rank computes for at least the longest hold: a rank's sends on one
+    link are then that far apart at least, so each leaves at its op's end, the time the queue
+    would give too (``max`` of it and a free time never above it)."""
+    if not ops.hold_by_link_s.size:
+        return False
+    shortest = ops.shortest_send_s if durations is ops.duration_s else \
+        float(durations[ops.is_remote_send].min(initial=np.inf))
+    return not shortest >= float(ops.hold_by_link_s.max())
 
 
 def _structure(program: Program, link: IntArray | None = None) -> IntArray:
@@ -222,7 +242,7 @@ def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     float_sizes = (n, paths, paths + 1, n, num_links, num_ranks, num_ranks, num_spans)  # HOLD: one slot more
     order = np.empty(HEADER + sum(len(values) for values in columns), np.int64)
     order[:NUM_RANKS] = [*np.cumsum((HEADER, *(len(values) for values in columns[:-1]))),
-                         0, num_ranks, 2 * num_ranks, *np.cumsum((0, *float_sizes))]
+                         0, num_ranks, 2 * num_ranks, 2 * num_ranks + n, *np.cumsum((0, *float_sizes))]
     order[NUM_RANKS] = num_ranks
     for index, values in enumerate(columns):
         order[order[index]: order[index] + len(values)] = values
@@ -250,6 +270,7 @@ class KernelState:
     num_ops: int
     num_spans: int
     compiled: bool
+    ops: OpTable  # the program's (its durations and holds decide whether links may queue)
 
     @classmethod
     def build(cls, program: Program, durations: FloatArray, *, link: IntArray | None = None,
@@ -267,8 +288,8 @@ class KernelState:
         floats[offsets[TRANSFER]: offsets[TRANSFER] + paths] = ops.transfer_by_link_s
         floats[offsets[HOLD]: offsets[HOLD] + paths] = ops.hold_by_link_s
         floats[offsets[ARRIVAL] - 1] = 0.0  # the arrival read by ops that wait for nothing
-        ints = np.empty(2 * ops.num_ranks + n, np.int64)  # rerun fills it
-        state = cls(order, ints, floats, offsets, n, num_spans, True)
+        ints = np.empty(2 * ops.num_ranks + n + 1, np.int64)  # rerun fills it
+        state = cls(order, ints, floats, offsets, n, num_spans, True, ops)
         state.rerun(durations)
         if not compiled:
             state.order, state.ints, state.floats, state.compiled = order.tolist(), ints.tolist(), \
@@ -281,7 +302,8 @@ class KernelState:
         (A plain state's lists are rebuilt instead: refilling them costs as much.)"""
         assert self.compiled, "a plain state is rebuilt (KernelState.build) for another run"
         at, n = self.offsets, self.num_ops
-        self.ints[:] = self.order[at[INITIAL]: at[INITIAL] + self.ints.shape[0]]
+        self.ints[:at[QUEUES]] = self.order[at[INITIAL]: at[INITIAL] + at[QUEUES]]
+        self.ints[at[QUEUES]] = links_may_queue(self.ops, durations)
         self.floats[at[DURATION]: at[DURATION] + n] = durations
         self.floats[at[ARRIVAL]: at[ARRIVAL] + n] = np.nan  # not known yet
         self.floats[at[LINK_FREE]: at[START]] = 0.0

@@ -77,6 +77,7 @@ class OpTable:
             seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
             before this one arrives). ``send_bytes``, ``transfer_s`` and ``link_hold_s`` give them per op.
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
+        shortest_send_s: the shortest ``duration_s`` of an op with a remote send (inf: none).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
     """
@@ -99,6 +100,7 @@ class OpTable:
     hold_by_link_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
+    shortest_send_s: float
 
     @property
     def num_ops(self) -> int:
@@ -263,8 +265,12 @@ def lower(
     link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
+    lowered = duration
     duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
                                           pipemare_model=pipemare_model)
+    # The shortest sender: from the (stage, kind) table where every op takes its row's time.
+    senders = by_stage_kind.ravel()[schedule.sending_stage_kinds] if duration is lowered else \
+        duration[schedule.is_remote_send]
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
         _check_finite(duration, link_s.take(send_link))  # the ops gather from these tables: name an op's value
     ops = OpTable(
@@ -273,6 +279,7 @@ def lower(
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
         bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
+        shortest_send_s=float(senders.min()) if senders.size else np.inf,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)

@@ -46,7 +46,8 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, *event_structure(program, use), ends,
+        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, program.schedule.stage_kind,
+        *event_structure(program, use), ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
@@ -129,26 +130,55 @@ def activation_events(k: int, takes: bool, partial: bool) -> int:
     return bits
 
 
+@jit.jit(inline=True)
+def _starts_before(limit: float, taken: int, row: int, start_order: IntArray, start_s: FloatArray, rank: IntArray,
+                   stage: IntArray, kind: IntArray, activations: IntArray, working: FloatArray, time_s: FloatArray,
+                   device: IntArray, stage_of: IntArray, category: IntArray, delta: FloatArray,
+                   count: IntArray) -> tuple[int, int]:
+    """Write the working-bytes events of the starts in ``start_order`` from ``taken`` on that
+    come before ``limit``; returns the new ``(taken, row)``."""
+    while taken < start_order.shape[0] and start_s[start_order[taken]] < limit:
+        h = start_order[taken]
+        taken += 1
+        if activations[stage[h] * NUM_KINDS + kind[h]] & 16:
+            time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
+            category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
+            row += 1
+    return taken, row
+
+
 @jit.jit
-def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, versions: npt.NDArray[np.uint8],
-                  op_counts: IntArray, num_version_events: int, end_s: FloatArray, stash: FloatArray,
-                  kept: FloatArray, params: FloatArray, multiplier: float, stage_to_rank: IntArray,
+def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, stage_kind: IntArray,
+                  versions: npt.NDArray[np.uint8], op_counts: IntArray, num_version_events: int, end_s: FloatArray,
+                  stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float, stage_to_rank: IntArray,
                   working: FloatArray, start_s: FloatArray, start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in one pass over the ops in order of time: the columns in
     MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
 
     ``order`` is the ops' stable order by end (flat indices), ``start_order`` that of the B and
     I ops by start (empty without working bytes): the events follow them, merged by time.
-    ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives.
+    ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives; an op's
+    activation event (its bits, bytes and count) is looked up by its row ``stage_kind``.
     """
     p = stash.shape[0]
     total = 3 * p + num_version_events
-    activations = np.empty(p * NUM_KINDS, np.int64)  # per (stage, kind): activation_events
+    activations = np.empty(p * NUM_KINDS, np.int64)  # per (stage, kind): activation_events, bytes, count
+    bytes_of = np.zeros(p * NUM_KINDS)
+    count_of = np.zeros(p * NUM_KINDS, np.int64)
     for s in range(p):
         for k in range(NUM_KINDS):
+            j = s * NUM_KINDS + k
             bits = activation_events(k, working[s] != 0.0, kept[s] != stash[s])
-            activations[s * NUM_KINDS + k] = bits
-            total += op_counts[s * NUM_KINDS + k] * ((bits & 1) + (bits >> 4 & 1))
+            activations[j] = bits
+            total += op_counts[j] * ((bits & 1) + (bits >> 4 & 1))
+            if k == F_CODE:
+                bytes_of[j], count_of[j] = stash[s], 1
+            elif k == B_CODE:
+                bytes_of[j], count_of[j] = -stash[s] - working[s], -1
+            elif k == I_CODE:
+                bytes_of[j], count_of[j] = kept[s] - stash[s] - working[s], 0
+            else:
+                bytes_of[j], count_of[j] = -kept[s], -1
     time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
     category, delta, count = np.empty(total, np.int64), np.empty(total), np.empty(total, np.int64)
     for s in range(p):
@@ -157,41 +187,31 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
             delta[3 * s + c], count[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s], 1
     row = 3 * p
     taken = 0  # the starts written so far: each start that takes working bytes goes before the first end after it
-    for i in range(order.shape[0] + 1):  # the last step writes the starts after the last end
-        g = order[i] if i < order.shape[0] else -1
-        t = end_s[g] if g >= 0 else np.inf
-        while taken < start_order.shape[0] and start_s[start_order[taken]] < t:
-            h = start_order[taken]
-            taken += 1
-            if activations[stage[h] * NUM_KINDS + kind[h]] & 16:
-                time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
-                category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
-                row += 1
-        if g < 0:
-            break
-        s = stage[g]
-        e = (activations[s * NUM_KINDS + kind[g]] & 1) | int(versions[g])
+    starts = start_order.shape[0]
+    for i in range(order.shape[0]):
+        g = order[i]
+        t = end_s[g]
+        if taken < starts:
+            taken, row = _starts_before(t, taken, row, start_order, start_s, rank, stage, kind, activations, working,
+                                        time_s, device, stage_of, category, delta, count)
+        j = stage_kind[g]
+        e = (activations[j] & 1) | int(versions[g])
         if e == 0:
             continue
-        for bit in (1, 2, 8, 4):  # the events of one op: activations, then versions
-            if e & bit:
-                time_s[row], device[row], stage_of[row], count[row] = t, rank[g], s, 1
-                if bit == 1:
-                    category[row] = ACTIVATIONS
-                    k = kind[g]
-                    if k == F_CODE:
-                        delta[row] = stash[s]
-                    elif k == B_CODE:
-                        delta[row], count[row] = -stash[s] - working[s], -1
-                    elif k == I_CODE:
-                        delta[row], count[row] = kept[s] - stash[s] - working[s], 0
-                    else:
-                        delta[row], count[row] = -kept[s], -1
-                else:
-                    category[row] = WEIGHTS
+        s = stage[g]
+        if e & 1:
+            time_s[row], device[row], stage_of[row] = t, rank[g], s
+            category[row], delta[row], count[row] = ACTIVATIONS, bytes_of[j], count_of[j]
+            row += 1
+        if e > 1:
+            for bit in (2, 8, 4):  # the op's version events, after its activations
+                if e & bit:
+                    time_s[row], device[row], stage_of[row], category[row] = t, rank[g], s, WEIGHTS
                     if bit == 2:
-                        delta[row] = params[s]
+                        delta[row], count[row] = params[s], 1
                     else:
                         delta[row], count[row] = -params[s], -1
-                row += 1
+                    row += 1
+    _starts_before(np.inf, taken, row, start_order, start_s, rank, stage, kind, activations, working,
+                   time_s, device, stage_of, category, delta, count)
     return time_s, device, stage_of, category, delta, count

@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 from engine_strategies import Case, cases
 from pipesim import jit
 from pipesim.engine.analytic import analytic_unsupported, run_analytic, span_ends
+from pipesim.engine.kernel import QUEUES, KernelState, links_may_queue, solve
+from pipesim.engine.lowering import Program
 from pipesim.engine.memory import memory_columns
+from pipesim.engine.noise import run_durations
 from pipesim.engine.trace import MEMORY_COLUMNS, SPAN_COLUMNS
 from pipesim.errors import ConfigError
 from pipesim.simulation import make_plan, prepare
@@ -118,3 +121,50 @@ def test_programs_of_one_schedule_share_the_kernel_structure_only_where_their_ch
                       for schedule in (shared, fresh))
         assert same(one.spans["end_s"], other.spans["end_s"]), chunks
     assert "kernel_structure" in shared.derived
+
+
+def solved_spans(program: Program, durations: npt.NDArray[np.float64], compiled: bool,
+                 queues: bool | None = None) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Every span's start and end from the timing kernel; ``queues`` overrides the run's choice
+    of whether sends may wait for their link."""
+    state = KernelState.build(program, durations, compiled=compiled)
+    if queues is not None:
+        state.ints[state.offsets[QUEUES]] = int(queues)
+    assert jit.pick(solve, compiled)(state.order, state.ints, state.floats) == 0
+    start, end = state.span_times()
+    return np.array(start), np.array(end)
+
+
+@given(cases(), st.sampled_from([0.0, 0.2]), st.sampled_from([False, True]))
+def test_a_run_whose_links_never_queue_gets_the_queues_bits_without_it(case: Case, jitter: float,
+                                                                       compiled: bool) -> None:
+    program = prepare(case.profile, case.topology, make_plan(case.profile, **case.kwargs))
+    if analytic_unsupported(program) is not None:
+        return
+    ops, use = program.ops, compiled and jit.AVAILABLE
+    assert ops.shortest_send_s == ops.duration_s[ops.is_remote_send].min(initial=np.inf)
+    durations = run_durations(program, jitter=jitter, seed=5)
+    shortest = durations[ops.is_remote_send].min(initial=np.inf)
+    assert links_may_queue(ops, durations) == bool(ops.hold_by_link_s.size and shortest < ops.hold_by_link_s.max())
+    chosen, queued = solved_spans(program, durations, use), solved_spans(program, durations, use, queues=True)
+    for a, b in zip(chosen, queued, strict=True):
+        assert same(a, b)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_queue_is_skipped_where_the_longest_hold_is_below_every_sender_and_kept_elsewhere(compiled: bool) -> None:
+    """1F1B on 4 ranks, F 2 ms: 1 MB holds a 10 Gbit/s link 0.8 ms (never busy at a send), 4 MB
+    3.2 ms (a rank's F and B sends queue behind each other)."""
+    from pipesim import Topology, uniform_profile
+
+    use = compiled and jit.AVAILABLE
+    topology = Topology.uniform(num_devices=4, bandwidth="10Gbit/s", latency="7us")
+    outcomes = []
+    for activation_bytes in (1e6, 4e6):
+        profile = uniform_profile(num_layers=8, forward_s=1e-3, backward_s=2e-3, activation_bytes=activation_bytes)
+        program = prepare(profile, topology, make_plan(profile, schedule="1f1b", num_stages=4, num_microbatches=8))
+        durations = program.ops.duration_s
+        queues = links_may_queue(program.ops, durations)
+        with_queue, without = (solved_spans(program, durations, use, queues=q) for q in (True, False))
+        outcomes.append((queues, all(same(a, b) for a, b in zip(with_queue, without, strict=True))))
+    assert outcomes == [(False, True), (True, False)]  # skipped where it changes nothing; kept where it does
