@@ -43,7 +43,7 @@ from pipesim.schedule.ir import grid
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# The order's columns (INITIAL: the run's integers before it starts), the run's integer columns,
+# The order's columns (INITIAL: each rank's first op and first send row), the run's integer columns,
 # then its float columns; the order's header holds each one's offset in its buffer.
 WAIT, PAIRS, LINK, PATH, STOP, INITIAL = range(6)
 NEXT, SEND_NEXT, WAITER, QUEUES = range(6, 10)
@@ -211,7 +211,7 @@ def links_may_queue(ops: OpTable, durations: FloatArray) -> bool:
 
 
 def _structure(program: Program, link: IntArray | None = None) -> IntArray:
-    """The order's buffer of ``program`` (header, columns, the run's integers before it starts; read only).
+    """The order's buffer of ``program`` (header, columns, each rank's first op and send row; read only).
 
     It depends on the order alone (each op's input, rank, receiver and chunk), so the programs
     lowered from one schedule share it (``Program.derived``), checked against the table's
@@ -230,10 +230,13 @@ def _structure(program: Program, link: IntArray | None = None) -> IntArray:
     # An op that opens an overlapped chunk waits for two inputs: its WAIT holds -2 - j, and
     # PAIRS[2j], PAIRS[2j + 1] are the two producers (one column read per op for the common case).
     chunked = np.flatnonzero(ops.chunk_wait >= 0)
-    wait = ops.wait.copy()
-    wait[chunked] = -2 - np.arange(chunked.size)
-    # The run's integers start as: each rank at its first op and first send row, nobody waiting.
-    initial = np.concatenate((ops.rank_offsets[:-1], n + remote[ops.rank_offsets[:-1]], np.full(n, -1)))
+    wait = ops.wait
+    if chunked.size:
+        wait = wait.copy()
+        wait[chunked] = -2 - np.arange(chunked.size)
+    # The run's integers start as: each rank at its first op and first send row (and nobody
+    # waiting: ``rerun`` fills WAITER).
+    initial = np.concatenate((ops.rank_offsets[:-1], n + remote[ops.rank_offsets[:-1]]))
     columns = (wait, np.column_stack((ops.wait[chunked], ops.chunk_wait[chunked])).ravel(),
                ops.link if link is None else link, ops.send_link, ops.rank_offsets[1:], initial)
     # Float columns (TRANSFER and HOLD: one entry per path); then each span's start and end, rows
@@ -302,7 +305,8 @@ class KernelState:
         (A plain state's lists are rebuilt instead: refilling them costs as much.)"""
         assert self.compiled, "a plain state is rebuilt (KernelState.build) for another run"
         at, n = self.offsets, self.num_ops
-        self.ints[:at[QUEUES]] = self.order[at[INITIAL]: at[INITIAL] + at[QUEUES]]
+        self.ints[:at[WAITER]] = self.order[at[INITIAL]: at[INITIAL] + at[WAITER]]
+        self.ints[at[WAITER]: at[QUEUES]] = -1
         self.ints[at[QUEUES]] = links_may_queue(self.ops, durations)
         self.floats[at[DURATION]: at[DURATION] + n] = durations
         self.floats[at[ARRIVAL]: at[ARRIVAL] + n] = np.nan  # not known yet
