@@ -14,19 +14,23 @@ from typing import Any
 
 
 def serve(tasks: dict[str, Callable[[], Any]], clock: Callable[[], float] = time.perf_counter,
-          clocks: dict[str, Callable[[], float]] | None = None) -> None:
+          clocks: dict[str, Callable[[], float]] | None = None, calls: dict[str, int] | None = None) -> None:
     """The worker's side: print the task names as JSON, then run each name read from stdin once
     and print its seconds by ``clock`` (wall time; ``time.process_time`` leaves out the time a
     loaded machine kept the worker waiting for a core), or by ``clocks[step]`` for a task
-    ``"point|step"`` whose step has a clock of its own."""
+    ``"point|step"`` whose step has a clock of its own.
+    ``calls[name]`` (default 1): how many calls of the task one sample times; the seconds printed
+    are per call."""
     print(json.dumps(list(tasks)), flush=True)
     for line in sys.stdin:
         name = line.strip()
         task = tasks[name]
         chosen = (clocks or {}).get(name.split("|")[-1], clock)
+        count = (calls or {}).get(name, 1)
         started = chosen()
-        task()
-        print(chosen() - started, flush=True)
+        for _ in range(count):
+            task()
+        print((chosen() - started) / count, flush=True)
 
 
 def alternate(script: str, baseline: Path, candidate: Path, repeats: Callable[[str], int],

@@ -77,7 +77,6 @@ class OpTable:
             seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
             before this one arrives). ``send_bytes``, ``transfer_s`` and ``link_hold_s`` give them per op.
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
-        shortest_send_s: the shortest ``duration_s`` of an op with a remote send (inf: none).
         previous_send: per op with a remote send, the op whose send precedes it on the same
             link, or -1 (``Schedule.previous_send``).
     """
@@ -100,7 +99,6 @@ class OpTable:
     hold_by_link_s: FloatArray
     is_remote_send: BoolArray
     previous_send: IntArray
-    shortest_send_s: float
 
     @property
     def num_ops(self) -> int:
@@ -126,6 +124,11 @@ class OpTable:
     def link_hold_s(self) -> FloatArray:
         """Per op, how long its send holds its link, seconds."""
         return read_only(self.hold_by_link_s.take(self.send_link))
+
+    @cached_property
+    def shortest_send_s(self) -> float:
+        """The shortest ``duration_s`` of an op with a remote send (inf: none)."""
+        return float(self.duration_s[self.is_remote_send].min(initial=np.inf))
 
     @cached_property
     def send_row(self) -> IntArray:
@@ -265,12 +268,8 @@ def lower(
     link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
-    lowered = duration
     duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
                                           pipemare_model=pipemare_model)
-    # The shortest sender: from the (stage, kind) table where every op takes its row's time.
-    senders = by_stage_kind.ravel()[schedule.sending_stage_kinds] if duration is lowered else \
-        duration[schedule.is_remote_send]
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
         _check_finite(duration, link_s.take(send_link))  # the ops gather from these tables: name an op's value
     ops = OpTable(
@@ -279,7 +278,6 @@ def lower(
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
         bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
         is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
-        shortest_send_s=float(senders.min()) if senders.size else np.inf,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)

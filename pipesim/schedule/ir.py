@@ -350,14 +350,6 @@ class Schedule:
         return remote
 
     @cached_property
-    def sending_stage_kinds(self) -> npt.NDArray[np.bool_]:
-        """Per (stage, kind) row (``stage_kind``), True where some op of it sends to another rank."""
-        rows = np.zeros(self.num_stages * NUM_KINDS, dtype=np.bool_)
-        rows[self.stage_kind[self.is_remote_send]] = True
-        rows.flags.writeable = False
-        return rows
-
-    @cached_property
     def previous_send(self) -> IntArray:
         """Per op with a remote send, the op whose send precedes it on the same directed rank
         pair, or -1 (``schedule.columns.previous_send_column``)."""
