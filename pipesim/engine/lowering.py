@@ -77,8 +77,6 @@ class OpTable:
             seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
             before this one arrives). ``send_bytes``, ``transfer_s`` and ``link_hold_s`` give them per op.
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
-        previous_send: per op with a remote send, the op whose send precedes it on the same
-            link, or -1 (``Schedule.previous_send``).
     """
 
     rank_offsets: IntArray
@@ -98,7 +96,6 @@ class OpTable:
     transfer_by_link_s: FloatArray
     hold_by_link_s: FloatArray
     is_remote_send: BoolArray
-    previous_send: IntArray
 
     @property
     def num_ops(self) -> int:
@@ -277,7 +274,7 @@ def lower(
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
         bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
-        is_remote_send=schedule.is_remote_send, previous_send=schedule.previous_send,
+        is_remote_send=schedule.is_remote_send,
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)

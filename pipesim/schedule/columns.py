@@ -136,18 +136,3 @@ def send_link_column(schedule: Schedule) -> IntArray:
     link[1:, B_CODE] = link[1:, I_CODE] = p - 1 + inner
     return link.ravel().take(schedule.stage_kind)
 
-
-def previous_send_column(schedule: Schedule) -> IntArray:
-    """Per op with a remote send, the op whose send precedes it from the same rank to the same
-    rank, or -1: a rank issues its sends in its op order, so this is each link's first-in
-    first-out order."""
-    columns = schedule.table
-    previous = np.full(columns.num_ops, -1, dtype=np.int64)
-    senders = np.flatnonzero(schedule.is_remote_send)
-    if senders.size:
-        links = columns.rank[senders] * max(columns.num_ranks, 1) + schedule.send_rank[senders]
-        order = np.argsort(links, kind="stable")
-        ordered = senders[order]
-        same = links[order][1:] == links[order][:-1]
-        previous[ordered[1:][same]] = ordered[:-1][same]
-    return read_only(previous)

@@ -122,7 +122,7 @@ class ScheduleTable:
     Attributes:
         known_rank: the rank column, where a generator has it at hand (one stage per rank:
             the stage column); None: derived from ``rank_offsets``.
-        minibatch, updates_before, forward, wait, previous_send: order facts that a
+        minibatch, updates_before, forward, wait: order facts that a
             generator knows by formula, given here so that ``Schedule`` need not derive them
             (None: derived when read; see the Schedule properties of those names).
     """
@@ -136,7 +136,6 @@ class ScheduleTable:
     updates_before: IntArray | None = None
     forward: IntArray | None = None
     wait: IntArray | None = None
-    previous_send: IntArray | None = None
 
     @classmethod
     def from_ranks(cls, ranks: Sequence[Sequence[Op]]) -> ScheduleTable:
@@ -348,15 +347,6 @@ class Schedule:
         remote: npt.NDArray[np.bool_] = self.send_links.is_remote.take(self.send_link)
         remote.flags.writeable = False
         return remote
-
-    @cached_property
-    def previous_send(self) -> IntArray:
-        """Per op with a remote send, the op whose send precedes it on the same directed rank
-        pair, or -1 (``schedule.columns.previous_send_column``)."""
-        from pipesim.schedule.columns import previous_send_column
-
-        known = self.table.previous_send
-        return previous_send_column(self) if known is None else known
 
     @cached_property
     def derived(self) -> dict[str, Any]:

@@ -34,7 +34,7 @@ def one_f_one_b_schedule(
     So F(i) sits at t = i (i < w) or 2i - w, and B(i) at w + 2i + 1 (i < n - w) or i + n;
     each op then moves right by the U's before it: one per e backwards already run, and
     max(0, i - w) backwards run before F(i), i before B(i). The same indices give the order
-    facts the table carries (minibatch, updates before, own forward, input, previous send),
+    facts the table carries (minibatch, updates before, own forward, input),
     which a schedule converted from Op lists derives instead.
     """
     p, m = num_stages, num_microbatches
@@ -87,20 +87,16 @@ def one_f_one_b_schedule(
     if weights in (WeightPolicy.STASH, WeightPolicy.FLUSH):
         forward = np.arange(total, dtype=np.int64)  # right for the F's and U's
         forward[backward_at] = forward_at
-    # Inputs from other stages: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i); a rank's sends
-    # over one link are its forwards (or its backwards) in microbatch order.
+    # Inputs from other stages: F(s, i) <- F(s-1, i), B(s, i) <- B(s+1, i).
     wait = np.full(total, -1, dtype=np.int64)
     wait[forward_at[1:]] = forward_at[:-1]
     wait[backward_at[:-1]] = backward_at[1:]
-    previous_send = np.full(total, -1, dtype=np.int64)
-    previous_send[forward_at[:-1, 1:]] = forward_at[:-1, :-1]
-    previous_send[backward_at[1:, 1:]] = backward_at[1:, :-1]
     stage = read_only(np.repeat(np.arange(p, dtype=np.int64), length))
     table = ScheduleTable(
         rank_offsets=read_only(np.arange(p + 1, dtype=np.int64) * length), stage=stage, known_rank=stage,
         kind=read_only(kind), microbatch=read_only(microbatch), minibatch=read_only(minibatch),
         updates_before=read_only(updates_before),
-        forward=None if forward is None else read_only(forward), wait=read_only(wait), previous_send=read_only(previous_send),
+        forward=None if forward is None else read_only(forward), wait=read_only(wait),
     )
     return Schedule(name=name, num_stages=p, num_microbatches=m, num_minibatches=num_minibatches, table=table,
                     stage_to_rank=one_stage_per_rank(p), weights=weights)

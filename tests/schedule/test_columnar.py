@@ -28,8 +28,8 @@ from pipesim.spec.validation import build
 # The schedules written by the block formula (``schedule.one_f_one_b``), with order facts given.
 NAMES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare")
 TABLE_COLUMNS = ("rank_offsets", "rank", "position", "stage", "kind", "microbatch", "minibatch", "version",
-                 "duration_s", "wait", "send_rank", "send_bytes", "transfer_s", "is_remote_send", "previous_send")
-ORDER_FACTS = ("minibatch", "updates_before", "forward", "wait", "previous_send", "version", "send_rank",
+                 "duration_s", "wait", "send_rank", "send_bytes", "transfer_s", "is_remote_send")
+ORDER_FACTS = ("minibatch", "updates_before", "forward", "wait", "version", "send_rank",
                "is_remote_send")
 
 

@@ -159,7 +159,7 @@ def test_staleness_is_kept_only_for_a_held_order() -> None:
 def test_a_kept_schedule_is_read_only(name: str) -> None:
     schedule = build_schedule(name, 3, 4, num_minibatches=2)
     for column in (schedule.table.stage, schedule.table.kind, schedule.version, schedule.wait, schedule.forward,
-                   schedule.updates_before, schedule.previous_send):
+                   schedule.updates_before):
         with pytest.raises(ValueError):
             column[0] = 1
 
