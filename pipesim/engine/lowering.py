@@ -14,7 +14,8 @@ from pipesim.engine.chunks import ChunkModel, PipemareModel, overlap_chunks
 from pipesim.engine.run_info import RunInfo
 from pipesim.engine.transfers import SharedPath, shared_paths, transfer_column
 from pipesim.errors import ConfigError
-from pipesim.schedule.ir import KIND_CODES, KIND_ORDER, Op, OpKind, Schedule, WeightPolicy, read_only
+from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, KIND_CODES, KIND_ORDER, Op, OpKind, Schedule, WeightPolicy, \
+    read_only
 from pipesim.schedule.validate import validate
 from pipesim.schedule.versions import VersionPlan, assign_versions
 from pipesim.spec.stages import StageCosts
@@ -26,6 +27,9 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
+
+# The kinds whose output may go to another stage (W and U keep theirs).
+SENDING_KINDS = [F_CODE, B_CODE, I_CODE]
 
 @dataclass(frozen=True)
 class LoweredOp:
@@ -77,6 +81,9 @@ class OpTable:
             seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
             before this one arrives). ``send_bytes``, ``transfer_s`` and ``link_hold_s`` give them per op.
         is_remote_send: True where the op's output crosses a link to another rank (a send span).
+        shortest_send_s: at most the shortest ``duration_s`` of an op with a remote send (inf:
+            none): the shortest F, B or I time of any stage (the kinds that send), or the ops'
+            own times where overlapped chunks changed them.
     """
 
     rank_offsets: IntArray
@@ -96,6 +103,7 @@ class OpTable:
     transfer_by_link_s: FloatArray
     hold_by_link_s: FloatArray
     is_remote_send: BoolArray
+    shortest_send_s: float
 
     @property
     def num_ops(self) -> int:
@@ -121,11 +129,6 @@ class OpTable:
     def link_hold_s(self) -> FloatArray:
         """Per op, how long its send holds its link, seconds."""
         return read_only(self.hold_by_link_s.take(self.send_link))
-
-    @cached_property
-    def shortest_send_s(self) -> float:
-        """The shortest ``duration_s`` of an op with a remote send (inf: none)."""
-        return float(self.duration_s[self.is_remote_send].min(initial=np.inf))
 
     @cached_property
     def send_row(self) -> IntArray:
@@ -265,6 +268,7 @@ def lower(
     link_s, hold_s = transfer_column(topology, devices, stage_to_rank, links.stage, links.is_forward, links.is_remote,
                              output_bytes)
     send_link = schedule.send_link
+    lowered = duration
     duration, chunk_wait = overlap_chunks(schedule, duration, wait, model=fb_chunks, fb_overlap=fb_overlap,
                                           pipemare_model=pipemare_model)
     if not (np.isfinite(by_stage_kind).all() and np.isfinite(link_s).all()):
@@ -275,6 +279,8 @@ def lower(
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
         bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
         is_remote_send=schedule.is_remote_send,
+        shortest_send_s=float((by_stage_kind[:, SENDING_KINDS] if duration is lowered else
+                               duration[schedule.is_remote_send]).min(initial=np.inf)),
     )
     return _program(schedule, costs, topology, devices, ops, microbatch_size=microbatch_size,
                     optimizer_state_multiplier=optimizer_state_multiplier)

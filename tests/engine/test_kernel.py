@@ -142,12 +142,14 @@ def test_a_run_whose_links_never_queue_gets_the_queues_bits_without_it(case: Cas
     if analytic_unsupported(program) is not None:
         return
     ops, use = program.ops, compiled and jit.AVAILABLE
-    assert ops.shortest_send_s == ops.duration_s[ops.is_remote_send].min(initial=np.inf)
+    assert ops.shortest_send_s <= ops.duration_s[ops.is_remote_send].min(initial=np.inf)  # a bound
     durations = run_durations(program, jitter=jitter, seed=5)
     shortest = durations[ops.is_remote_send].min(initial=np.inf)
-    assert links_may_queue(ops, durations) == bool(ops.hold_by_link_s.size and shortest < ops.hold_by_link_s.max())
-    chosen, queued = solved_spans(program, durations, use), solved_spans(program, durations, use, queues=True)
-    for a, b in zip(chosen, queued, strict=True):
+    may_queue = bool(ops.hold_by_link_s.size and shortest < ops.hold_by_link_s.max())
+    chosen = links_may_queue(ops, durations)
+    assert chosen == may_queue if jitter else chosen >= may_queue  # lowered times: from the bound
+    spans, queued = solved_spans(program, durations, use), solved_spans(program, durations, use, queues=True)
+    for a, b in zip(spans, queued, strict=True):
         assert same(a, b)
 
 
