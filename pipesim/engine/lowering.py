@@ -76,6 +76,7 @@ class OpTable:
         send_rank: rank receiving the op's output, or -1.
         send_link: the path the op's output leaves by (``Schedule.send_link``: its stage and
             direction; one more for ops that send nothing); the three tables below are per path.
+        pair_by_link: the directed rank pair a path crosses (``SendLinks.pair``), or -1;
         bytes_by_link: the size of a send; transfer_by_link_s: its link time, seconds, from
             leaving to arriving (0 on the same rank); hold_by_link_s: how long it holds its link,
             seconds: its bytes / bandwidth. Latency pipelines (the next send on the link may leave
@@ -99,6 +100,7 @@ class OpTable:
     chunk_wait: IntArray
     send_rank: IntArray
     send_link: IntArray
+    pair_by_link: IntArray
     bytes_by_link: FloatArray
     transfer_by_link_s: FloatArray
     hold_by_link_s: FloatArray
@@ -143,15 +145,8 @@ class OpTable:
     @cached_property
     def link(self) -> IntArray:
         """Per op, the index of the directed link (rank -> send_rank) its send uses, or -1;
-        links are numbered in order of (rank, send_rank)."""
-        num_ranks = max(self.num_ranks, 1)
-        senders = np.flatnonzero(self.is_remote_send)
-        key = self.rank[senders] * num_ranks + self.send_rank[senders]
-        used = np.zeros(num_ranks * num_ranks, dtype=np.int64)
-        used[key] = 1
-        link = np.full(self.num_ops, -1, dtype=np.int64)
-        link[senders] = (np.cumsum(used) - 1).take(key)
-        return read_only(link)
+        links are numbered in order of (rank, send_rank) (``pair_by_link``, by the op's path)."""
+        return read_only(self.pair_by_link.take(self.send_link))
 
 
 @dataclass(frozen=True, eq=False)
@@ -277,6 +272,7 @@ def lower(
         rank_offsets=columns.rank_offsets, rank=columns.rank, position=columns.position, stage=columns.stage,
         kind=columns.kind, microbatch=columns.microbatch, minibatch=minibatch, version=version,
         duration_s=duration, wait=wait, chunk_wait=chunk_wait, send_rank=schedule.send_rank, send_link=send_link,
+        pair_by_link=read_only(links.pair),
         bytes_by_link=read_only(link_bytes), transfer_by_link_s=read_only(link_s), hold_by_link_s=read_only(hold_s),
         is_remote_send=schedule.is_remote_send,
         shortest_send_s=float((by_stage_kind[:, SENDING_KINDS] if duration is lowered else

@@ -103,6 +103,8 @@ class SendLinks:
         boundary: the stage whose output size the send carries, or -1.
         rank: the receiving rank, or -1.
         is_remote: True where the receiving rank is not the sending stage's.
+        pair: the directed rank pair a remote link crosses, numbered in order of (sending rank,
+            receiving rank) over the pairs that remote links cross; -1 for the others.
     """
 
     stage: IntArray
@@ -111,6 +113,7 @@ class SendLinks:
     boundary: IntArray
     rank: IntArray
     is_remote: npt.NDArray[np.bool_]
+    pair: IntArray
 
 
 def send_links(schedule: Schedule) -> SendLinks:
@@ -122,9 +125,14 @@ def send_links(schedule: Schedule) -> SendLinks:
     is_forward = np.arange(2 * p - 1) < p - 1
     stage_to_rank = np.asarray(schedule.stage_to_rank, dtype=np.int64)
     rank = np.where(target >= 0, stage_to_rank[np.maximum(target, 0)], -1)
+    is_remote = (rank >= 0) & (rank != stage_to_rank[stage])
+    num_ranks = max(schedule.num_ranks, 1)
+    key = np.where(is_remote, stage_to_rank[stage] * num_ranks + rank, 0)
+    crossed = np.zeros(num_ranks * num_ranks, dtype=np.int64)
+    crossed[key[is_remote]] = 1
+    pair = np.where(is_remote, (np.cumsum(crossed) - 1).take(key), -1)
     return SendLinks(stage=stage, target=target, is_forward=is_forward,
-                     boundary=np.concatenate([inner, inner, [-1]]), rank=rank,
-                     is_remote=(rank >= 0) & (rank != stage_to_rank[stage]))
+                     boundary=np.concatenate([inner, inner, [-1]]), rank=rank, is_remote=is_remote, pair=pair)
 
 
 def send_link_column(schedule: Schedule) -> IntArray:
