@@ -46,8 +46,7 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
     columns = jit.pick(memory_kernel, use)(
-        np.argsort(ends, kind="stable"), ops.rank, ops.stage, ops.kind, program.schedule.stage_kind,
-        *event_structure(program, use), ends,
+        np.argsort(ends, kind="stable"), program.schedule.stage_kind, *event_structure(program, use), ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
         np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
@@ -131,34 +130,37 @@ def activation_events(k: int, takes: bool, partial: bool) -> int:
 
 
 @jit.jit(inline=True)
-def _starts_before(limit: float, taken: int, row: int, start_order: IntArray, start_s: FloatArray, rank: IntArray,
-                   stage: IntArray, kind: IntArray, activations: IntArray, working: FloatArray, time_s: FloatArray,
-                   device: IntArray, stage_of: IntArray, category: IntArray, delta: FloatArray,
+def _starts_before(limit: float, taken: int, row: int, start_order: IntArray, start_s: FloatArray,
+                   stage_kind: IntArray, stage_to_rank: IntArray, activations: IntArray, working: FloatArray,
+                   time_s: FloatArray, device: IntArray, stage_of: IntArray, category: IntArray, delta: FloatArray,
                    count: IntArray) -> tuple[int, int]:
     """Write the working-bytes events of the starts in ``start_order`` from ``taken`` on that
     come before ``limit``; returns the new ``(taken, row)``."""
     while taken < start_order.shape[0] and start_s[start_order[taken]] < limit:
         h = start_order[taken]
         taken += 1
-        if activations[stage[h] * NUM_KINDS + kind[h]] & 16:
-            time_s[row], device[row], stage_of[row] = start_s[h], rank[h], stage[h]
-            category[row], delta[row], count[row] = ACTIVATIONS, working[stage[h]], 0
+        j = stage_kind[h]
+        if activations[j] & 16:
+            s = j // NUM_KINDS
+            time_s[row], device[row], stage_of[row] = start_s[h], stage_to_rank[s], s
+            category[row], delta[row], count[row] = ACTIVATIONS, working[s], 0
             row += 1
     return taken, row
 
 
 @jit.jit
-def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArray, stage_kind: IntArray,
-                  versions: npt.NDArray[np.uint8], op_counts: IntArray, num_version_events: int, end_s: FloatArray,
-                  stash: FloatArray, kept: FloatArray, params: FloatArray, multiplier: float, stage_to_rank: IntArray,
-                  working: FloatArray, start_s: FloatArray, start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
+def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[np.uint8], op_counts: IntArray,
+                  num_version_events: int, end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray,
+                  multiplier: float, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
+                  start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in one pass over the ops in order of time: the columns in
     MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
 
     ``order`` is the ops' stable order by end (flat indices), ``start_order`` that of the B and
     I ops by start (empty without working bytes): the events follow them, merged by time.
     ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives; an op's
-    activation event (its bits, bytes and count) is looked up by its row ``stage_kind``.
+    activation event (its bits, bytes and count) is looked up by its row ``stage_kind``, which
+    also gives its stage, and the stage its rank.
     """
     p = stash.shape[0]
     total = 3 * p + num_version_events
@@ -188,30 +190,33 @@ def memory_kernel(order: IntArray, rank: IntArray, stage: IntArray, kind: IntArr
     row = 3 * p
     taken = 0  # the starts written so far: each start that takes working bytes goes before the first end after it
     starts = start_order.shape[0]
+    next_start = start_s[start_order[0]] if starts else np.inf  # the first start not written yet
     for i in range(order.shape[0]):
         g = order[i]
         t = end_s[g]
-        if taken < starts:
-            taken, row = _starts_before(t, taken, row, start_order, start_s, rank, stage, kind, activations, working,
-                                        time_s, device, stage_of, category, delta, count)
+        if next_start < t:
+            taken, row = _starts_before(t, taken, row, start_order, start_s, stage_kind, stage_to_rank, activations,
+                                        working, time_s, device, stage_of, category, delta, count)
+            next_start = start_s[start_order[taken]] if taken < starts else np.inf
         j = stage_kind[g]
         e = (activations[j] & 1) | int(versions[g])
         if e == 0:
             continue
-        s = stage[g]
+        s = j // NUM_KINDS
+        d = stage_to_rank[s]  # a stage lives on one rank
         if e & 1:
-            time_s[row], device[row], stage_of[row] = t, rank[g], s
+            time_s[row], device[row], stage_of[row] = t, d, s
             category[row], delta[row], count[row] = ACTIVATIONS, bytes_of[j], count_of[j]
             row += 1
         if e > 1:
             for bit in (2, 8, 4):  # the op's version events, after its activations
                 if e & bit:
-                    time_s[row], device[row], stage_of[row], category[row] = t, rank[g], s, WEIGHTS
+                    time_s[row], device[row], stage_of[row], category[row] = t, d, s, WEIGHTS
                     if bit == 2:
                         delta[row], count[row] = params[s], 1
                     else:
                         delta[row], count[row] = -params[s], -1
                     row += 1
-    _starts_before(np.inf, taken, row, start_order, start_s, rank, stage, kind, activations, working,
+    _starts_before(np.inf, taken, row, start_order, start_s, stage_kind, stage_to_rank, activations, working,
                    time_s, device, stage_of, category, delta, count)
     return time_s, device, stage_of, category, delta, count
