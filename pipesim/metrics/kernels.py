@@ -103,24 +103,26 @@ def _levels(keys: IntArray, time: FloatArray, category: IntArray, delta: FloatAr
     """Peak, breakdown at the peak, most weight versions and stashed microbatches per group of
     memory events whose times never decrease: a running level per category (row by row, as a
     cumulative sum down a table of the group's events does it), read after each instant.
-    False (and nothing computed) when some event's time is not at least its predecessor's.
+    False (the rest not to be read) when some event's time is not at least its predecessor's.
 
     Events are read in stored order, each group keeping its own levels; a group's instant
-    is read when its next event comes later (or at the end)."""
+    is read when its next event comes later (or at the end). The table's sum adds 0.0 to the
+    other categories at each row, which changes only a -0.0: a group's first category may hold
+    one until another category's event comes (``signed``), and is then made 0.0."""
     peaks = np.zeros(num_groups)
     breakdown = np.zeros((num_groups, _NUM_CATEGORIES))
     versions = np.zeros(num_groups, dtype=np.int64)
     inflight = np.zeros(num_groups, dtype=np.int64)
-    for i in range(1, keys.size):
-        if not time[i] >= time[i - 1]:
-            return peaks, breakdown, versions, inflight, False
     level = np.zeros((num_groups, _NUM_CATEGORIES))
     held = np.zeros((num_groups, _NUM_CATEGORIES), dtype=np.int64)
     pending = np.zeros(num_groups, dtype=np.bool_)
     seen = np.zeros(num_groups, dtype=np.bool_)
+    signed = np.full(num_groups, -1, dtype=np.int64)  # the one category that may hold -0.0, or -1
     instant = np.zeros(num_groups)
     for i in range(keys.size + num_groups):
         # After the events, one step per group reads its last instant.
+        if 0 < i < keys.size and not time[i] >= time[i - 1]:
+            return peaks, breakdown, versions, inflight, False
         g = keys[i] if i < keys.size else i - keys.size
         if g < 0 or g >= num_groups:
             continue
@@ -139,11 +141,16 @@ def _levels(keys: IntArray, time: FloatArray, category: IntArray, delta: FloatAr
         if i >= keys.size:
             continue
         c = category[i]
+        if c < 0 or c >= _NUM_CATEGORIES:
+            continue
         if pending[g]:
-            for q in range(_NUM_CATEGORIES):
-                level[g, q] = level[g, q] + (delta[i] if q == c else 0.0)
+            if signed[g] >= 0 and signed[g] != c:
+                level[g, signed[g]] += 0.0
+                signed[g] = -1
+            level[g, c] += delta[i]
         else:
             level[g, c] = delta[i]
+            signed[g] = c
         held[g, c] += count[i]
         pending[g] = True
         instant[g] = time[i]
