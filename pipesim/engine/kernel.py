@@ -11,9 +11,9 @@ A send holds its link for its bytes / bandwidth (``hold``) and arrives latency l
 (``transfer`` = latency + hold): latency pipelines, as on a real wire. Both are read from small
 tables by the op's path (``PATH``: the stage it leaves and its direction; ``OpTable.send_link``),
 so a run copies no per-op column for them. Where every sender computes for at least the longest
-hold, no send finds its link busy (``links_may_queue``) and the run skips the queue. An op waits for one
-input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for its partner's
-too (the two inputs in ``PAIRS``).
+hold, no send finds its link busy (``links_may_queue``) and the run skips the queue. An op
+waits for one input (``WAIT``) and, where it opens an overlapped F&B chunk (``chunks.py``), for
+its partner's too (the two inputs in ``PAIRS``).
 
 The analytic engine runs ``advance`` over a worklist of ranks (``solve``); the DES engine
 calls it each time SimPy resumes a rank, and schedules the resumptions it asks for. Sends
@@ -22,9 +22,9 @@ the DES engine moves its bytes through ``network.SharedLinks``.
 
 State lives in three flat buffers: the order's integers (read only, shared by every run of
 the schedule), the run's integers (each rank's next op and send row, the rank waiting for
-each op's output, and whether links may queue) and its floats. Columns are slices at offsets kept in the first ``HEADER``
-integers of the order's buffer. With numba the buffers are numpy arrays; the plain-Python
-kernels run on lists of the same layout.
+each op's output, and whether links may queue) and its floats. Columns are slices at offsets
+kept in the first ``HEADER`` integers of the order's buffer. With numba the buffers are numpy
+arrays; the plain-Python kernels run on lists of the same layout.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def offsets_of(order: Any) -> Offsets:
     """The columns' offsets from the header, read once per kernel call (a loop that calls
     ``advance_at`` keeps them in registers)."""
     return (order[WAIT], order[PAIRS], order[LINK], order[PATH], order[STOP], order[NEXT], order[SEND_NEXT],
-            order[WAITER], order[QUEUES], order[DURATION], order[TRANSFER], order[HOLD], order[ARRIVAL], order[LINK_FREE],
-            order[FREE], order[CLOCK], order[START], order[END])
+            order[WAITER], order[QUEUES], order[DURATION], order[TRANSFER], order[HOLD], order[ARRIVAL],
+            order[LINK_FREE], order[FREE], order[CLOCK], order[START], order[END])
 
 
 @jit.jit

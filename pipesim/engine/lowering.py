@@ -31,6 +31,7 @@ BoolArray = npt.NDArray[np.bool_]
 # The kinds whose output may go to another stage (W and U keep theirs).
 SENDING_KINDS = [F_CODE, B_CODE, I_CODE]
 
+
 @dataclass(frozen=True)
 class LoweredOp:
     """One op ready for an engine (the row view of an OpTable, kept for readers of single ops).
@@ -75,7 +76,7 @@ class OpTable:
             input its B waits for, which the chunk waits for too; -1 elsewhere.
         send_rank: rank receiving the op's output, or -1.
         send_link: the path the op's output leaves by (``Schedule.send_link``: its stage and
-            direction; one more for ops that send nothing); the three tables below are per path.
+            direction; one more for ops that send nothing); the four tables below are per path.
         pair_by_link: the directed rank pair a path crosses (``SendLinks.pair``), or -1;
         bytes_by_link: the size of a send; transfer_by_link_s: its link time, seconds, from
             leaving to arriving (0 on the same rank); hold_by_link_s: how long it holds its link,
