@@ -74,15 +74,16 @@ CASES = [
 
 
 class OncePerPartition:
-    """A calibration made once per partition and reused by every real run that cuts the model there."""
+    """A calibration made once per partition (and number of ranks) and reused by every real run
+    that cuts the model there."""
 
-    def __init__(self, spec: ModelSpec, run: CalibrationRun) -> None:
-        self.spec, self.run = spec, run
+    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0) -> None:
+        self.spec, self.run, self.num_ranks = spec, run, num_ranks
         self.made: dict[tuple[tuple[int, int], ...], Calibrated] = {}
 
     def __call__(self, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Calibrated:
         if partition not in self.made:
-            self.made[partition] = calibrate(profile, self.spec, partition, self.run)
+            self.made[partition] = calibrate(profile, self.spec, partition, self.run, num_ranks=self.num_ranks)
         return self.made[partition]
 
 
@@ -144,6 +145,7 @@ def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int) -> tu
     topology, fits = measure_links(case.num_ranks, max_bytes=max(4, largest))
     host_cost_s = host_cost(profile, topology, case.spec, case.num_ranks, realtime_priority=realtime)
     calibration = OncePerPartition(case.spec, CalibrationRun())
+    looped_calibration = OncePerPartition(case.spec, CalibrationRun(), case.num_ranks)  # two stages per rank
     lines = [f"### {case.label}, m={case.num_microbatches}, K={case.num_minibatches}", "",
              f"Links: {fits[0].latency_s * 1e6:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s. "
              f"Emulated host cost: {host_cost_s * 1e6:.0f} us per F and B op fed by another rank, added to the "
@@ -163,9 +165,8 @@ def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int) -> tu
             validations[name] = {
                 "emulated": ScheduleValidation(profile, topology, case.spec, compute="emulated",
                                                host_cost_s=host_cost_s, realtime_priority=realtime, **common),
-                # the calibration run has one stage per rank: two stages per rank take the layer profile's times
-                "real": ScheduleValidation(profile, topology, case.spec, calibration=None if shared else calibration,
-                                           **common)}
+                "real": ScheduleValidation(profile, topology, case.spec,
+                                           calibration=looped_calibration if shared else calibration, **common)}
             validations[name]["emulated"].run_once()
         except (RunFailedError, ValueError) as error:
             skipped.append(f"- {name}: not run: {str(error).splitlines()[0]}")
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
              f"schedule and compute mode, interleaved across schedules. Emulated: each op lasts its predicted "
              f"duration (`--compute emulated`), the ranks under SCHED_RR at priority {args.realtime_priority} "
              f"(`--realtime-priority`; 0: the normal policy). Real: op times from one separate calibration run per partition "
-             f"(gpipe, m=4, K=20). Replay: the engine fed each run's measured op durations. Noise floor: the "
+             f"(gpipe, m=4, K=20; looped-bfs on the same ranks for two stages per rank). Replay: the engine fed each run's measured op durations. Noise floor: the "
              f"largest distance of a real run's iteration time from the runs' median; real errors below it "
              f"cannot be judged here. Errors are (predicted - measured) / measured of the steady-state "
              f"iteration time.", ""]

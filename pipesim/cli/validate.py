@@ -61,11 +61,12 @@ def parse_schedules(text: str) -> list[str]:
               help="Where the prediction's op times come from (default: calibrated with real compute, layers with "
                    "emulated). calibrated: before every validated run, a SEPARATE "
                    "calibration run of the real runtime (--calibration-schedule, --calibration-microbatches x "
-                   "--calibration-minibatches, same partition) gives each stage's F, B and U time (the --statistic "
+                   "--calibration-minibatches, same partition and ranks) gives each stage's F, B and U time (the --statistic "
                    "of its spans in the steady-state minibatches); the validated runs' own times are never used, and "
                    "the plain layer profile's prediction is reported beside it. layers: the layer profile alone.")
 @click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
-              help="The calibration run's schedule.")
+              help="The calibration run's schedule; with fewer --ranks than stages, its form with several "
+                   "stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
 @click.option("--calibration-microbatches", type=int, default=4, show_default=True,
               help="Microbatches per minibatch of the calibration run.")
 @click.option("--calibration-minibatches", type=int, default=20, show_default=True,
@@ -146,9 +147,6 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     calibration_run = CalibrationRun(num_microbatches=calibration_microbatches,
                                      num_minibatches=calibration_minibatches, statistic=statistic, device=device,
                                      schedule=calibration_schedule)
-    if op_times == "calibrated" and num_ranks and num_ranks != num_stages:
-        raise ConfigError("op_times", op_times, "the calibration run has one stage per rank; use --op-times layers "
-                                                "with --ranks")
     training = build_training(learning_rate, pipemare_warmup_updates, pipemare_correction, pipemare_correction_decay)
     try:
         if not profile_path:
@@ -179,7 +177,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 num_ranks=num_ranks, spread_draws=spread_draws, compute=compute, host_cost_s=host_cost_s,
                 realtime_priority=realtime_priority,
                 calibration=None if op_times == "layers" else
-                lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s)))
+                lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s,
+                                              num_ranks=num_ranks)))
         reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]
     except RunFailedError as error:
         run_failed(error)

@@ -4,8 +4,9 @@ A layer profile times each layer alone; in a pipeline the same op runs while the
 computes and gloo's threads copy messages on the same two cores, and its time differs (on the
 reference 2-core machine, 10-25% longer). The calibration measures the ops where they run: a
 separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1B; a few
-microbatches and minibatches; never a run being validated), whose steady-state op times per stage and kind
-become the stage's op times. The result is a Profile for one partition: each stage's layers are
+microbatches and minibatches; never a run being validated) on as many processes as the run it
+calibrates (with several stages per rank, GPipe's and 1F1B's forms for that: looped-bfs and
+interleaved-1f1b), whose steady-state op times per stage and kind become the stage's op times. The result is a Profile for one partition: each stage's layers are
 scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
 equals the calibration run's. The spread (standard deviation) of each stage's ops of a kind is kept
 too: pipesim.harness.variability turns it into the expected iteration time.
@@ -27,6 +28,8 @@ from pipesim.schedule.ir import Op
 from pipesim.spec.profile import Layer, Profile
 
 SCHEDULES = ("gpipe", "1f1b")
+# Each calibration schedule's form with several stages per rank (stage s on rank s mod R).
+LOOPED = {"gpipe": "looped-bfs", "1f1b": "interleaved-1f1b"}
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,16 @@ class CalibrationRun:
             raise ConfigError("calibration_minibatches", self.num_minibatches,
                               "must be >= 3 (the first and the last are outside the steady state)")
 
-    def describe(self) -> str:
+    def schedule_for(self, num_stages: int, num_ranks: int = 0) -> str:
+        """The schedule the run takes for ``num_stages`` stages on ``num_ranks`` processes (0: one per stage)."""
+        return LOOPED[self.schedule] if num_ranks and num_ranks != num_stages else self.schedule
+
+    def describe(self, num_stages: int = 1, num_ranks: int = 0) -> str:
         """One line saying what is measured."""
-        return (f"a separate {self.schedule} run of the real runtime, m={self.num_microbatches} "
-                f"K={self.num_minibatches}, the {self.statistic} of each stage's F, B and U spans "
-                f"in minibatches 1..{self.num_minibatches - 2}")
+        where = f" on {num_ranks} ranks" if num_ranks and num_ranks != num_stages else ""
+        return (f"a separate {self.schedule_for(num_stages, num_ranks)} run of the real runtime{where}, "
+                f"m={self.num_microbatches} K={self.num_minibatches}, the {self.statistic} of each stage's F, B "
+                f"and U spans in minibatches 1..{self.num_minibatches - 2}")
 
 
 @dataclass(frozen=True)
@@ -157,8 +165,11 @@ def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tu
 
 
 def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int], ...],
-              run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0) -> Calibrated:
+              run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0, num_ranks: int = 0) -> Calibrated:
     """Run the calibration schedule on ``partition`` for real and return ``profile`` calibrated to it.
+
+    ``num_ranks``: the processes of the run being calibrated (0: one per stage); with fewer
+    ranks than stages the calibration runs its schedule's several-stages-per-rank form on as many.
 
     Raises:
         ConfigError: a bad calibration shape or partition.
@@ -168,17 +179,18 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
 
     run = run or CalibrationRun()
     num_stages = len(partition)
-    config = RunConfig(model=spec, schedule=run.schedule, num_stages=num_stages, num_microbatches=run.num_microbatches,
-                       num_minibatches=run.num_minibatches, microbatch_size=profile.microbatch_size,
-                       partition=partition, threads=run.threads, device=run.device,
-                       backend="nccl" if run.device == "cuda" else "gloo")
+    ranks = num_ranks if num_ranks and num_ranks != num_stages else 0
+    config = RunConfig(model=spec, schedule=run.schedule_for(num_stages, ranks), num_stages=num_stages,
+                       num_microbatches=run.num_microbatches, num_minibatches=run.num_minibatches,
+                       microbatch_size=profile.microbatch_size, partition=partition, threads=run.threads,
+                       device=run.device, backend="nccl" if run.device == "cuda" else "gloo", num_ranks=ranks)
     with tempfile.TemporaryDirectory(prefix="pipesim-calibration-") as folder:
         trace_path = Path(folder) / "trace.json"
         launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
         trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
     targets = measured_op_times(trace, num_stages, run.statistic)
     calibrated = scaled(profile, partition, targets).model_copy(update={
-        "device": f"{profile.device}; op times per stage from {run.describe()}, "
+        "device": f"{profile.device}; op times per stage from {run.describe(num_stages, ranks)}, "
                   f"partition {[list(r) for r in partition]}"})
     shares = [share for share in trace.info.cpu_share or () if share is not None]
     return Calibrated(profile=calibrated, partition=partition, op_times=targets,

@@ -98,3 +98,24 @@ def test_priority_outside_the_nice_range_is_refused_and_zero_changes_nothing() -
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
     with pytest.raises(ConfigError, match="nice"):
         raise_priority(25)
+
+
+def test_a_calibration_for_several_stages_per_rank_runs_on_as_many_processes() -> None:
+    """With fewer ranks than stages, the calibration runs GPipe's looped form on that many ranks."""
+    pytest.importorskip("torch")
+    from pipesim.harness.calibration import calibrate
+    from pipesim.harness.config import ModelSpec
+    from pipesim.harness.profiler import Timing, measure_profile
+
+    assert CalibrationRun().schedule_for(4, 2) == "looped-bfs"
+    assert CalibrationRun(schedule="1f1b").schedule_for(4, 2) == "interleaved-1f1b"
+    assert CalibrationRun().schedule_for(4, 4) == CalibrationRun().schedule_for(4) == "gpipe"
+    spec = ModelSpec("mlp", depth=3, width=16)
+    profile = measure_profile(spec, 4, timing=Timing(warmup=1, repeats=3, processes=1), calibrate=False).profile
+    partition = ((0, 1), (1, 2), (2, 3), (3, 4))
+    result = calibrate(profile, spec, partition, CalibrationRun(num_microbatches=2, num_minibatches=3), num_ranks=2)
+    assert len(result.op_times) == 4 and all(t.of(k) > 0 for t in result.op_times for k in "FBU")
+    for got, wanted in zip(stage_op_times(result.profile, partition), result.op_times, strict=True):
+        for kind in "FBU":
+            assert got.of(kind) == pytest.approx(wanted.of(kind), rel=1e-9)
+    assert "looped-bfs run of the real runtime on 2 ranks" in result.profile.device

@@ -147,6 +147,18 @@ def test_validate_with_the_layer_profile_alone_reports_no_calibration(tmp_path: 
 
 
 @torch_needed
+def test_validate_calibrates_several_stages_per_rank_on_as_many_processes() -> None:
+    done = pipesim("validate", "--model", "mlp", "--depth", "3", "--width", "16", "--microbatch-size", "4",
+                   "--schedule", "interleaved-1f1b", "--stages", "4", "--ranks", "2", "--microbatches", "4",
+                   "--minibatches", "3", "--repeats", "1", "--profile-repeats", "3", "--calibration-microbatches", "2",
+                   "--calibration-minibatches", "3", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["op_times"] == "calibration run" and report["versions_match"] is True
+    assert report["layer_profile"]["iteration_time_s_runs"][0] > 0
+
+
+@torch_needed
 def test_the_worker_runs_under_torchrun(tmp_path: Path) -> None:
     from pipesim.engine.trace import Trace
     from pipesim.harness.config import ModelSpec, RunConfig
