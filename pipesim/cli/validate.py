@@ -61,9 +61,10 @@ def parse_schedules(text: str) -> list[str]:
               help="Where the prediction's op times come from (default: calibrated with real compute, layers with "
                    "emulated). calibrated: before every validated run, a SEPARATE "
                    "calibration run of the real runtime (--calibration-schedule, --calibration-microbatches x "
-                   "--calibration-minibatches, same partition and ranks) gives each stage's F, B and U time (the --statistic "
-                   "of its spans in the steady-state minibatches); the validated runs' own times are never used, and "
-                   "the plain layer profile's prediction is reported beside it. layers: the layer profile alone.")
+                   "--calibration-minibatches, same partition and ranks) gives each stage's F, B and U time (the "
+                   "--statistic of its spans in the steady-state minibatches); the validated runs' own times are "
+                   "never used, and the plain layer profile's prediction is reported beside it. layers: the layer "
+                   "profile alone.")
 @click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
               help="The calibration run's schedule; with fewer --ranks than stages, its form with several "
                    "stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")

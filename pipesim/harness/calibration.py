@@ -6,10 +6,11 @@ reference 2-core machine, 10-25% longer). The calibration measures the ops where
 separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1B; a few
 microbatches and minibatches; never a run being validated) on as many processes as the run it
 calibrates (with several stages per rank, GPipe's and 1F1B's forms for that: looped-bfs and
-interleaved-1f1b), whose steady-state op times per stage and kind become the stage's op times. The result is a Profile for one partition: each stage's layers are
-scaled, per kind, so that the stage's op time (its layers plus the profile's per-op overheads)
-equals the calibration run's. The spread (standard deviation) of each stage's ops of a kind is kept
-too: pipesim.harness.variability turns it into the expected iteration time.
+interleaved-1f1b), whose steady-state op times per stage and kind become the stage's op times.
+The result is a Profile for one partition: each stage's layers are scaled, per kind, so that the
+stage's op time (its layers plus the profile's per-op overheads) equals the calibration run's.
+The spread (standard deviation) of each stage's ops of a kind is kept too:
+pipesim.harness.variability turns it into the expected iteration time.
 """
 
 from __future__ import annotations
