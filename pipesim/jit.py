@@ -117,14 +117,8 @@ class Kernel:
 
     def _load_then_call(self, *args: Any) -> Any:
         """The first compiled call: load (or compile) the machine code for these argument types,
-        counted in ``startup_s``, then run it."""
-        dispatcher: Any = self.dispatcher()
-        if not self._loaded:
-            started = time.perf_counter()
-            dispatcher.compile(tuple(dispatcher.typeof_pyval(arg) for arg in args))
-            _startup[0] += time.perf_counter() - started
-            self._loaded = True
-        return dispatcher(*args)
+        counted in ``startup_s`` (``entry_point``), then run it."""
+        return self.entry_point(*args)(*args)
 
     def entry_point(self, *args: Any) -> Callable[..., Any]:
         """The compiled machine code's own entry for the types of ``args`` (loaded or compiled
