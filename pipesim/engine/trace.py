@@ -95,6 +95,53 @@ def _column(name: str, values: Any) -> npt.NDArray[Any]:
     return np.asarray(values, dtype=np.float64 if name in _FLOAT_COLUMNS else np.int64)
 
 
+def _read_column(field: str, name: str, values: list[Any], source: str) -> npt.NDArray[Any]:
+    """A column of a trace file: finite numbers for times and bytes, integers for the rest.
+
+    Raises:
+        ConfigError: naming the column and its first value of another type.
+    """
+    floats = name in _FLOAT_COLUMNS
+    allowed = (int, float) if floats else (int,)  # bool is an int to Python, not to a trace
+    if set(map(type, values)) <= set(allowed):
+        try:
+            column = _column(name, values)
+        except OverflowError:
+            wide = next(value for value in values if type(value) is int and not -2**63 <= value < 2**63)
+            raise ConfigError(field, wide, "must fit in 64 bits", source=source) from None
+        if not floats or bool(np.isfinite(column).all()):
+            return column
+        bad: Any = float(column[~np.isfinite(column)][0])
+    else:
+        bad = next(value for value in values if type(value) not in allowed)
+    raise ConfigError(field, bad, "must be a finite number" if floats else "must be an integer", source=source)
+
+
+def _check_codes(tables: dict[str, dict[str, npt.NDArray[Any]]], info: RunInfo, source: str) -> None:
+    """The integer columns of a trace file that index tables or group rows, each in its range
+    (from the run's counts where it depends on the run): outside it a metric or a figure would
+    fail deep inside, or count the row in another group.
+
+    Raises:
+        ConfigError: naming the column, its first value outside the range and the range.
+    """
+    num_ranks, num_stages = info.num_ranks, info.num_stages
+    ranges = (
+        ("spans", "stream", 0, len(STREAMS) - 1), ("spans", "kind", 0, len(KINDS) - 1),
+        ("spans", "device", 0, num_ranks - 1), ("spans", "stage", 0, num_stages - 1),
+        ("spans", "peer", -1, num_ranks - 1), ("spans", "microbatch", 0, None),
+        ("spans", "minibatch", 0, info.num_minibatches - 1), ("spans", "position", 0, None),
+        ("memory", "device", 0, num_ranks - 1), ("memory", "stage", 0, num_stages - 1),
+        ("memory", "category", 0, len(CATEGORIES) - 1),
+    )
+    for table, column, low, high in ranges:
+        values = tables[table][column]
+        outside = (values < low) if high is None else (values < low) | (values > high)
+        if values.size and bool(outside.any()):
+            rule = f"must be >= {low}" if high is None else f"must be in {low}..{high}"
+            raise ConfigError(f"{table}.{column}", int(values[outside][0]), rule, source=source)
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """Spans and memory events of one run, by column, plus what produced them.
@@ -221,11 +268,13 @@ class Trace:
                 lengths.add(len(raw[column]))
             if len(lengths) > 1:
                 raise ConfigError(table, sorted(lengths), "columns must all have the same length", source=source)
-            tables[table] = {c: _column(c, raw[c]) for c in columns}
+            tables[table] = {c: _read_column(f"{table}.{c}", c, raw[c], source) for c in columns}
         meta = data.get("meta")
         if not isinstance(meta, dict):
             raise ConfigError("meta", meta, "must be an object", source=source)
-        return cls(info=RunInfo.from_dict(meta, source=source), spans=tables["spans"], memory=tables["memory"])
+        info = RunInfo.from_dict(meta, source=source)
+        _check_codes(tables, info, source)
+        return cls(info=info, spans=tables["spans"], memory=tables["memory"])
 
     def equals(self, other: Trace) -> bool:
         """True when the run info and every column are identical."""

@@ -265,6 +265,7 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
     rows = np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows
     micro = s["microbatch"]
     kernel = pick(_exposed, compiled)
+    ordered = False
     while True:
         sums, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["start_s"], s["end_s"],
                               s["peer"], s["position"], rows.astype(np.int64, copy=False), float(low), float(high),
@@ -272,12 +273,23 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
         if status == _DONE:
             found: list[float] = sums.tolist()
             return found
+        if status == _UNSORTED and ordered:  # sorted by (device, position), two compute spans share both
+            raise _shared_position(trace, rows)
         if status == _UNSORTED:
             rows = rows[np.lexsort((s["position"][rows], s["device"][rows]))]
+            ordered = True
         elif status == _TOO_LARGE and micro is s["microbatch"]:
             micro = np.unique(micro, return_inverse=True)[1].astype(np.int64).reshape(-1)
         else:
             raise _out_of_range(trace, num_stages)
+
+
+def _shared_position(trace: Trace, rows: npt.NDArray[np.intp]) -> ConfigError:
+    """The error naming two compute spans of one device at one position (``rows`` sorted by both)."""
+    device, position = trace.spans["device"][rows], trace.spans["position"][rows]
+    first = int(np.flatnonzero((device[1:] == device[:-1]) & (position[1:] == position[:-1]))[0])
+    return ConfigError("spans.position", int(position[first]),
+                       f"must differ between the compute spans of one device (device {int(device[first])} has two)")
 
 
 def _out_of_range(trace: Trace, num_stages: int) -> ConfigError:

@@ -1,10 +1,15 @@
-"""The Trace: exact JSON round trip, determinism, and the DataFrame's fixed columns."""
+"""The Trace: exact JSON round trip, determinism, the DataFrame's fixed columns, and a file's columns checked."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from cli_runner import pipesim
 from pipesim import ConfigError, Topology, Trace, load_profile, simulate
+from pipesim.engine.trace import STREAMS
 
 COLUMNS = ["device", "stream", "op", "kind", "stage", "microbatch", "minibatch", "weight_version", "start_s",
            "end_s", "duration_s", "bytes", "peer", "position"]
@@ -54,3 +59,65 @@ def test_from_json_rejects_other_files() -> None:
         Trace.from_json('{"schema": "something/else"}')
     with pytest.raises(ConfigError, match="not valid JSON"):
         Trace.from_json("{")
+
+
+def _edited(text: str, table: str, column: str, value: object) -> str:
+    """``text`` (a trace's JSON) with row 3 of ``table.column`` set to ``value``."""
+    data = json.loads(text)
+    data[table][column][3] = value
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("table", "column", "value", "message"), [
+    ("memory", "category", 7, "memory.category=7: must be in 0..3"),
+    ("memory", "category", -1, "memory.category=-1: must be in 0..3"),
+    ("spans", "stream", 2, "spans.stream=2: must be in 0..1"),
+    ("spans", "kind", 9, "spans.kind=9: must be in 0..4"),
+    ("spans", "device", 4, "spans.device=4: must be in 0..3"),
+    ("memory", "device", -1, "memory.device=-1: must be in 0..3"),
+    ("spans", "stage", 4, "spans.stage=4: must be in 0..3"),
+    ("memory", "stage", 9, "memory.stage=9: must be in 0..3"),
+    ("spans", "peer", -2, "spans.peer=-2: must be in -1..3"),
+    ("spans", "microbatch", -1, "spans.microbatch=-1: must be >= 0"),
+    ("spans", "minibatch", 4, "spans.minibatch=4: must be in 0..3"),
+    ("spans", "position", -1, "spans.position=-1: must be >= 0"),
+    ("spans", "device", 1.5, "spans.device=1.5: must be an integer"),
+    ("spans", "stage", "x", "spans.stage='x': must be an integer"),
+    ("spans", "kind", True, "spans.kind=True: must be an integer"),
+    ("spans", "position", 2**70, f"spans.position={2**70}: must fit in 64 bits"),
+    ("memory", "time_s", None, "memory.time_s=None: must be a finite number"),
+    ("spans", "end_s", float("inf"), "spans.end_s=inf: must be a finite number"),
+    ("memory", "delta_bytes", "1", "memory.delta_bytes='1': must be a finite number"),
+])
+def test_from_json_names_a_column_value_outside_its_type_or_range(table: str, column: str, value: object,
+                                                                   message: str) -> None:
+    text = vgg_result().trace.to_json()  # 4 stages on 4 ranks, K=4
+    with pytest.raises(ConfigError) as raised:
+        Trace.from_json(_edited(text, table, column, value), source="t.json")
+    assert str(raised.value) == f"t.json: {message}"
+
+
+def test_a_trace_file_with_a_bad_code_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    text = vgg_result().trace.to_json()
+    bad = tmp_path / "bad.json"
+    bad.write_text(_edited(text, "memory", "category", 7))
+    for args in (("plot", "memory", str(bad), "--out", str(tmp_path / "m.png")),
+                 ("report", str(bad), "--out", str(tmp_path / "r.html"))):
+        done = pipesim(*args)
+        assert (done.returncode, done.stderr) == (2, f"pipesim: error: {bad}: memory.category=7: must be in 0..3\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.json"]
+
+
+def test_two_compute_spans_of_one_device_at_one_position_are_refused(tmp_path: Path) -> None:
+    data = json.loads(vgg_result().trace.to_json())
+    spans = data["spans"]
+    rows = [r for r, (stream, device) in enumerate(zip(spans["stream"], spans["device"], strict=True))
+            if stream == STREAMS.index("compute") and device == 1]
+    spans["position"][rows[3]] = spans["position"][rows[2]]
+    path = tmp_path / "twice.json"
+    path.write_text(json.dumps(data))
+    # In a subprocess with a timeout: the exposure metric sorted such rows again and again.
+    done = pipesim("plot", "staleness", str(path), "--out", str(tmp_path / "s.png"))
+    position = spans["position"][rows[2]]
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: spans.position={position}: must differ between "
+                                                 "the compute spans of one device (device 1 has two)\n")
