@@ -216,3 +216,39 @@ def test_sweep_spec_fuzz(tmp_path_factory: Any, text: str) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
     path.write_text(text, encoding="utf-8")  # JSON is YAML
     check_outcome(load_spec, path)
+
+
+def _small_trace() -> dict[str, Any]:
+    from pipesim import Topology, simulate
+    from pipesim.spec.profile import uniform_profile
+
+    profile = uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e3, param_bytes=1e3)
+    result = simulate(profile, Topology.uniform(num_devices=2, bandwidth=1e9, latency=1e-6), schedule="2bw",
+                      num_stages=2, num_microbatches=2, num_minibatches=2, engine="analytic")
+    data: dict[str, Any] = json.loads(result.trace.to_json())
+    return data
+
+
+TRACE = _small_trace()
+
+
+def read_trace_and_metrics(path: Path) -> None:
+    """What ``pipesim plot`` and ``report`` do with a trace file: read it, then compute its metrics."""
+    from pipesim.engine.trace import Trace
+    from pipesim.metrics import compute_metrics
+
+    compute_metrics(Trace.from_json(path.read_text(encoding="utf-8"), source=str(path)))
+
+
+@FUZZ
+@given(text=mutated_json(TRACE))
+def test_trace_json_fuzz(tmp_path_factory: Any, text: str) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "trace.json"
+    path.write_text(text, encoding="utf-8")
+    try:
+        read_trace_and_metrics(path)
+    except PipesimError as error:  # the metrics' own checks name the column, not the file
+        message = str(error)
+        assert "\n" not in message and "=" in message, message
+    except Exception as error:  # noqa: BLE001 - the point: nothing else may escape
+        raise AssertionError(f"{type(error).__name__} escaped: {error}") from error
