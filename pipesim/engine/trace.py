@@ -119,8 +119,8 @@ def _read_column(field: str, name: str, values: list[Any], source: str) -> npt.N
 
 def _check_codes(tables: dict[str, dict[str, npt.NDArray[Any]]], info: RunInfo, source: str) -> None:
     """The integer columns of a trace file that index tables or group rows, each in its range
-    (from the run's counts where it depends on the run): outside it a metric or a figure would
-    fail deep inside, or count the row in another group.
+    (from the run's counts where it depends on the run), and one compute span per device and
+    position: otherwise a metric or a figure would fail deep inside, or count a row in another group.
 
     Raises:
         ConfigError: naming the column, its first value outside the range and the range.
@@ -140,6 +140,15 @@ def _check_codes(tables: dict[str, dict[str, npt.NDArray[Any]]], info: RunInfo, 
         if values.size and bool(outside.any()):
             rule = f"must be >= {low}" if high is None else f"must be in {low}..{high}"
             raise ConfigError(f"{table}.{column}", int(values[outside][0]), rule, source=source)
+    spans = tables["spans"]
+    compute = np.flatnonzero(spans["stream"] == STREAMS.index("compute"))
+    device, position = spans["device"][compute], spans["position"][compute]
+    order = np.lexsort((position, device))
+    device, position = device[order], position[order]
+    twice = np.flatnonzero((device[1:] == device[:-1]) & (position[1:] == position[:-1]))
+    if twice.size:
+        raise ConfigError("spans.position", int(position[twice[0]]), "must differ between the compute spans of one "
+                          f"device (device {int(device[twice[0]])} has two)", source=source)
 
 
 @dataclass(frozen=True, eq=False)

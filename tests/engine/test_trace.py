@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -116,8 +118,16 @@ def test_two_compute_spans_of_one_device_at_one_position_are_refused(tmp_path: P
     spans["position"][rows[3]] = spans["position"][rows[2]]
     path = tmp_path / "twice.json"
     path.write_text(json.dumps(data))
-    # In a subprocess with a timeout: the exposure metric sorted such rows again and again.
-    done = pipesim("plot", "staleness", str(path), "--out", str(tmp_path / "s.png"))
     position = spans["position"][rows[2]]
-    assert (done.returncode, done.stderr) == (2, f"pipesim: error: spans.position={position}: must differ between "
-                                                 "the compute spans of one device (device 1 has two)\n")
+    rule = f"spans.position={position}: must differ between the compute spans of one device (device 1 has two)"
+    done = pipesim("plot", "staleness", str(path), "--out", str(tmp_path / "s.png"))
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {path}: {rule}\n")
+    # Built in Python rather than read: the exposure metric sorted such rows again and again (a
+    # subprocess with a timeout, so that a regression fails instead of hanging).
+    script = ("import sys, json; from pipesim.engine.trace import Trace; from pipesim.metrics import compute_metrics; "
+              "good = Trace.from_json(sys.stdin.read()); spans = dict(good.spans); "
+              f"spans['position'] = spans['position'].copy(); spans['position'][{rows[3]}] = {position}; "
+              "compute_metrics(Trace(info=good.info, spans=spans, memory=good.memory))")
+    good = vgg_result().trace.to_json()
+    done = subprocess.run([sys.executable, "-c", script], input=good, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == f"pipesim.errors.ConfigError: {rule}"
