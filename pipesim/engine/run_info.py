@@ -4,6 +4,7 @@ facts), typed; its ``to_dict`` is the trace JSON's ``meta`` object."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,8 +122,51 @@ class RunInfo:
         if "failure" in known:
             failure = meta["failure"]
             known["failure"] = RunFailure(rank=failure["rank"], op=failure["op"], reason=failure["reason"])
+        _check_counts(known, source)
         other = {key: value for key, value in meta.items() if key not in _CHECKS}
         return cls(**known, other=other)
+
+
+#: The most stage-microbatch steps (stages x microbatches x minibatches) a trace file may declare:
+#: over ten times the largest run ``simulate`` takes without a raised --max-ops.
+MAX_MICROBATCH_STEPS = 100_000_000
+
+
+def _check_counts(known: Mapping[str, Any], source: str) -> None:
+    """The counts of a trace's meta at least 1, and its per-stage and per-rank lists of their
+    lengths, ranks and sizes in range: metrics and figures index by them.
+
+    Raises:
+        ConfigError: naming the key, its value and the rule.
+    """
+    for name in ("num_stages", "num_microbatches", "num_minibatches", "num_ranks", "microbatch_size"):
+        if known[name] < 1:
+            raise ConfigError(f"meta.{name}", known[name], "must be >= 1", source=source)
+    num_stages, num_ranks = known["num_stages"], known["num_ranks"]
+    # The metrics size tables by stages x microbatches x minibatches (the lists below tie the
+    # stages and ranks to the file's own length; these two counts are free).
+    if num_stages * known["num_microbatches"] * known["num_minibatches"] > MAX_MICROBATCH_STEPS:
+        raise ConfigError("meta.num_microbatches", known["num_microbatches"],
+                          f"times num_stages ({num_stages}) and num_minibatches ({known['num_minibatches']}) must be "
+                          f"at most {MAX_MICROBATCH_STEPS:,}", source=source)
+    for name, length, per in (("stage_to_rank", num_stages, "stage"), ("param_bytes", num_stages, "stage"),
+                              ("stash_bytes", num_stages, "stage"), ("rank_devices", num_ranks, "rank"),
+                              ("device_memory_bytes", num_ranks, "rank")):
+        if len(known[name]) != length:
+            raise ConfigError(f"meta.{name}", list(known[name]), f"must have one item per {per} ({length})",
+                              source=source)
+    for name, low, high in (("stage_to_rank", 0, num_ranks - 1), ("rank_devices", 0, None)):
+        for index, value in enumerate(known[name]):
+            if value < low or (high is not None and value > high):
+                rule = f"must be >= {low}" if high is None else f"must be in {low}..{high}"
+                raise ConfigError(f"meta.{name}[{index}]", value, rule, source=source)
+    for name in ("param_bytes", "stash_bytes", "device_memory_bytes"):
+        for index, value in enumerate(known[name]):
+            if value is not None and not 0 <= value < math.inf:
+                raise ConfigError(f"meta.{name}[{index}]", value, "must be a finite number >= 0", source=source)
+    multiplier = known["optimizer_state_multiplier"]
+    if not 0 <= multiplier < math.inf:
+        raise ConfigError("meta.optimizer_state_multiplier", multiplier, "must be a finite number >= 0", source=source)
 
 
 def _plain(value: Any) -> Any:

@@ -131,3 +131,21 @@ def test_two_compute_spans_of_one_device_at_one_position_are_refused(tmp_path: P
     good = vgg_result().trace.to_json()
     done = subprocess.run([sys.executable, "-c", script], input=good, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.strip().splitlines()[-1] == f"pipesim.errors.ConfigError: {rule}"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("stage_to_rank", [0, 1, 2, 4], "meta.stage_to_rank[3]=4: must be in 0..3"),
+    ("stage_to_rank", [0, 1, 2], "meta.stage_to_rank=[0, 1, 2]: must have one item per stage (4)"),
+    ("rank_devices", [0, 1, 2, -1], "meta.rank_devices[3]=-1: must be >= 0"),
+    ("device_memory_bytes", [None], "meta.device_memory_bytes=[None]: must have one item per rank (4)"),
+    ("param_bytes", [1.0, 2.0, -3.0, 4.0], "meta.param_bytes[2]=-3.0: must be a finite number >= 0"),
+    ("num_stages", 0, "meta.num_stages=0: must be >= 1"),
+    ("num_microbatches", 10**12, "meta.num_microbatches=1000000000000: times num_stages (4) and num_minibatches "
+                                 "(4) must be at most 100,000,000"),
+])
+def test_from_json_checks_the_runs_counts_and_lists(key: str, value: object, message: str) -> None:
+    data = json.loads(vgg_result().trace.to_json())
+    data["meta"][key] = value
+    with pytest.raises(ConfigError) as raised:
+        Trace.from_json(json.dumps(data), source="t.json")
+    assert str(raised.value) == f"t.json: {message}"
