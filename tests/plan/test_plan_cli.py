@@ -164,3 +164,21 @@ def test_plan_refuses_what_it_cannot_plan_in_one_line(tmp_path: Path) -> None:
     for args, expected in cases:
         done = pipesim("plan", *args, "--devices", "4", "--bandwidth", "10GB/s")
         assert (done.returncode, done.stderr) == (2, expected)
+
+
+def test_simulate_plan_refuses_a_placement_off_the_devices_however_the_topology_is_given(tmp_path: Path) -> None:
+    """--bandwidth builds a device per rank, as a topology file of 4 devices has them: device 99 is
+    off both; two ranks on one device are refused as the plan is read."""
+    plan, topology = tmp_path / "plan.json", tmp_path / "topology.json"
+    base = {"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 4, "num_microbatches": 8}
+    topology.write_text(json.dumps({"schema": "pipesim.topology/1", "devices": [{"name": f"d{i}"} for i in range(4)],
+                                    "bandwidth_bytes_per_s": 1e9}))
+    off = "pipesim: error: placement=99: stage 3 is placed on a device the topology lacks (4 devices)\n"
+    plan.write_text(json.dumps({**base, "placement": [0, 1, 2, 99]}))
+    for where in (("--bandwidth", "1GB/s"), ("--topology", str(topology))):
+        done = pipesim("simulate", "--profile", VGG, "--plan", str(plan), *where, "--json")
+        assert (done.returncode, done.stderr) == (2, off)
+    plan.write_text(json.dumps({**base, "placement": [0, 0, 1, 2]}))
+    done = pipesim("simulate", "--profile", VGG, "--plan", str(plan), "--bandwidth", "1GB/s", "--json")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {plan}: placement[1]=0: device 0 already runs "
+                                                 "stage 0: a device runs one rank (1 stage)\n")
