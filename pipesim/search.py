@@ -217,15 +217,15 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             finish.
 
     Raises:
-        ConfigError: a count below 1, an unknown placement or an unreachable scheduler.
+        ConfigError: a count or sequence length below 1, an unknown placement or an unreachable scheduler.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
-    for field, value in (("gpus", num_gpus), ("global_batch", global_batch)):
+    s = config.seq_len if seq_len is None else seq_len
+    for field, value in (("gpus", num_gpus), ("global_batch", global_batch), ("seq_len", s)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
     placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
-    s = seq_len or config.seq_len
     setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)

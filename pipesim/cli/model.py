@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from pipesim.cli.outputs import out_file_option, writing
 from pipesim.spec.devices import DEVICES, DeviceSpec
 from pipesim.spec.files import load_profile, save_model
 from pipesim.spec.profile import Profile
@@ -46,10 +47,11 @@ def build_model_profile(name: str, *, device: str | DeviceSpec, efficiency: floa
                         microbatch_size: int | None, seq_len: int | None, tp: int, sequence_parallel: bool,
                         recompute: Recompute) -> Profile:
     """The profile ``model_options`` describe, calibrated on a measured profile when one is given."""
+    b = 1 if microbatch_size is None else microbatch_size
     if calibrate_path is not None:
         efficiency = calibrated_efficiency(load_profile(calibrate_path), name, device=device,
-                                           microbatch_size=microbatch_size or 1, seq_len=seq_len)
-    return transformer_profile(name, device=device.lower() if isinstance(device, str) else device, microbatch_size=microbatch_size or 1, seq_len=seq_len,
+                                           microbatch_size=b, seq_len=seq_len)
+    return transformer_profile(name, device=device.lower() if isinstance(device, str) else device, microbatch_size=b, seq_len=seq_len,
                                tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                efficiency=efficiency)
 
@@ -60,7 +62,8 @@ def build_model_profile(name: str, *, device: str | DeviceSpec, efficiency: floa
 @with_options(MODEL_OPTIONS)
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True,
               help="Activation recomputation: selective (attention, Korthikanti et al.) or full.")
-@click.option("--out", "out_path", type=str, default=None, help="Write the per-layer profile (pipesim JSON).")
+@click.option("--out", "out_path", type=str, default=None, callback=out_file_option(None),
+              help="Write the per-layer profile (pipesim JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print the sizes as one JSON object.")
 def model_command(name: str, device: str, efficiency: float | None, calibrate_path: str | None,
                   microbatch_size: int | None, seq_len: int | None, tp: int, sequence_parallel: bool,
@@ -70,9 +73,10 @@ def model_command(name: str, device: str, efficiency: float | None, calibrate_pa
     profile = build_model_profile(config.name, device=device, efficiency=efficiency, calibrate_path=calibrate_path,
                                   microbatch_size=microbatch_size, seq_len=seq_len, tp=tp,
                                   sequence_parallel=sequence_parallel, recompute=recompute)
-    summary = model_summary(config, profile, tp=tp, recompute=recompute, seq_len=seq_len or config.seq_len)
+    summary = model_summary(config, profile, tp=tp, recompute=recompute, seq_len=config.seq_len if seq_len is None else seq_len)
     if out_path is not None:
-        save_model(profile, out_path)
+        with writing(out_path):
+            save_model(profile, out_path)
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
         return

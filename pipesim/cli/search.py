@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pipesim.cli.outputs import ProgressBar
+from pipesim.cli.outputs import ProgressBar, out_folder, writing
 from pipesim.search import Outcome, search
 from pipesim.spec.devices import DEVICES, PLACEMENTS, Placement, device_preset
 from pipesim.spec.transformer import PRESETS
@@ -60,6 +60,7 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     fit, simulate the rest on the analytic engine, and rank by tokens/s."""
     if workers is not None and scheduler is not None:
         raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
+    out = out_folder(out_dir) if out_dir is not None else None
     budget = parse_size(memory, "memory") if memory else None
     spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
     bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="search", unit="candidates")
@@ -71,8 +72,9 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
         bar.stop()
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
-    if out_dir is not None:
-        _write(rows, Path(out_dir))
+    if out is not None:
+        with writing(out):
+            _write(rows, out)
     if as_json:
         click.echo(json.dumps({"best": best, "candidates": rows}, sort_keys=True))
         return

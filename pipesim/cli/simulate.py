@@ -250,10 +250,9 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
 
 
 def _devices_needed(plan: Plan) -> int:
-    """Devices a plan runs on: its ranks, or as many as its placement and replicas reach."""
-    if plan.stages_per_rank > 1:
-        return max([plan.num_ranks, *(device + 1 for device in plan.placement)])
-    return max(plan.device_of(s) + plan.replicas_of(s) for s in range(plan.num_stages))
+    """Devices of the uniform topology a plan runs on without --topology: those it occupies (a
+    placement beyond them is refused, as on a topology file without them)."""
+    return plan.num_devices
 
 
 def _check_plan_flags(context: click.Context) -> None:

@@ -277,8 +277,14 @@ def plan_and_check(
     m x w microbatches of one step over all pipelines, on the profile scaled to its microbatch.
 
     Raises:
-        ConfigError: an unknown planner or cost model, or no plan exists or fits.
+        ConfigError: an unknown planner or cost model, an optimizer state multiplier that is not
+            a finite number >= 0, a profile whose layers take no time, or no plan exists or fits.
     """
+    if not (math.isfinite(optimizer_state_multiplier) and optimizer_state_multiplier >= 0):
+        raise ConfigError("optimizer_state_multiplier", optimizer_state_multiplier, "must be a finite number >= 0")
+    if not any(layer.forward_s or layer.backward_s for layer in profile.layers):
+        raise ConfigError("layers[*].forward_s+backward_s", 0.0,
+                          "must be > 0 on some layer: a plan balances the layers' compute")
     if planner == "pipedream":
         return _plan_pipedream(profile, topology, cost_model=cost_model, memory_bytes=memory_bytes, straight=straight,
                                overlap=overlap, multiplier=optimizer_state_multiplier,

@@ -146,6 +146,11 @@ def _states(profile: Profile) -> _States:
         output = np.array([layer.activation_bytes for layer in layers])[first:]
     else:
         members, ancestors, output = dag.members, dag.ancestors, dag.output_bytes
+        if not members[-1].all():  # the largest state holds every layer the first source's graph reaches
+            apart = int(np.flatnonzero(~members[-1])[0])
+            raise ConfigError(f"layers[{apart}].inputs", layers[apart].inputs,
+                              "the layers' inputs must join every layer into one graph (PipeDream's optimizer "
+                              f"cuts a connected DAG); layer {apart} ({layers[apart].name}) is apart")
 
     def ranges(values: FloatArray) -> FloatArray:
         through = members.astype(np.float64) @ values  # through state j

@@ -11,7 +11,7 @@ from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
 
 # PyTorch's actions that move data or manage memory rather than compute; the microbatch is optional.
-_NON_COMPUTE = re.compile(r"(\d+)(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
+_NON_COMPUTE = re.compile(r"([0-9]+)(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)")
 # DualPipeV's overlapped pair, e.g. "(0F3;3B1)OVERLAP_F_B".
 _OVERLAP = re.compile(r"\(([^()]*)\)OVERLAP_F_B")
 
@@ -167,13 +167,16 @@ def read_csv_schedule(
 
 
 def _parse_cell(cell: str, field: str, source: str) -> tuple[Op, ...] | None:
-    """The compute ops of one cell, or None for an empty or non-compute cell."""
+    """The compute ops of one cell, or None for an empty or non-compute cell; numbers are ASCII
+    digits only (``int`` would read other scripts' digits, ``"1B١"`` as microbatch 1)."""
     text = cell.strip()
     if not text or _NON_COMPUTE.fullmatch(text):
         return None
     overlap = _OVERLAP.fullmatch(text)
     parts = overlap.group(1).split(";") if overlap else [text]
     try:
+        if not text.isascii():
+            raise ConfigError("op", text, "must be ASCII")
         return tuple(Op.parse(part) for part in parts)
     except ConfigError:
         raise ConfigError(

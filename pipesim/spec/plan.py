@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipesim.spec.validation import FrozenModel
+from pipesim.errors import ConfigError
+from pipesim.spec.validation import Bool, Float, FrozenModel, Int
 
 PLAN_SCHEMA = "pipesim.plan/1"
 
@@ -57,55 +58,80 @@ class Plan(FrozenModel):
 
     schema_: str = Field(default=PLAN_SCHEMA, alias="schema")
     schedule: str
-    num_stages: int = Field(ge=1)
-    num_microbatches: int = Field(ge=1)
-    num_minibatches: int = Field(default=1, ge=1)
-    partition: tuple[tuple[int, int], ...] = ()
-    replicas: tuple[int, ...] = ()
-    placement: tuple[int, ...] = ()
-    stages_per_rank: int = Field(default=1, ge=1)
-    recompute: bool = False
+    num_stages: Int = Field(ge=1)
+    num_microbatches: Int = Field(ge=1)
+    num_minibatches: Int = Field(default=1, ge=1)
+    partition: tuple[tuple[Int, Int], ...] = ()
+    replicas: tuple[Int, ...] = ()
+    placement: tuple[Int, ...] = ()
+    stages_per_rank: Int = Field(default=1, ge=1)
+    recompute: Bool = False
     recompute_stages: tuple[Literal["none", "full", "selective"], ...] = ()
-    optimizer_state_multiplier: float = Field(default=1.0, ge=0)
+    optimizer_state_multiplier: Float = Field(default=1.0, ge=0)
     pipemare_update: Literal["minibatch", "microbatch"] = "minibatch"
     pipemare_model: Literal["1f1b", "paper"] = "1f1b"
     fb_chunks: Literal["dualpipe", "torch"] = "dualpipe"
-    fb_overlap: float = Field(default=0.0, ge=0, le=1)
+    fb_overlap: Float = Field(default=0.0, ge=0, le=1)
     replica_model: Literal["allreduce-only", "round-robin"] = "allreduce-only"
-    zb_memory_limit: float | None = Field(default=None, gt=0)
+    zb_memory_limit: Float | None = Field(default=None, gt=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
     def _check(self) -> Plan:
         if self.schema_ != PLAN_SCHEMA:
-            raise ValueError(f"schema must be {PLAN_SCHEMA!r}")
+            raise ConfigError("schema", self.schema_, f"must be {PLAN_SCHEMA!r}")
         if self.num_stages % self.stages_per_rank:
-            raise ValueError(f"num_stages ({self.num_stages}) must be a multiple of stages_per_rank "
-                             f"({self.stages_per_rank})")
+            raise ConfigError("num_stages", self.num_stages,
+                              f"must be a multiple of stages_per_rank ({self.stages_per_rank})")
         for name in ("partition", "replicas", "placement", "recompute_stages"):
             given = getattr(self, name)
             if given and len(given) != self.num_stages:
-                raise ValueError(
-                    f"{name} must have one entry per stage ({name}: {len(given)}, num_stages: {self.num_stages})"
-                )
-        if any(r < 1 for r in self.replicas):
-            raise ValueError(f"replicas must all be >= 1, got {list(self.replicas)}")
-        if any(d < 0 for d in self.placement):
-            raise ValueError(f"placement must hold device indices >= 0, got {list(self.placement)}")
+                raise ConfigError(name, [list(item) if isinstance(item, tuple) else item for item in given],
+                                  f"must have one entry per stage ({len(given)} entries, num_stages: "
+                                  f"{self.num_stages})")
+        for index, replicas in enumerate(self.replicas):
+            if replicas < 1:
+                raise ConfigError(f"replicas[{index}]", replicas, "must be >= 1")
+        for index, device in enumerate(self.placement):
+            if device < 0:
+                raise ConfigError(f"placement[{index}]", device, "must be a device index >= 0")
         expected_start = 0
         for index, (start, end) in enumerate(self.partition):
             if start != expected_start or end <= start:
-                raise ValueError(
-                    f"partition must be contiguous non-empty ranges from layer 0; stage {index} is "
-                    f"[{start}, {end}) but should start at {expected_start}"
-                )
+                raise ConfigError(f"partition[{index}]", [start, end],
+                                  f"must be a non-empty layer range starting at {expected_start}: stages cut "
+                                  "the layers into contiguous ranges from layer 0")
             expected_start = end
+        self._one_rank_per_device()
         return self
+
+    def _one_rank_per_device(self) -> None:
+        """Refuse a placement that puts two ranks on one device: a device takes ``stages_per_rank``
+        stages (the ranks' stages share a device, ``pipesim.simulation.rank_devices``), and a
+        ``"round-robin"`` stage's replicas take devices ``placement .. placement + r - 1``."""
+        holders: dict[int, list[int]] = {}
+        for stage, first in enumerate(self.placement):
+            width = self.replicas_of(stage) if self.replica_model == "round-robin" else 1
+            for device in range(first, first + width):
+                holders.setdefault(device, []).append(stage)
+                if len(holders[device]) > self.stages_per_rank:
+                    others = ", ".join(map(str, holders[device][:-1]))
+                    raise ConfigError(f"placement[{stage}]", first,
+                                      f"device {device} already runs stage{'s' if len(holders[device]) > 2 else ''} "
+                                      f"{others}: a device runs one rank ({self.stages_per_rank} "
+                                      f"stage{'s' if self.stages_per_rank > 1 else ''})")
 
     def replicas_of(self, stage: int) -> int:
         """Data-parallel replicas of ``stage`` (1 when not given)."""
         return self.replicas[stage] if self.replicas else 1
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the plan occupies: one per rank, and one per replica of a ``"round-robin"`` stage."""
+        if self.replica_model == "round-robin" and self.stages_per_rank == 1:
+            return sum(self.replicas_of(stage) for stage in range(self.num_stages))
+        return self.num_ranks
 
     @property
     def num_ranks(self) -> int:

@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from pipesim.spec.validation import FrozenModel
+from pipesim.errors import ConfigError
+from pipesim.spec.validation import Bool, Float, FrozenModel, Int
 
 PROFILE_SCHEMA = "pipesim.profile/1"
 
@@ -51,31 +52,33 @@ class Layer(FrozenModel):
     """
 
     name: str
-    forward_s: float = Field(ge=0)
-    backward_s: float = Field(ge=0)
-    backward_input_s: float | None = Field(default=None, ge=0)
-    backward_weight_s: float | None = Field(default=None, ge=0)
-    activation_bytes: float = Field(ge=0)
-    stash_bytes: float | None = Field(default=None, ge=0)
-    weight_stash_bytes: float | None = Field(default=None, ge=0)
-    selective_recompute: bool | None = None
-    recomputed_bytes: float | None = Field(default=None, ge=0)
-    param_bytes: float = Field(ge=0)
-    update_s: float | None = Field(default=None, ge=0)
-    forward_std_s: float | None = Field(default=None, ge=0)
-    backward_std_s: float | None = Field(default=None, ge=0)
-    gradient_allreduce_s: float | None = Field(default=None, ge=0)
-    inputs: tuple[int, ...] | None = None
+    forward_s: Float = Field(ge=0)
+    backward_s: Float = Field(ge=0)
+    backward_input_s: Float | None = Field(default=None, ge=0)
+    backward_weight_s: Float | None = Field(default=None, ge=0)
+    activation_bytes: Float = Field(ge=0)
+    stash_bytes: Float | None = Field(default=None, ge=0)
+    weight_stash_bytes: Float | None = Field(default=None, ge=0)
+    selective_recompute: Bool | None = None
+    recomputed_bytes: Float | None = Field(default=None, ge=0)
+    param_bytes: Float = Field(ge=0)
+    update_s: Float | None = Field(default=None, ge=0)
+    forward_std_s: Float | None = Field(default=None, ge=0)
+    backward_std_s: Float | None = Field(default=None, ge=0)
+    gradient_allreduce_s: Float | None = Field(default=None, ge=0)
+    inputs: tuple[Int, ...] | None = None
 
     @model_validator(mode="after")
     def _split_backward_pairs(self) -> Layer:
         has_input = self.backward_input_s is not None
         has_weight = self.backward_weight_s is not None
         if has_input != has_weight:
-            raise ValueError("backward_input_s and backward_weight_s must be given together")
+            given, other = ("backward_input_s", "backward_weight_s") if has_input else \
+                ("backward_weight_s", "backward_input_s")
+            raise ConfigError(given, getattr(self, given), f"must be given together with {other}")
         if self.weight_stash_bytes is not None and self.weight_stash_bytes > self.stashed_bytes:
-            raise ValueError(f"weight_stash_bytes ({self.weight_stash_bytes}) must be <= the stash "
-                             f"({self.stashed_bytes}): W keeps part of what the layer stashed")
+            raise ConfigError("weight_stash_bytes", self.weight_stash_bytes, f"must be <= the stash "
+                              f"({self.stashed_bytes}): W keeps part of what the layer stashed")
         return self
 
     @property
@@ -143,27 +146,28 @@ class Profile(FrozenModel):
     schema_: str = Field(default=PROFILE_SCHEMA, alias="schema")
     name: str = "model"
     layers: tuple[Layer, ...] = Field(min_length=1)
-    microbatch_size: int = Field(default=1, ge=1)
+    microbatch_size: Int = Field(default=1, ge=1)
     dtype: str = "float32"
     device: str = "unknown"
     source: str = ""
-    forward_overhead_s: float | None = Field(default=None, ge=0)
-    backward_overhead_s: float | None = Field(default=None, ge=0)
-    update_overhead_s: float | None = Field(default=None, ge=0)
-    input_bytes: float | None = Field(default=None, ge=0)
-    loss_bytes: float | None = Field(default=None, ge=0)
+    forward_overhead_s: Float | None = Field(default=None, ge=0)
+    backward_overhead_s: Float | None = Field(default=None, ge=0)
+    update_overhead_s: Float | None = Field(default=None, ge=0)
+    input_bytes: Float | None = Field(default=None, ge=0)
+    loss_bytes: Float | None = Field(default=None, ge=0)
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
     def _known_schema(self) -> Profile:
         if self.schema_ != PROFILE_SCHEMA:
-            raise ValueError(f"schema must be {PROFILE_SCHEMA!r}")
+            raise ConfigError("schema", self.schema_, f"must be {PROFILE_SCHEMA!r}")
         for index, layer in enumerate(self.layers):
             for source in layer.inputs or ():
                 if not 0 <= source < index:
-                    raise ValueError(f"layers[{index}].inputs names layer {source}: a layer reads only "
-                                     f"earlier layers (0 to {index - 1})")
+                    earlier = f"0 to {index - 1}" if index else "none before layer 0"
+                    raise ConfigError(f"layers[{index}].inputs", source,
+                                      f"a layer reads only earlier layers ({earlier})")
         return self
 
     @property
@@ -217,16 +221,16 @@ def uniform_profile(
     backward_s: float,
     activation_bytes: float = 0.0,
     param_bytes: float = 0.0,
-    stash_bytes: float | None = None,
+    stash_bytes: Float | None = None,
     microbatch_size: int = 1,
     name: str = "uniform",
-    backward_input_s: float | None = None,
-    backward_weight_s: float | None = None,
-    weight_stash_bytes: float | None = None,
-    forward_std_s: float | None = None,
-    backward_std_s: float | None = None,
-    input_bytes: float | None = None,
-    loss_bytes: float | None = None,
+    backward_input_s: Float | None = None,
+    backward_weight_s: Float | None = None,
+    weight_stash_bytes: Float | None = None,
+    forward_std_s: Float | None = None,
+    backward_std_s: Float | None = None,
+    input_bytes: Float | None = None,
+    loss_bytes: Float | None = None,
 ) -> Profile:
     """A synthetic profile of ``num_layers`` identical layers, for what-if work and closed forms.
 

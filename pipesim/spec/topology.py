@@ -6,7 +6,8 @@ import math
 
 from pydantic import Field, model_validator
 
-from pipesim.spec.validation import FrozenModel, build
+from pipesim.errors import ConfigError
+from pipesim.spec.validation import Bool, Float, FrozenModel, Int, build
 from pipesim.spec.units import parse_bandwidth, parse_duration
 
 TOPOLOGY_SCHEMA = "pipesim.topology/1"
@@ -22,8 +23,8 @@ class Device(FrozenModel):
     """
 
     name: str
-    memory_bytes: float = Field(default=math.inf, gt=0, allow_inf_nan=True)
-    speed: float = Field(default=1.0, gt=0)
+    memory_bytes: Float = Field(default=math.inf, gt=0, allow_inf_nan=True)
+    speed: Float = Field(default=1.0, gt=0)
 
 
 class Link(FrozenModel):
@@ -37,11 +38,11 @@ class Link(FrozenModel):
         bidirectional: when true (default) the link serves both directions, each at full speed.
     """
 
-    src: int = Field(ge=0)
-    dst: int = Field(ge=0)
-    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=True)
-    latency_s: float = Field(default=0.0, ge=0)
-    bidirectional: bool = True
+    src: Int = Field(ge=0)
+    dst: Int = Field(ge=0)
+    bandwidth_bytes_per_s: Float = Field(gt=0, allow_inf_nan=True)
+    latency_s: Float = Field(default=0.0, ge=0)
+    bidirectional: Bool = True
 
 
 class Level(FrozenModel):
@@ -56,10 +57,10 @@ class Level(FrozenModel):
             the flows leaving one group, and those entering one, share it (DES engine only).
     """
 
-    group_size: int = Field(ge=1)
-    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=True)
-    latency_s: float = Field(default=0.0, ge=0)
-    shared: bool = False
+    group_size: Int = Field(ge=1)
+    bandwidth_bytes_per_s: Float = Field(gt=0, allow_inf_nan=True)
+    latency_s: Float = Field(default=0.0, ge=0)
+    shared: Bool = False
 
 
 class Topology(FrozenModel):
@@ -78,27 +79,37 @@ class Topology(FrozenModel):
 
     schema_: str = Field(default=TOPOLOGY_SCHEMA, alias="schema")
     devices: tuple[Device, ...] = Field(min_length=1)
-    bandwidth_bytes_per_s: float = Field(default=math.inf, gt=0, allow_inf_nan=True)
-    latency_s: float = Field(default=0.0, ge=0)
+    bandwidth_bytes_per_s: Float = Field(default=math.inf, gt=0, allow_inf_nan=True)
+    latency_s: Float = Field(default=0.0, ge=0)
     levels: tuple[Level, ...] = ()
     links: tuple[Link, ...] = ()
-    shared: bool = False
+    shared: Bool = False
 
     model_config = FrozenModel.model_config | {"populate_by_name": True}
 
     @model_validator(mode="after")
     def _check(self) -> Topology:
         if self.schema_ != TOPOLOGY_SCHEMA:
-            raise ValueError(f"schema must be {TOPOLOGY_SCHEMA!r}")
+            raise ConfigError("schema", self.schema_, f"must be {TOPOLOGY_SCHEMA!r}")
+        served: dict[tuple[int, int], int] = {}  # a directed device pair -> the link serving it
         for index, link in enumerate(self.links):
-            for end in (link.src, link.dst):
+            for name, end in (("src", link.src), ("dst", link.dst)):
                 if end >= len(self.devices):
-                    raise ValueError(
-                        f"links[{index}] names device {end} but there are {len(self.devices)} devices"
-                    )
-        sizes = [level.group_size for level in self.levels]
-        if sizes != sorted(sizes):
-            raise ValueError(f"levels must go from inner to outer (group sizes rising), got {sizes}")
+                    raise ConfigError(f"links[{index}].{name}", end,
+                                      f"must name a device (0 to {len(self.devices) - 1})")
+            pairs = [(link.src, link.dst), (link.dst, link.src)] if link.bidirectional else [(link.src, link.dst)]
+            for pair in pairs:
+                if pair in served:
+                    raise ConfigError(f"links[{index}]", f"{link.src}->{link.dst}",
+                                      f"links[{served[pair]}] already joins device {pair[0]} to device {pair[1]}: "
+                                      "give each pair of devices one link")
+            served.update(dict.fromkeys(pairs, index))
+        for index, level in enumerate(self.levels[1:], start=1):
+            inner = self.levels[index - 1].group_size
+            if level.group_size <= inner:
+                raise ConfigError(f"levels[{index}].group_size", level.group_size,
+                                  f"must be > levels[{index - 1}].group_size ({inner}): levels go from inner "
+                                  "to outer, group sizes rising")
         return self
 
     @property

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
 from pipesim.errors import ConfigError
 
@@ -15,6 +15,31 @@ class FrozenModel(BaseModel):
     """Base of every input model: immutable, no unknown fields, NaN and inf refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+def _number(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would read as a number: a boolean (``true`` is not 1) or a
+    string (``"4"`` in a JSON file is a mistake); ints stay numbers where floats are expected."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, str):
+        raise ValueError("must be a number, not a string")
+    return value
+
+
+def _boolean(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would read as a boolean: a string (``"yes"``) or a number."""
+    if isinstance(value, str):
+        raise ValueError("must be true or false, not a string")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        raise ValueError("must be true or false, not a number")
+    return value
+
+
+# The number and boolean types of the input files' models (the field's constraints come from Field).
+Float = Annotated[float, BeforeValidator(_number)]
+Int = Annotated[int, BeforeValidator(_number)]
+Bool = Annotated[bool, BeforeValidator(_boolean)]
 
 
 def field_path(location: tuple[int | str, ...]) -> str:
@@ -41,8 +66,14 @@ def build(model: type[ModelT], data: Any, *, source: str | None = None) -> Model
 
 
 def config_error_from(exc: ValidationError, *, source: str | None = None) -> ConfigError:
-    """The first error of a pydantic ValidationError as a ConfigError."""
+    """The first error of a pydantic ValidationError as a ConfigError. A model's own check that
+    raises a ConfigError names its field and value, under the path of the model that raised it."""
     first = exc.errors(include_url=False)[0]
+    raised = first.get("ctx", {}).get("error")
+    if isinstance(raised, ConfigError):
+        within = field_path(tuple(first["loc"])) if first["loc"] else ""
+        field = f"{within}.{raised.field}" if within and not raised.field.startswith("[") else within + raised.field
+        return ConfigError(field, raised.value, raised.rule, source=source)
     rule = str(first["msg"])
     if rule.startswith("Value error, "):
         rule = rule[len("Value error, ") :]

@@ -116,6 +116,8 @@ def test_microbatches_option_flags_out_of_range_cells(tmp_path: Path) -> None:
     [
         ("0F0,0X1\n", "row 1 column 2='0X1': must be an action like"),
         ("0F0,(0F1;1B0)OVERLAP_X\n", "row 1 column 2"),
+        ("0F0,0B\u0661\n", "row 1 column 2='0B\u0661': must be an action like"),  # an Arabic-Indic 1
+        ("0F0,0SEND_F\u0661\n", "row 1 column 2='0SEND_F\u0661': must be an action like"),
         (",,\n0SEND_F0\n", "holds no compute ops"),
     ],
 )

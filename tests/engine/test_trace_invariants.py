@@ -185,7 +185,7 @@ def test_a_dualpipev_order_with_mixed_backwards_runs_clean() -> None:
     layer = {"forward_s": 2.0 ** -10, "backward_s": 2.0 ** -9, "backward_input_s": 2.0 ** -10,
              "backward_weight_s": 2.0 ** -10, "activation_bytes": 1024.0, "param_bytes": 4096.0}
     profile = build(Profile, {"layers": [dict(layer, name=f"l{index}") for index in range(4)]})
-    plan = build(Plan, {"schedule": "gpipe", "num_stages": 4, "num_microbatches": 4,
+    plan = build(Plan, {"schedule": "gpipe", "num_stages": 4, "num_microbatches": 4, "stages_per_rank": 2,
                         "placement": list(schedule.stage_to_rank)})
     topology = Topology.uniform(num_devices=2, bandwidth=2.0 ** 20, latency=2.0 ** -12)
     program = lower(schedule, stage_costs(profile, plan, topology), topology)

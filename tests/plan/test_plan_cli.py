@@ -130,3 +130,55 @@ def test_simulate_plan_refuses_what_the_plan_already_says(tmp_path: Path) -> Non
     done = pipesim("simulate", "--plan", str(plan), "--profile", VGG, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["num_stages"] == 2
+
+
+def _vgg_first_layer(tmp_path: Path, *, drop_inputs: bool) -> str:
+    data = json.loads(Path(VGG).read_text(encoding="utf-8"))
+    layer = dict(data["layers"][0])
+    if drop_inputs:
+        layer.pop("inputs", None)
+    path = tmp_path / f"one-{drop_inputs}.json"
+    path.write_text(json.dumps({**data, "layers": [layer]}), encoding="utf-8")
+    return str(path)
+
+
+def test_plan_refuses_what_it_cannot_plan_in_one_line(tmp_path: Path) -> None:
+    """A NaN optimizer state, a profile whose layers all take no time (a DAG's lone input layer or a
+    chain's), and a graph.txt without edges under PipeDream's optimizer: one line, exit 2."""
+    graph = tmp_path / "graph.txt"
+    times = "forward_compute_time={}, backward_compute_time={}, activation_size=1000.000, parameter_size={}"
+    graph.write_text(f"node1 -- Input -- {times.format('0.000', '0.000', '0.000')}\n"
+                     f"node2 -- Conv2d(3, 64) -- {times.format('1.000', '2.000', '100.000')}\n"
+                     f"node3 -- ReLU(inplace) -- {times.format('1.000', '1.000', '0.000')}\n", encoding="utf-8")
+    zero = "pipesim: error: layers[*].forward_s+backward_s=0.0: must be > 0 on some layer: a plan balances the " \
+           "layers' compute\n"
+    cases = [
+        (("--profile", VGG, "--optimizer-state", "nan"),
+         "pipesim: error: optimizer_state_multiplier=nan: must be a finite number >= 0\n"),
+        (("--profile", _vgg_first_layer(tmp_path, drop_inputs=False)), zero),
+        (("--profile", _vgg_first_layer(tmp_path, drop_inputs=True)), zero),
+        (("--profile", str(graph), "--cost-model", "pipedream"),
+         "pipesim: error: layers[2].inputs=(): the layers' inputs must join every layer into one graph "
+         "(PipeDream's optimizer cuts a connected DAG); layer 2 (node3 ReLU(inplace)) is apart\n"),
+    ]
+    for args, expected in cases:
+        done = pipesim("plan", *args, "--devices", "4", "--bandwidth", "10GB/s")
+        assert (done.returncode, done.stderr) == (2, expected)
+
+
+def test_simulate_plan_refuses_a_placement_off_the_devices_however_the_topology_is_given(tmp_path: Path) -> None:
+    """--bandwidth builds a device per rank, as a topology file of 4 devices has them: device 99 is
+    off both; two ranks on one device are refused as the plan is read."""
+    plan, topology = tmp_path / "plan.json", tmp_path / "topology.json"
+    base = {"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 4, "num_microbatches": 8}
+    topology.write_text(json.dumps({"schema": "pipesim.topology/1", "devices": [{"name": f"d{i}"} for i in range(4)],
+                                    "bandwidth_bytes_per_s": 1e9}))
+    off = "pipesim: error: placement=99: stage 3 is placed on a device the topology lacks (4 devices)\n"
+    plan.write_text(json.dumps({**base, "placement": [0, 1, 2, 99]}))
+    for where in (("--bandwidth", "1GB/s"), ("--topology", str(topology))):
+        done = pipesim("simulate", "--profile", VGG, "--plan", str(plan), *where, "--json")
+        assert (done.returncode, done.stderr) == (2, off)
+    plan.write_text(json.dumps({**base, "placement": [0, 0, 1, 2]}))
+    done = pipesim("simulate", "--profile", VGG, "--plan", str(plan), "--bandwidth", "1GB/s", "--json")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {plan}: placement[1]=0: device 0 already runs "
+                                                 "stage 0: a device runs one rank (1 stage)\n")
