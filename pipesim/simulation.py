@@ -260,6 +260,8 @@ def simulate_plan(
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
+    if not plan.partition:  # the Result says which layers each stage ran
+        plan = plan.model_copy(update={"partition": balance_partition(profile, plan.num_stages)})
     program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
     compiled = jit.use_compiled(program.ops.num_ops, kernels)
     startup = jit.startup_s()
