@@ -15,7 +15,7 @@ from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic, span_ends
 from pipesim.engine.assemble import shared_span_columns
 from pipesim.engine.lowering import Program, lower
-from pipesim.engine.noise import Distribution, draw_op_durations
+from pipesim.engine.noise import Distribution, check_cv, check_seed, draw_op_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics, seconds_per_minibatch, stage_staleness, window_of
@@ -438,10 +438,14 @@ def sample_program(
     With no spread every sample equals the deterministic run exactly.
 
     Raises:
-        ConfigError: ``num_samples < 1``, a slow-down <= 0, or a bad distribution or cv.
+        ConfigError: ``num_samples < 1``, a negative seed, a slow-down <= 0, or a bad
+            distribution or cv.
     """
     if num_samples < 1:
         raise ConfigError("samples", num_samples, "must be >= 1")
+    check_seed(seed)
+    if cv is not None:
+        check_cv("cv", cv)
     if not straggler_slowdown > 0:
         raise ConfigError("straggler_slowdown", straggler_slowdown, "must be > 0")
     base = program.ops.duration_s

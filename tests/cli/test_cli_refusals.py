@@ -6,9 +6,38 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from cli_runner import VGG, pipesim
 from test_cli_outputs import in_process
 
+VGG_RUN = ("--profile", VGG, "--stages", "4", "--microbatches", "8", "--schedule", "1f1b")
 UNIFORM = "layers=8,forward_ms=1,backward_ms=2,activation_bytes=1000,param_bytes=4000"
+SPREAD = "must be finite, from 0 to 100 (a coefficient of variation)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--samples", "3", "--seed", "-1"), "seed=-1: must be >= 0"),
+        (("--jitter", "0.1", "--seed", "-1"), "seed=-1: must be >= 0"),
+        (("--jitter", "inf", "--engine", "des"), f"jitter=inf: {SPREAD}"),
+        (("--jitter", "nan"), f"jitter=nan: {SPREAD}"),
+        (("--jitter", "1e308", "--engine", "des"), f"jitter=1e+308: {SPREAD}"),
+        (("--jitter", "-0.5"), f"jitter=-0.5: {SPREAD}"),
+        (("--samples", "3", "--cv", "1e308"), f"cv=1e+308: {SPREAD}"),
+        (("--samples", "3", "--cv", "inf", "--distribution", "lognormal"), f"cv=inf: {SPREAD}"),
+    ],
+)
+def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    done = in_process("simulate", *VGG_RUN, *args, "--out", str(tmp_path / "out"))
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
+    done = pipesim("simulate", *VGG_RUN, "--samples", "3", "--cv", "1e308", "--distribution", "gamma")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: cv=1e+308: {SPREAD}\n")
 
 
 def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Path) -> None:
