@@ -50,3 +50,15 @@ def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Pat
     assert [line.split()[4] for line in table.stdout.splitlines() if line.split()[:2] in (["0", "│"], ["1", "│"])
             and line.count("│") > 8] == ["0:4", "4:8"]
     assert json.loads(in_process(*args, "--json").stdout)["partition"] == [[0, 4], [4, 8]]
+
+
+def test_schedule_refuses_runs_over_max_ops() -> None:
+    done = in_process("schedule", "--schedule", "gpipe", "--stages", "8", "--microbatches", "16",
+                      "--minibatches", "100000000")
+    assert done.returncode == 2 and done.stderr.startswith(
+        "pipesim: error: num_ops=26400000000: the run would need about ") and done.stderr.count("\n") == 1
+    assert "more than the limit of 8,800,000 ops allows" in done.stderr
+    small = ("schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "2")
+    assert in_process(*small, "--max-ops", "10").returncode == 0
+    over = in_process(*small, "--max-ops", "9")
+    assert over.returncode == 2 and over.stderr.startswith("pipesim: error: num_ops=10: ")
