@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipesim.errors import ConfigError
-from pipesim.spec.profile import Profile, uniform_profile
+from pipesim.spec.profile import MAX_UNIFORM_LAYERS, Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 from pipesim.spec.units import parse_bandwidth, parse_duration
@@ -32,6 +32,8 @@ def parse_uniform(text: str) -> Profile:
         if key not in (*UNIFORM_KEYS, *UNIFORM_EXTRA_KEYS, "microbatch_size"):
             raise ConfigError("uniform", key, f"unknown key; keys: {', '.join(UNIFORM_KEYS)}, microbatch_size, "
                               f"{', '.join(UNIFORM_EXTRA_KEYS)}")
+        if key in values:
+            raise ConfigError("uniform", text, f"{key} is given twice")
         values[key] = value
     for key in ("layers", "forward_ms", "backward_ms"):
         if key not in values:
@@ -45,8 +47,8 @@ def parse_uniform(text: str) -> Profile:
             raise ConfigError(f"uniform.{key}", raw, "must be a number") from None
 
     layers = number("layers")
-    if layers != int(layers) or layers < 1:
-        raise ConfigError("uniform.layers", values["layers"], "must be an integer >= 1")
+    if layers != int(layers) or not 1 <= layers <= MAX_UNIFORM_LAYERS:
+        raise ConfigError("uniform.layers", values["layers"], f"must be an integer from 1 to {MAX_UNIFORM_LAYERS:,}")
     batch = number("microbatch_size", "1")
     if batch != int(batch) or batch < 1:
         raise ConfigError("uniform.microbatch_size", values["microbatch_size"], "must be an integer >= 1")

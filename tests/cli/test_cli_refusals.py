@@ -40,6 +40,21 @@ def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: cv=1e+308: {SPREAD}\n")
 
 
+@pytest.mark.parametrize(
+    ("uniform", "message"),
+    [
+        ("layers=8,forward_ms=1,backward_ms=2,forward_ms=5",
+         "uniform='layers=8,forward_ms=1,backward_ms=2,forward_ms=5': forward_ms is given twice"),
+        ("layers=100000001,forward_ms=1,backward_ms=2",
+         "uniform.layers='100000001': must be an integer from 1 to 100,000"),
+        ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
+    ],
+)
+def test_uniform_profiles_are_bounded_and_keys_given_once(uniform: str, message: str) -> None:
+    done = in_process("simulate", "--uniform", uniform, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
+
+
 def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 2,
