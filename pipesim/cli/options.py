@@ -168,6 +168,8 @@ def resolve_stages(num_stages: int | None, num_ranks: int | None, stages_per_ran
     if num_ranks is None:
         if num_stages is None:
             raise ConfigError("stages", None, "give --stages P or --ranks R [--stages-per-rank V]")
+        if num_stages < 1:
+            raise ConfigError("stages", num_stages, "must be >= 1")
         return num_stages, 1
     per_rank = 1 if stages_per_rank is None else stages_per_rank
     for field, value in (("ranks", num_ranks), ("stages_per_rank", per_rank)):

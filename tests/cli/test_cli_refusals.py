@@ -27,6 +27,8 @@ SPREAD = "must be finite, from 0 to 100 (a coefficient of variation)"
         (("--jitter", "-0.5"), f"jitter=-0.5: {SPREAD}"),
         (("--samples", "3", "--cv", "1e308"), f"cv=1e+308: {SPREAD}"),
         (("--samples", "3", "--cv", "inf", "--distribution", "lognormal"), f"cv=inf: {SPREAD}"),
+        (("--stages", "0"), "stages=0: must be >= 1"),
+        (("--stages", "-1"), "stages=-1: must be >= 1"),
     ],
 )
 def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
