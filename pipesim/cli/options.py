@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import click
+
 from pipesim.errors import ConfigError
 from pipesim.spec.profile import MAX_UNIFORM_LAYERS, Profile, uniform_profile
 from pipesim.spec.topology import Topology
@@ -14,6 +16,14 @@ UNIFORM_KEYS = ("layers", "forward_ms", "backward_ms", "activation_bytes", "para
 UNIFORM_EXTRA_KEYS = ("backward_input_ms", "backward_weight_ms", "forward_std_ms", "backward_std_ms",
                       "input_bytes", "loss_bytes")
 RECOMPUTE_MODES = ("none", "full", "selective")
+
+
+def non_empty(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """A click callback refusing an empty value (``--bandwidth ""``), which would otherwise read as
+    the option not given."""
+    if value is not None and not value.strip():
+        raise ConfigError(parameter.opts[0].lstrip("-").replace("-", "_"), value, "must not be empty")
+    return value
 
 
 def parse_uniform(text: str) -> Profile:

@@ -15,6 +15,7 @@ from pipesim.cli.compare import print_comparison, run_schedules, schedule_names,
 from pipesim.cli.options import (
     build_topology,
     check_partition,
+    non_empty,
     parse_partition,
     parse_recompute_stages,
     parse_uniform,
@@ -67,14 +68,16 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Simulate the schedule in this file (PyTorch's pipelining CSV) instead of --schedule.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for flush schedules, 4 for asynchronous schedules).")
-@click.option("--partition", type=str, default=None,
+@click.option("--partition", type=str, default=None, callback=non_empty,
               help="Layer ranges per stage, START:END,... (default: balance forward+backward time).")
-@click.option("--bandwidth", type=str, default=None, help="Link bandwidth with a unit, e.g. 25Gbit/s or 300GB/s.")
-@click.option("--latency", type=str, default=None, help="Link latency with a unit, e.g. 5us.")
+@click.option("--bandwidth", type=str, default=None, callback=non_empty,
+              help="Link bandwidth with a unit, e.g. 25Gbit/s or 300GB/s.")
+@click.option("--latency", type=str, default=None, callback=non_empty, help="Link latency with a unit, e.g. 5us.")
 @click.option("--speeds", type=str, default=None, help="Relative speed per device, e.g. 1,1,0.5,1.")
 @click.option("--shared-nics", is_flag=True,
               help="Flows leaving or entering a device share its NIC's bandwidth (des engine only).")
-@click.option("--topology", "topology_path", type=str, default=None, help="Topology JSON (instead of --bandwidth).")
+@click.option("--topology", "topology_path", type=str, default=None, callback=non_empty,
+              help="Topology JSON (instead of --bandwidth).")
 @click.option("--recompute/--no-recompute", default=False,
               help="Full activation recomputation on every stage: it keeps its input, and a backward holds the "
                    "activations it re-creates while it runs.")
