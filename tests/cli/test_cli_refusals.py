@@ -14,6 +14,7 @@ from test_cli_outputs import in_process
 VGG_RUN = ("--profile", VGG, "--stages", "4", "--microbatches", "8", "--schedule", "1f1b")
 UNIFORM = "layers=8,forward_ms=1,backward_ms=2,activation_bytes=1000,param_bytes=4000"
 SPREAD = "must be finite, from 0 to 100 (a coefficient of variation)"
+MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --uniform give their own times"
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,10 @@ SPREAD = "must be finite, from 0 to 100 (a coefficient of variation)"
         (("--jitter", "-0.5"), f"jitter=-0.5: {SPREAD}"),
         (("--samples", "3", "--cv", "1e308"), f"cv=1e+308: {SPREAD}"),
         (("--samples", "3", "--cv", "inf", "--distribution", "lognormal"), f"cv=inf: {SPREAD}"),
+        (("--seq-len", "7"), f"seq_len=7: {MODEL_ONLY}"),
+        (("--efficiency", "0.3"), f"efficiency=0.3: {MODEL_ONLY}"),
+        (("--calibrate", "measured.json"), f"calibrate='measured.json': {MODEL_ONLY}"),
+        (("--sequence-parallel",), f"sequence_parallel=True: {MODEL_ONLY}"),
         (("--bandwidth", ""), "bandwidth='': must not be empty"),
         (("--latency", " "), "latency=' ': must not be empty"),
         (("--partition", ""), "partition='': must not be empty"),
