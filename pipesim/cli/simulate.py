@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesim.cli.capacity import capacity_fields, capacity_headline, capacity_options, capacity_setup
-from pipesim.cli.compare import print_comparison, run_schedules, schedule_names, write_comparison
+from pipesim.cli.compare import (
+    comparison_files,
+    print_comparison,
+    run_schedules,
+    schedule_names,
+    write_comparison,
+)
 from pipesim.cli.options import (
     build_topology,
     check_partition,
@@ -21,12 +27,12 @@ from pipesim.cli.options import (
     parse_uniform,
     resolve_stages,
 )
-from pipesim.cli.outputs import out_folder, writing
+from pipesim.cli.outputs import check_out_files, out_folder, writing
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.engine.trace import CATEGORIES
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
-from pipesim.export.report import metrics_dict
+from pipesim.export.report import REPORT_FILES, metrics_dict
 from pipesim.export.strict_json import strict_dumps
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
@@ -219,6 +225,7 @@ def simulate_command(
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
     if out is not None:
+        check_out_files(out, OUTPUT_FILES)
         with writing(out):
             written = write_outputs(result, out, provenance, data)
     if as_json:
@@ -242,6 +249,7 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
     runs = [data | capacity_of(data) for data in (metrics_dict(result, run_of(result)) for result in results)]
     written: list[Path] = []
     if out is not None:
+        check_out_files(out, comparison_files(results))
         with writing(out):
             written = write_comparison(results, runs, out)
     if as_json:
@@ -269,6 +277,10 @@ def _check_plan_flags(context: click.Context) -> None:
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
+# The files ``write_outputs`` writes into the report folder.
+OUTPUT_FILES = (*REPORT_FILES, "timeline.png")
+
+
 def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None,
                   metrics: dict[str, Any] | None = None) -> list[Path]:
     """The report folder: data files from pipesim.export (``metrics``: the metrics.json object,
@@ -278,7 +290,7 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
 
     use_headless_backend()
     written = write_report(result, out_dir, run=run, metrics=metrics)
-    written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
+    written.append(save_figure(timeline(result.trace), out_dir / OUTPUT_FILES[-1]))
     return written
 
 

@@ -88,3 +88,23 @@ def test_schedule_refuses_runs_over_max_ops() -> None:
     assert in_process(*small, "--max-ops", "10").returncode == 0
     over = in_process(*small, "--max-ops", "9")
     assert over.returncode == 2 and over.stderr.startswith("pipesim: error: num_ops=10: ")
+
+
+def test_simulate_checks_every_output_file_before_writing_any(tmp_path: Path) -> None:
+    out = tmp_path / "o2"
+    args = ("simulate", "--uniform", UNIFORM, "--stages", "2", "--microbatches", "4", "--out", str(out))
+    assert in_process(*args, "--schedule", "gpipe").returncode == 0
+    (out / "trace.perfetto.json").unlink()
+    (out / "trace.perfetto.json" / "x").mkdir(parents=True)
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    done = in_process(*args, "--schedule", "1f1b")
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: out='{out}': cannot write trace.perfetto.json: it is a folder\n")
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before
+    compared = tmp_path / "o3"
+    compared.mkdir()
+    (compared / "1f1b").write_text("keep")
+    done = in_process(*args[:-1], str(compared), "--schedule", "gpipe,1f1b")
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: out='{compared}': cannot write 1f1b/metrics.json: 1f1b is a file, not a folder\n")
+    assert sorted(path.name for path in compared.iterdir()) == ["1f1b"]
