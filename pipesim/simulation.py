@@ -15,7 +15,7 @@ from pipesim.jit import JitSetting
 from pipesim.engine.analytic import analytic_unsupported, run_analytic, span_ends
 from pipesim.engine.assemble import shared_span_columns
 from pipesim.engine.lowering import Program, lower
-from pipesim.engine.noise import Distribution, draw_op_durations
+from pipesim.engine.noise import Distribution, check_cv, check_seed, draw_op_durations
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics, seconds_per_minibatch, stage_staleness, window_of
@@ -40,15 +40,23 @@ BYTES_PER_OP: dict[str, int] = {"analytic": 469, "des": 486}
 DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
 
 
-def estimate_num_ops(plan: Plan, profile: Profile) -> int:
-    """Ops a plan's schedule will have: F and B (or F, I and W) per stage and microbatch, plus updates."""
+def count_ops(schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int, *,
+              split_backward: bool = False, pipemare_update: str = "minibatch") -> int:
+    """Ops a schedule will have: F and B (or F, I and W, where the schedule or the profile splits
+    the backward) per stage and microbatch, plus updates (one per minibatch, or per microbatch)."""
     from pipesim.schedule.registry import SPLIT_BACKWARD
 
-    per_microbatch = 3 if plan.schedule in SPLIT_BACKWARD or profile.has_split_backward else 2
-    microbatches = plan.num_minibatches * plan.num_microbatches
-    per_update = plan.schedule == "pipedream" or (plan.schedule == "pipemare" and plan.pipemare_update == "microbatch")
-    updates = microbatches if per_update else plan.num_minibatches
-    return plan.num_stages * (per_microbatch * microbatches + updates)
+    per_microbatch = 3 if schedule in SPLIT_BACKWARD or split_backward else 2
+    microbatches = num_minibatches * num_microbatches
+    per_update = schedule == "pipedream" or (schedule == "pipemare" and pipemare_update == "microbatch")
+    updates = microbatches if per_update else num_minibatches
+    return num_stages * (per_microbatch * microbatches + updates)
+
+
+def estimate_num_ops(plan: Plan, profile: Profile) -> int:
+    """Ops a plan's schedule will have on ``profile`` (``count_ops``)."""
+    return count_ops(plan.schedule, plan.num_stages, plan.num_microbatches, plan.num_minibatches,
+                     split_backward=profile.has_split_backward, pipemare_update=plan.pipemare_update)
 
 
 def check_size(plan: Plan, profile: Profile, max_ops: int = DEFAULT_MAX_OPS) -> int:
@@ -60,7 +68,15 @@ def check_size(plan: Plan, profile: Profile, max_ops: int = DEFAULT_MAX_OPS) -> 
     Raises:
         ConfigError: naming the estimate, the memory it would take and how to raise the limit.
     """
-    estimate = estimate_num_ops(plan, profile)
+    return check_num_ops(estimate_num_ops(plan, profile), max_ops)
+
+
+def check_num_ops(estimate: int, max_ops: int = DEFAULT_MAX_OPS) -> int:
+    """Refuse an estimated op count (``count_ops``) above ``max_ops``; return it otherwise.
+
+    Raises:
+        ConfigError: naming the estimate, the memory a run would take and how to raise the limit.
+    """
     if estimate > max_ops:
         gib = {engine: estimate * size / 2**30 for engine, size in BYTES_PER_OP.items()}
         raise ConfigError(
@@ -260,6 +276,8 @@ def simulate_plan(
     """
     if engine not in ("des", "analytic", "auto"):
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
+    if not plan.partition:  # the Result says which layers each stage ran
+        plan = plan.model_copy(update={"partition": balance_partition(profile, plan.num_stages)})
     program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
     compiled = jit.use_compiled(program.ops.num_ops, kernels)
     startup = jit.startup_s()
@@ -436,10 +454,14 @@ def sample_program(
     With no spread every sample equals the deterministic run exactly.
 
     Raises:
-        ConfigError: ``num_samples < 1``, a slow-down <= 0, or a bad distribution or cv.
+        ConfigError: ``num_samples < 1``, a negative seed, a slow-down <= 0, or a bad
+            distribution or cv.
     """
     if num_samples < 1:
         raise ConfigError("samples", num_samples, "must be >= 1")
+    check_seed(seed)
+    if cv is not None:
+        check_cv("cv", cv)
     if not straggler_slowdown > 0:
         raise ConfigError("straggler_slowdown", straggler_slowdown, "must be > 0")
     base = program.ops.duration_s

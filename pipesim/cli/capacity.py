@@ -53,6 +53,10 @@ capacity_options = with_options([
 ])
 
 
+# The model options that only shape a profile --model builds: refused with --profile or --uniform.
+MODEL_ONLY = ("seq_len", "efficiency", "calibrate_path", "sequence_parallel")
+
+
 @dataclass(frozen=True)
 class Capacity:
     """What the capacity options decided for one simulate call.
@@ -128,6 +132,10 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         if options["microbatch_size"] is not None and options["microbatch_size"] != profile.microbatch_size:
             raise ConfigError("microbatch_size", options["microbatch_size"], "must equal the profile's "
                               f"({profile.microbatch_size}); only --model builds a profile at another size")
+        for name in MODEL_ONLY:
+            if options[name] not in (None, False):
+                raise ConfigError(name.removesuffix("_path"), options[name], "applies to --model only (it builds "
+                                  "the profile); --profile and --uniform give their own times")
         profile = tensor_parallel_profile(profile, tp, links.tensor_parallel_bytes_per_s)
     profile = data_parallel_profile(profile, dp, links.data_parallel_bytes_per_s, overlap=options["dp_overlap"])
     if options["global_batch"] is not None:

@@ -99,6 +99,14 @@ def print_comparison(runs: list[dict[str, Any]], skipped: list[dict[str, str]]) 
         console.print(f"skipped {item['schedule']}: {item['reason']}")
 
 
+def comparison_files(results: list[Result]) -> list[str]:
+    """The files ``write_comparison`` writes, relative to its folder."""
+    from pipesim.export.report import REPORT_FILES
+
+    return [*(f"{result.plan.schedule}/{name}" for result in results for name in REPORT_FILES),
+            "comparison.json", "timelines.png"]
+
+
 def write_comparison(results: list[Result], runs: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """``comparison.json`` (the runs), each run's report folder under its schedule's name (its
     metrics.json the run's object, memory verdict included), and

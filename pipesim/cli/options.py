@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import click
+
 from pipesim.errors import ConfigError
-from pipesim.spec.profile import Profile, uniform_profile
+from pipesim.spec.profile import MAX_UNIFORM_LAYERS, Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 from pipesim.spec.units import parse_bandwidth, parse_duration
@@ -14,6 +16,14 @@ UNIFORM_KEYS = ("layers", "forward_ms", "backward_ms", "activation_bytes", "para
 UNIFORM_EXTRA_KEYS = ("backward_input_ms", "backward_weight_ms", "forward_std_ms", "backward_std_ms",
                       "input_bytes", "loss_bytes")
 RECOMPUTE_MODES = ("none", "full", "selective")
+
+
+def non_empty(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
+    """A click callback refusing an empty value (``--bandwidth ""``), which would otherwise read as
+    the option not given."""
+    if value is not None and not value.strip():
+        raise ConfigError(parameter.opts[0].lstrip("-").replace("-", "_"), value, "must not be empty")
+    return value
 
 
 def parse_uniform(text: str) -> Profile:
@@ -32,6 +42,8 @@ def parse_uniform(text: str) -> Profile:
         if key not in (*UNIFORM_KEYS, *UNIFORM_EXTRA_KEYS, "microbatch_size"):
             raise ConfigError("uniform", key, f"unknown key; keys: {', '.join(UNIFORM_KEYS)}, microbatch_size, "
                               f"{', '.join(UNIFORM_EXTRA_KEYS)}")
+        if key in values:
+            raise ConfigError("uniform", text, f"{key} is given twice")
         values[key] = value
     for key in ("layers", "forward_ms", "backward_ms"):
         if key not in values:
@@ -45,8 +57,8 @@ def parse_uniform(text: str) -> Profile:
             raise ConfigError(f"uniform.{key}", raw, "must be a number") from None
 
     layers = number("layers")
-    if layers != int(layers) or layers < 1:
-        raise ConfigError("uniform.layers", values["layers"], "must be an integer >= 1")
+    if layers != int(layers) or not 1 <= layers <= MAX_UNIFORM_LAYERS:
+        raise ConfigError("uniform.layers", values["layers"], f"must be an integer from 1 to {MAX_UNIFORM_LAYERS:,}")
     batch = number("microbatch_size", "1")
     if batch != int(batch) or batch < 1:
         raise ConfigError("uniform.microbatch_size", values["microbatch_size"], "must be an integer >= 1")
@@ -166,6 +178,8 @@ def resolve_stages(num_stages: int | None, num_ranks: int | None, stages_per_ran
     if num_ranks is None:
         if num_stages is None:
             raise ConfigError("stages", None, "give --stages P or --ranks R [--stages-per-rank V]")
+        if num_stages < 1:
+            raise ConfigError("stages", num_stages, "must be >= 1")
         return num_stages, 1
     per_rank = 1 if stages_per_rank is None else stages_per_rank
     for field, value in (("ranks", num_ranks), ("stages_per_rank", per_rank)):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,29 @@ def out_file(path: str, suffixes: tuple[str, ...] | None, field: str = "out") ->
         raise ConfigError(field, path, "is a folder, expected a file name")
     _probe_folder(target.parent, field, path)
     return target
+
+
+def check_out_files(folder: Path, names: Iterable[str], field: str = "out") -> None:
+    """Check every file a command will write under ``folder`` (``names`` relative to it) before
+    it writes any, so that a refused command leaves the folder as it was.
+
+    Raises:
+        ConfigError: naming the folder and the first file that cannot be written: a folder in its
+            place, a file where its folder should be, or a folder that is not writable.
+    """
+    for name in names:
+        parts = Path(name).parts
+        path = folder
+        for depth, part in enumerate(parts, start=1):
+            path = path / part
+            if depth == len(parts) and path.is_dir():
+                raise ConfigError(field, str(folder), f"cannot write {name}: it is a folder")
+            if depth < len(parts) and path.exists() and not path.is_dir():
+                raise ConfigError(field, str(folder), f"cannot write {name}: {Path(*parts[:depth])} is a file, "
+                                  "not a folder")
+            if depth < len(parts) and path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+                raise ConfigError(field, str(folder), f"cannot write {name}: {Path(*parts[:depth])} is not "
+                                  "writable (permission denied)")
 
 
 @contextmanager

@@ -8,7 +8,8 @@ import click
 
 from pipesim.cli.options import resolve_stages
 from pipesim.schedule.csv_format import to_csv
-from pipesim.schedule.registry import SCHEDULES, build_schedule
+from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
+from pipesim.simulation import DEFAULT_MAX_OPS, check_num_ops, count_ops
 
 
 @click.command("schedule")
@@ -23,10 +24,14 @@ from pipesim.schedule.registry import SCHEDULES, build_schedule
               help="Minibatches K (default 1 for flush schedules, 4 for asynchronous schedules).")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "csv"]), default="text",
               show_default=True, help="text: one row per rank; csv: PyTorch's pipelining format (no U cells).")
+@click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
+              help="Refuse schedules estimated to have more ops than this (as simulate does).")
 def schedule_command(name: str, num_stages: int | None, num_ranks: int | None, stages_per_rank: int | None,
-                     num_microbatches: int, num_minibatches: int | None, output_format: str) -> None:
+                     num_microbatches: int, num_minibatches: int | None, output_format: str, max_ops: int) -> None:
     """Print the order of ops on every rank, in the "1F0" text form (global stage indices)."""
     total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
+    check_num_ops(count_ops(name, total, num_microbatches, num_minibatches if num_minibatches is not None
+                            else default_num_minibatches(name)), max_ops)
     schedule = build_schedule(name, total, num_microbatches, num_minibatches=num_minibatches,
                               num_ranks=total // per_rank)
     if output_format == "json":

@@ -11,21 +11,28 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesim.cli.capacity import capacity_fields, capacity_headline, capacity_options, capacity_setup
-from pipesim.cli.compare import print_comparison, run_schedules, schedule_names, write_comparison
+from pipesim.cli.compare import (
+    comparison_files,
+    print_comparison,
+    run_schedules,
+    schedule_names,
+    write_comparison,
+)
 from pipesim.cli.options import (
     build_topology,
     check_partition,
+    non_empty,
     parse_partition,
     parse_recompute_stages,
     parse_uniform,
     resolve_stages,
 )
-from pipesim.cli.outputs import out_folder, writing
+from pipesim.cli.outputs import check_out_files, out_folder, writing
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.engine.trace import CATEGORIES
 from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import from_csv
-from pipesim.export.report import metrics_dict
+from pipesim.export.report import REPORT_FILES, metrics_dict
 from pipesim.export.strict_json import strict_dumps
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
@@ -67,14 +74,16 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="Simulate the schedule in this file (PyTorch's pipelining CSV) instead of --schedule.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for flush schedules, 4 for asynchronous schedules).")
-@click.option("--partition", type=str, default=None,
+@click.option("--partition", type=str, default=None, callback=non_empty,
               help="Layer ranges per stage, START:END,... (default: balance forward+backward time).")
-@click.option("--bandwidth", type=str, default=None, help="Link bandwidth with a unit, e.g. 25Gbit/s or 300GB/s.")
-@click.option("--latency", type=str, default=None, help="Link latency with a unit, e.g. 5us.")
+@click.option("--bandwidth", type=str, default=None, callback=non_empty,
+              help="Link bandwidth with a unit, e.g. 25Gbit/s or 300GB/s.")
+@click.option("--latency", type=str, default=None, callback=non_empty, help="Link latency with a unit, e.g. 5us.")
 @click.option("--speeds", type=str, default=None, help="Relative speed per device, e.g. 1,1,0.5,1.")
 @click.option("--shared-nics", is_flag=True,
               help="Flows leaving or entering a device share its NIC's bandwidth (des engine only).")
-@click.option("--topology", "topology_path", type=str, default=None, help="Topology JSON (instead of --bandwidth).")
+@click.option("--topology", "topology_path", type=str, default=None, callback=non_empty,
+              help="Topology JSON (instead of --bandwidth).")
 @click.option("--recompute/--no-recompute", default=False,
               help="Full activation recomputation on every stage: it keeps its input, and a backward holds the "
                    "activations it re-creates while it runs.")
@@ -216,6 +225,7 @@ def simulate_command(
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
     if out is not None:
+        check_out_files(out, OUTPUT_FILES)
         with writing(out):
             written = write_outputs(result, out, provenance, data)
     if as_json:
@@ -239,6 +249,7 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
     runs = [data | capacity_of(data) for data in (metrics_dict(result, run_of(result)) for result in results)]
     written: list[Path] = []
     if out is not None:
+        check_out_files(out, comparison_files(results))
         with writing(out):
             written = write_comparison(results, runs, out)
     if as_json:
@@ -265,6 +276,10 @@ def _check_plan_flags(context: click.Context) -> None:
             raise ConfigError(flag.lstrip("-"), context.params[name], "comes from the plan file; do not give it with --plan")
 
 
+# The files ``write_outputs`` writes into the report folder.
+OUTPUT_FILES = (*REPORT_FILES, "timeline.png")
+
+
 def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = None,
                   metrics: dict[str, Any] | None = None) -> list[Path]:
     """The report folder: data files from pipesim.export (``metrics``: the metrics.json object,
@@ -274,7 +289,7 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
 
     use_headless_backend()
     written = write_report(result, out_dir, run=run, metrics=metrics)
-    written.append(save_figure(timeline(result.trace), out_dir / "timeline.png"))
+    written.append(save_figure(timeline(result.trace), out_dir / OUTPUT_FILES[-1]))
     return written
 
 

@@ -18,6 +18,30 @@ DISTRIBUTIONS: tuple[Distribution, ...] = ("normal", "lognormal", "gamma")
 
 FloatArray = npt.NDArray[np.float64]
 
+# The largest coefficient of variation (``jitter``, ``cv``) taken: a spread 100 times an op's mean
+# is already far past any measured one, and larger ones drive drawn durations to overflow.
+MAX_CV = 100.0
+
+
+def check_cv(field: str, value: float) -> None:
+    """A coefficient of variation must be finite, >= 0 and at most ``MAX_CV``.
+
+    Raises:
+        ConfigError: naming ``field`` (``jitter`` or ``cv``) and the value.
+    """
+    if not 0 <= value <= MAX_CV:
+        raise ConfigError(field, value, f"must be finite, from 0 to {MAX_CV:g} (a coefficient of variation)")
+
+
+def check_seed(seed: int) -> None:
+    """A seed must be >= 0, as numpy's generators take it.
+
+    Raises:
+        ConfigError: naming ``seed`` and the value.
+    """
+    if seed < 0:
+        raise ConfigError("seed", seed, "must be >= 0")
+
 
 def op_spread_s(program: Program, cv: float | None) -> list[list[float]]:
     """Per rank, per op, the standard deviation of its duration, seconds.
@@ -57,12 +81,12 @@ def draw_op_durations(
     (one draw per op with a spread).
 
     Raises:
-        ConfigError: an unknown distribution or a negative ``cv``.
+        ConfigError: an unknown distribution or a ``cv`` that ``check_cv`` refuses.
     """
     if distribution not in DISTRIBUTIONS:
         raise ConfigError("distribution", distribution, f"must be one of {', '.join(DISTRIBUTIONS)}")
-    if cv is not None and (cv < 0 or not math.isfinite(cv)):
-        raise ConfigError("cv", cv, "must be a finite number >= 0")
+    if cv is not None:
+        check_cv("cv", cv)
     mean = program.ops.duration_s
     spread = _spread(program, cv)
     drawn = (spread != 0) & (mean != 0)
@@ -121,11 +145,11 @@ def run_durations(
             (``draw_durations`` gives them); ``jitter`` must then be 0.
 
     Raises:
-        ConfigError: a negative jitter, jitter with durations, or durations of the wrong
-            length, infinite or negative.
+        ConfigError: a jitter that ``check_cv`` refuses, a negative seed, jitter with
+            durations, or durations of the wrong length, infinite or negative.
     """
-    if not jitter >= 0:
-        raise ConfigError("jitter", jitter, "must be >= 0")
+    check_cv("jitter", jitter)
+    check_seed(seed)
     base = program.ops.duration_s
     if durations is not None:
         if jitter:

@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from pipesim.simulation import Result
 
 
+# The data files of a report folder, in the order ``write_report`` writes them.
+REPORT_FILES = ("metrics.json", "trace.json", "trace.perfetto.json")
+
+
 def metrics_dict(result: Result, run: dict[str, Any] | None) -> dict[str, Any]:
     """The ``simulate --json`` object: ``Result.to_dict()`` with the ``run`` record when given."""
     data = result.to_dict()
@@ -57,11 +61,9 @@ def write_report(result: Result, out_dir: str | Path, *, run: dict[str, Any] | N
     out = Path(out_dir)
     written = []
     data = metrics if metrics is not None else metrics_dict(result, run)
-    for name, text in (
-        ("metrics.json", strict_dumps({key: value for key, value in data.items() if key not in result.TIMINGS})),
-        ("trace.json", trace_json(result, run)),
-        ("trace.perfetto.json", chrome_json(result.trace, run=run)),
-    ):
+    texts = (strict_dumps({key: value for key, value in data.items() if key not in result.TIMINGS}),
+             trace_json(result, run), chrome_json(result.trace, run=run))
+    for name, text in zip(REPORT_FILES, texts, strict=True):
         write_text_atomic(out / name, text)
         written.append(out / name)
     return written

@@ -214,6 +214,11 @@ class Profile(FrozenModel):
         )
 
 
+# The most layers a synthetic profile may have: real models have at most thousands, and each
+# layer costs the simulation time and memory.
+MAX_UNIFORM_LAYERS = 100_000
+
+
 def uniform_profile(
     *,
     num_layers: int,
@@ -240,7 +245,7 @@ def uniform_profile(
     per microbatch (see Profile).
 
     Raises:
-        ConfigError: a negative time or size, or ``num_layers < 1``.
+        ConfigError: a negative time or size, or ``num_layers`` outside 1..``MAX_UNIFORM_LAYERS``.
     """
     from pipesim.spec.validation import build
 
@@ -257,10 +262,10 @@ def uniform_profile(
         "forward_std_s": forward_std_s,
         "backward_std_s": backward_std_s,
     }
-    if num_layers < 1:
+    if not 1 <= num_layers <= MAX_UNIFORM_LAYERS:
         from pipesim.errors import ConfigError
 
-        raise ConfigError("num_layers", num_layers, "must be >= 1")
+        raise ConfigError("num_layers", num_layers, f"must be from 1 to {MAX_UNIFORM_LAYERS:,}")
     layers = [dict(layer, name=f"layer{index}") for index in range(num_layers)]
     return build(
         Profile,

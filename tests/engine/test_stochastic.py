@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,7 @@ from pipesim.engine.des import run_des
 from pipesim.engine.noise import draw_durations
 from pipesim.errors import ConfigError
 from pipesim.metrics import compute_metrics
-from pipesim.simulation import prepare, sample_program, simulate_samples
+from pipesim.simulation import prepare, sample_program, simulate, simulate_samples
 
 
 def program(name: str = "1f1b", *, std: float | None = 1e-4, **plan: object):  # type: ignore[no-untyped-def]
@@ -99,6 +102,25 @@ def test_bad_sampling_arguments_are_config_errors() -> None:
         sample_program(lowered, num_samples=1, distribution="weibull")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cv=-0.1"):
         sample_program(lowered, num_samples=1, cv=-0.1)
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, 1e308, 100.5, -0.1])
+def test_spread_past_the_bound_is_refused_by_the_library(value: float) -> None:
+    rule = "must be finite, from 0 to 100 (a coefficient of variation)"
+    with pytest.raises(ConfigError, match=re.escape(f"cv={value!r}: {rule}")):
+        sample_program(program(), num_samples=1, cv=value)
+    with pytest.raises(ConfigError, match=re.escape(f"jitter={value!r}: {rule}")):
+        run_des(program(), jitter=value)
+
+
+def test_a_negative_seed_is_refused_by_the_library() -> None:
+    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+        sample_program(program(), num_samples=2, seed=-1)
+    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+        run_des(program(), jitter=0.1, seed=-1)
+    profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3)
+    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+        simulate(profile, schedule="1f1b", num_stages=2, num_microbatches=4, engine="analytic", jitter=0.1, seed=-1)
 
 
 def test_simulate_samples_runs_a_plan() -> None:

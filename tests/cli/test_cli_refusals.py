@@ -1,0 +1,110 @@
+"""simulate and schedule refuse bad options up front with one line and exit 2, naming the option;
+a refused command changes nothing on disk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli_runner import VGG, pipesim
+from test_cli_outputs import in_process
+
+VGG_RUN = ("--profile", VGG, "--stages", "4", "--microbatches", "8", "--schedule", "1f1b")
+UNIFORM = "layers=8,forward_ms=1,backward_ms=2,activation_bytes=1000,param_bytes=4000"
+SPREAD = "must be finite, from 0 to 100 (a coefficient of variation)"
+MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --uniform give their own times"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--samples", "3", "--seed", "-1"), "seed=-1: must be >= 0"),
+        (("--jitter", "0.1", "--seed", "-1"), "seed=-1: must be >= 0"),
+        (("--jitter", "inf", "--engine", "des"), f"jitter=inf: {SPREAD}"),
+        (("--jitter", "nan"), f"jitter=nan: {SPREAD}"),
+        (("--jitter", "1e308", "--engine", "des"), f"jitter=1e+308: {SPREAD}"),
+        (("--jitter", "-0.5"), f"jitter=-0.5: {SPREAD}"),
+        (("--samples", "3", "--cv", "1e308"), f"cv=1e+308: {SPREAD}"),
+        (("--samples", "3", "--cv", "inf", "--distribution", "lognormal"), f"cv=inf: {SPREAD}"),
+        (("--seq-len", "7"), f"seq_len=7: {MODEL_ONLY}"),
+        (("--efficiency", "0.3"), f"efficiency=0.3: {MODEL_ONLY}"),
+        (("--calibrate", "measured.json"), f"calibrate='measured.json': {MODEL_ONLY}"),
+        (("--sequence-parallel",), f"sequence_parallel=True: {MODEL_ONLY}"),
+        (("--bandwidth", ""), "bandwidth='': must not be empty"),
+        (("--latency", " "), "latency=' ': must not be empty"),
+        (("--partition", ""), "partition='': must not be empty"),
+        (("--topology", ""), "topology='': must not be empty"),
+        (("--stages", "0"), "stages=0: must be >= 1"),
+        (("--stages", "-1"), "stages=-1: must be >= 1"),
+    ],
+)
+def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    done = in_process("simulate", *VGG_RUN, *args, "--out", str(tmp_path / "out"))
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
+    done = pipesim("simulate", *VGG_RUN, "--samples", "3", "--cv", "1e308", "--distribution", "gamma")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: cv=1e+308: {SPREAD}\n")
+
+
+@pytest.mark.parametrize(
+    ("uniform", "message"),
+    [
+        ("layers=8,forward_ms=1,backward_ms=2,forward_ms=5",
+         "uniform='layers=8,forward_ms=1,backward_ms=2,forward_ms=5': forward_ms is given twice"),
+        ("layers=100000001,forward_ms=1,backward_ms=2",
+         "uniform.layers='100000001': must be an integer from 1 to 100,000"),
+        ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
+    ],
+)
+def test_uniform_profiles_are_bounded_and_keys_given_once(uniform: str, message: str) -> None:
+    done = in_process("simulate", "--uniform", uniform, "--stages", "2", "--microbatches", "4", "--schedule", "gpipe")
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
+
+
+def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 2,
+                                "num_microbatches": 4}))
+    args = ("simulate", "--uniform", UNIFORM, "--plan", str(plan))
+    table = in_process(*args)
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[4] for line in table.stdout.splitlines() if line.split()[:2] in (["0", "│"], ["1", "│"])
+            and line.count("│") > 8] == ["0:4", "4:8"]
+    assert json.loads(in_process(*args, "--json").stdout)["partition"] == [[0, 4], [4, 8]]
+
+
+def test_schedule_refuses_runs_over_max_ops() -> None:
+    done = in_process("schedule", "--schedule", "gpipe", "--stages", "8", "--microbatches", "16",
+                      "--minibatches", "100000000")
+    assert done.returncode == 2 and done.stderr.startswith(
+        "pipesim: error: num_ops=26400000000: the run would need about ") and done.stderr.count("\n") == 1
+    assert "more than the limit of 8,800,000 ops allows" in done.stderr
+    small = ("schedule", "--schedule", "gpipe", "--stages", "2", "--microbatches", "2")
+    assert in_process(*small, "--max-ops", "10").returncode == 0
+    over = in_process(*small, "--max-ops", "9")
+    assert over.returncode == 2 and over.stderr.startswith("pipesim: error: num_ops=10: ")
+
+
+def test_simulate_checks_every_output_file_before_writing_any(tmp_path: Path) -> None:
+    out = tmp_path / "o2"
+    args = ("simulate", "--uniform", UNIFORM, "--stages", "2", "--microbatches", "4", "--out", str(out))
+    assert in_process(*args, "--schedule", "gpipe").returncode == 0
+    (out / "trace.perfetto.json").unlink()
+    (out / "trace.perfetto.json" / "x").mkdir(parents=True)
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    done = in_process(*args, "--schedule", "1f1b")
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: out='{out}': cannot write trace.perfetto.json: it is a folder\n")
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before
+    compared = tmp_path / "o3"
+    compared.mkdir()
+    (compared / "1f1b").write_text("keep")
+    done = in_process(*args[:-1], str(compared), "--schedule", "gpipe,1f1b")
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: out='{compared}': cannot write 1f1b/metrics.json: 1f1b is a file, not a folder\n")
+    assert sorted(path.name for path in compared.iterdir()) == ["1f1b"]
