@@ -287,7 +287,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     """
     text = read_text(path, "spec")
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader refusing repeated keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""

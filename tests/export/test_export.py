@@ -184,6 +184,8 @@ COMMANDS = {"bubble": ["plot", "bubble", "T", "--out", "x.png"], "sweep": ["plot
     [
         ("empty.csv", b"", {"*": "table=FILE: is empty, expected a CSV header and rows"}),
         ("utf16.csv", b"\xff\xfea\x00,\x00b\x00", {"*": "table=FILE: is not UTF-8 text (invalid start byte at byte 0)"}),
+        ("ragged.csv", b"a,b\n1,2\n1,2,3,4\n", {"*": "table=FILE: is not a valid CSV table (Error tokenizing data. "
+                                                     "C error: Expected 2 fields in line 3, saw 4)"}),
         ("text.parquet", b"hello\n", {"*": "table=FILE: is not a readable Parquet table (Parquet file size is 6 bytes, "
                                            "smaller than the minimum file footer (8 bytes))"}),
         ("bubble.csv", ("bubble_fraction", "first:x"),
