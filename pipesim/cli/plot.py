@@ -13,6 +13,7 @@ from pipesim.errors import ConfigError
 from pipesim.spec.files import read_text
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+BUBBLE_COLUMNS = ("schedule", "num_stages", "num_microbatches", "bubble_fraction")
 
 
 def load_trace(source: str) -> Trace:
@@ -27,12 +28,33 @@ def load_trace(source: str) -> Trace:
     return Trace.from_json(read_text(path, "trace"), source=str(path))
 
 
-def load_table(source: str, where: str | None = None) -> Any:
-    """A sweep table (Parquet or CSV), filtered by ``where``."""
+def load_table(source: str, where: str | None = None, *, columns: tuple[str, ...] = (),
+               numbers: tuple[str, ...] = ()) -> Any:
+    """A sweep table (Parquet or CSV) that has ``columns``, its known columns and ``numbers``
+    checked for their kind (``pipesim.sweep.store.read_table``), filtered by ``where``.
+
+    Raises:
+        ConfigError: an unreadable file, a missing column, a value of the wrong kind (naming the
+            file, the column and the value), or a bad ``where``.
+    """
     from pipesim.sweep.analysis import filter_rows
     from pipesim.sweep.store import read_table
 
-    return filter_rows(read_table(source), where)
+    return filter_rows(read_table(source, columns=columns, numbers=numbers), where)
+
+
+def require_rows(frame: Any, source: str, where: str | None, *numbers: str) -> None:
+    """Refuse a table (after ``--where``) with no successful row whose ``numbers`` are finite.
+
+    Raises:
+        ConfigError: naming the table's file and the columns.
+    """
+    from pipesim.sweep.analysis import usable
+
+    if usable(frame, *numbers).empty:
+        kept = " that --where keeps" if where else ""
+        raise ConfigError("table", source, f"has no successful row{kept} with a finite {' and '.join(numbers)} "
+                          f"to plot ({len(frame)} rows)")
 
 
 def _out_option(function: Any) -> Any:
@@ -108,7 +130,9 @@ def bubble_command(table_path: str, out: str, num_stages: int | None, where: str
     _agg()
     from pipesim.plots import bubble
 
-    _save(bubble(load_table(table_path, where), num_stages=num_stages), out)
+    frame = load_table(table_path, where, columns=BUBBLE_COLUMNS)
+    require_rows(frame, table_path, where, "bubble_fraction")
+    _save(bubble(frame, num_stages=num_stages), out)
 
 
 @plot_group.command("sweep")
@@ -127,9 +151,14 @@ def sweep_plot_command(table_path: str, out: str, kind: str, x: str | None, y: s
     _agg()
     from pipesim.plots import heatmap, pareto
 
-    frame = load_table(table_path, where)
     if kind == "heatmap":
-        ax = heatmap(frame, x=x or "num_microbatches", y=y or "num_stages", value=value, aggregate=aggregate)
+        x, y = x or "num_microbatches", y or "num_stages"
+        frame = load_table(table_path, where, columns=(x, y, value), numbers=(value,))
+        require_rows(frame, table_path, where, value)
+        ax = heatmap(frame, x=x, y=y, value=value, aggregate=aggregate)
     else:
-        ax = pareto(frame, x=x or "peak_memory_bytes", y=y or "throughput_samples_per_s", hue=hue)
+        x, y = x or "peak_memory_bytes", y or "throughput_samples_per_s"
+        frame = load_table(table_path, where, columns=(x, y, hue), numbers=(x, y))
+        require_rows(frame, table_path, where, x, y)
+        ax = pareto(frame, x=x, y=y, hue=hue)
     _save(ax, out)

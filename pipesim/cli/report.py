@@ -15,6 +15,9 @@ from pipesim.spec.files import read_text, write_text_atomic
 from pipesim.spec.units import parse_size
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
+# The columns a sweep's report reads: its tables and figures.
+REPORT_COLUMNS = ("point", "schedule", "num_stages", "num_microbatches", "bubble_fraction", "throughput_samples_per_s",
+                  "peak_memory_bytes")
 
 
 @click.command("report")
@@ -49,10 +52,9 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
         from pipesim.sweep.analysis import pareto_front
         from pipesim.sweep.store import read_run
 
-        frame = load_table(source)
-        front = pareto_front(frame) if {"peak_memory_bytes", "throughput_samples_per_s"} <= set(frame.columns) else None
-        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title, front=front,
-                          run=read_run(source))
+        frame = load_table(source, columns=REPORT_COLUMNS)
+        text = sweep_html(frame, sweep_figures(frame, fmt=fmt), version=__version__, title=title,
+                          front=pareto_front(frame), run=read_run(source))
     else:
         from pipesim.metrics import compute_metrics, memory_verdict
         from pipesim.plots.report import simulation_figures

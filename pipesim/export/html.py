@@ -176,6 +176,9 @@ def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: st
         counts = errors["error"].value_counts(sort=True).head(10)
         sections += ["<h2>Errors</h2>", table(["error", "points"], list(counts.items()), text_columns=1)]
     sections += ["<h2>Figures</h2>", *(figure(item) for item in figures)]
+    if not figures:
+        sections.append('<p class="note">No figures: no successful row of the table has a finite bubble '
+                        "fraction, throughput and peak memory.</p>")
     return page(title or f"pipesim sweep: {len(frame)} points", sections, version=version)
 
 

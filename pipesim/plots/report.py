@@ -11,7 +11,7 @@ from pipesim.plots.memory import memory, memory_breakdown, peak_stage
 from pipesim.plots.staleness import staleness
 from pipesim.plots.sweeps import bubble, heatmap, pareto
 from pipesim.plots.timeline import timeline
-from pipesim.sweep.analysis import successful
+from pipesim.sweep.analysis import usable
 
 Figure = tuple[str, bytes, str]
 MAX_HEATMAPS = 6
@@ -34,11 +34,17 @@ def simulation_figures(trace: Trace, metrics: Metrics, *, fmt: str = "png") -> l
     return figures
 
 
+# What the figures of a sweep's report draw: a row without a finite value in one of them is left out.
+SWEEP_FIGURE_NUMBERS = ("bubble_fraction", "throughput_samples_per_s", "peak_memory_bytes")
+
+
 def sweep_figures(frame: Any, *, fmt: str = "png") -> list[Figure]:
     """Bubble against m at up to three values of p, a throughput heatmap (m by p) per schedule,
-    and the throughput-memory Pareto front."""
+    and the throughput-memory Pareto front, from the successful rows whose ``SWEEP_FIGURE_NUMBERS``
+    are finite and whose schedule is given; none when there is no such row."""
     use_headless_backend()
-    rows = successful(frame)
+    rows = usable(frame, *SWEEP_FIGURE_NUMBERS)
+    rows = rows[rows["schedule"].notna()]
     if rows.empty:
         return []
     figures: list[Figure] = []

@@ -181,6 +181,8 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
         ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=schedule_color(str(group)),
                    label=str(group), gid=f"points:{group}", linewidths=0)
     front = pareto_front(rows, x=x, y=y)
+    if front.empty:
+        raise ConfigError("table", len(frame), f"has no successful row with a finite {x} and {y} to plot")
     # The staircase runs on to the largest x: nothing to its right does better.
     steps_x = np.r_[front[x].to_numpy(dtype=float), float(rows[x].max())] / divisor
     steps_y = np.r_[front[y].to_numpy(dtype=float), float(front[y].iloc[-1])]

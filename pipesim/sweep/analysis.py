@@ -25,6 +25,15 @@ def successful(frame: Any) -> Any:
     return frame[frame["error"].fillna("") == ""]
 
 
+def usable(frame: Any, *columns: str) -> Any:
+    """Successful rows whose ``columns`` (numeric) are all finite: the rows a figure can draw."""
+    rows = successful(frame)
+    keep = np.ones(len(rows), dtype=bool)
+    for column in columns:
+        keep &= np.isfinite(rows[column].to_numpy(dtype=float))
+    return rows[keep]
+
+
 def varying_inputs(frame: Any, *shown: str) -> list[str]:
     """Input columns (the spec's axes) other than ``shown`` that take more than one value among
     rows equal in ``shown``: what a figure with ``shown`` as its axes (and lines) aggregates
@@ -56,11 +65,12 @@ def filter_rows(frame: Any, where: str | None) -> Any:
     return frame[np.asarray(keep, dtype=bool)] if len(frame) else frame
 
 
-def require_columns(frame: Any, *columns: str) -> None:
-    """Raise ConfigError naming the first of ``columns`` that ``frame`` lacks."""
+def require_columns(frame: Any, *columns: str, source: str | None = None) -> None:
+    """Raise ConfigError naming the first of ``columns`` that ``frame`` lacks (and the table's file)."""
     for column in columns:
         if column not in frame.columns:
-            raise ConfigError("column", column, f"is not in the table; columns: {', '.join(map(str, frame.columns))}")
+            raise ConfigError("column", column, f"is not in the table; columns: {', '.join(map(str, frame.columns))}",
+                              source=source)
 
 
 def pareto_front(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_samples_per_s") -> Any:

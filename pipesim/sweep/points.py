@@ -84,6 +84,19 @@ METRIC_SCHEMA: tuple[MetricColumn, ...] = (
 METRIC_COLUMNS: tuple[str, ...] = tuple(column.name for column in METRIC_SCHEMA)
 COLUMNS: tuple[str, ...] = ("point", *AXES.values(), "pipesim_version", "error", *METRIC_COLUMNS)
 
+# What each column holds, checked when a table is read (``pipesim.sweep.store.read_table``):
+# "integer", "number" (NaN and inf allowed), "boolean" or "text" (not checked). A metric's kind is
+# that of its failed point's value.
+_EMPTY_KINDS = {int: "integer", float: "number", bool: "boolean", str: "text"}
+COLUMN_KINDS: dict[str, str] = {
+    "point": "integer", "profile": "text", "topology": "text", "bandwidth_bytes_per_s": "number",
+    "latency_s": "number", "num_stages": "integer", "num_microbatches": "integer", "num_minibatches": "integer",
+    "schedule": "text", "partition_strategy": "text", "recompute": "boolean", "memory_limit_bytes": "number",
+    "optimizer_state_multiplier": "number", "pipemare_update": "text", "jitter": "number", "seed": "integer",
+    "stages_per_rank": "integer", "pipesim_version": "text", "error": "text",
+    **{column.name: _EMPTY_KINDS[type(column.empty)] for column in METRIC_SCHEMA},
+}
+
 
 # The axes that decide a point's schedule and stage costs, outermost first: points equal in these
 # (differing in bandwidth, latency, topology or recomputation, say) reuse each other's work when

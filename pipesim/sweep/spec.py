@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
@@ -24,6 +24,7 @@ from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
 MAX_POINTS = 2_000_000
 MAX_RANGE = 100_000
+MAX_SEED = 2**63 - 1  # a table's seed column holds int64
 
 # Spec key -> row column, in the order the cartesian product nests (the last varies fastest).
 AXES: dict[str, str] = {
@@ -71,7 +72,7 @@ def _axis(value: Any) -> Any:
 
 
 PositiveInts = Annotated[tuple[Annotated[int, Field(ge=1, strict=True)], ...], BeforeValidator(_axis)]
-Seeds = Annotated[tuple[Annotated[int, Field(ge=0, strict=True)], ...], BeforeValidator(_axis)]
+Seeds = Annotated[tuple[Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)], ...], BeforeValidator(_axis)]
 Quantities = Annotated[tuple[str | float, ...], BeforeValidator(_axis)]
 
 
@@ -149,7 +150,17 @@ class ProfileEntry(FrozenModel):
         return self.model
 
 
-ProfileItem = str | ProfileEntry
+def _profile_item(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A file name, or a mapping validated as a ProfileEntry alone, so that its errors name its
+    fields (``profile[0].uniform.forward_ms``) rather than the file name the union also tried."""
+    if isinstance(value, dict):
+        return ProfileEntry.model_validate(value)
+    if not isinstance(value, str | ProfileEntry):
+        raise ValueError("must be a file name, {uniform: {...}} or {model: {...}}")
+    return handler(value)
+
+
+ProfileItem = Annotated[str | ProfileEntry, WrapValidator(_profile_item)]
 
 
 class SweepSpec(FrozenModel):
@@ -247,8 +258,25 @@ def _check(spec: SweepSpec) -> None:
     for index, limit in enumerate(spec.memory_limit):
         if limit is not None:
             _quantity(limit, parse_size, f"memory_limit[{index}]")
+    _check_repeats(spec)
     if spec.where is not None:
         Expression(spec.where, where_fields())
+
+
+def _check_repeats(spec: SweepSpec) -> None:
+    """A value listed twice in one axis (``stages: [2, 2]``, or ``10GB/s`` beside ``10000MB/s``)
+    would simulate each of its points twice, as a second row."""
+    parsers = {"bandwidth": parse_bandwidth, "latency": parse_duration, "memory_limit": parse_size}
+    for key in AXES:
+        name = "seeds" if key == "seed" else key
+        seen: set[Any] = set()
+        for index, value in enumerate(getattr(spec, key)):
+            parse = parsers.get(key)
+            same = _quantity(value, parse, f"{name}[{index}]") if parse and value is not None else value
+            if same in seen:
+                shown = value.model_dump(exclude_defaults=True) if isinstance(value, ProfileEntry) else value
+                raise ConfigError(f"{name}[{index}]", shown, "is listed twice")
+            seen.add(same)
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -259,13 +287,37 @@ def load_spec(path: str | Path) -> SweepSpec:
     """
     text = read_text(path, "spec")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader refusing repeated keys
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "syntax error"
         raise ConfigError("spec", str(path), f"is not valid YAML: {problem}{where}") from None
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.value, exc.rule, source=str(path)) from None
     return parse_spec(data, source=str(path))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader refusing a key given twice in one mapping (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<: *base``: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:  # an unhashable key: the base class refuses it
+                continue
+            if first is not None:
+                lines_text = f"lines {first} and {line}" if first != line else f"line {line}"
+                raise ConfigError(str(key), self.construct_object(value_node, deep=True),
+                                  f"is given twice in one mapping ({lines_text})")
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 def where_fields() -> tuple[str, ...]:

@@ -57,15 +57,15 @@ def writing(path: Path, parts: Path, done: int) -> Iterator[None]:
         raise SweepFailedError(f"cannot write {path}: {reason}; {resume_hint(parts, done)}") from exc
 
 
-def table_format(path: Path) -> str:
-    """``"parquet"`` or ``"csv"`` from the file's suffix.
+def table_format(path: Path, field: str = "out") -> str:
+    """``"parquet"`` or ``"csv"`` from the file's suffix; ``field`` names the argument in errors.
 
     Raises:
         ConfigError: another suffix.
     """
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
-        raise ConfigError("out", str(path), f"must end in {', '.join(FORMATS)}")
+        raise ConfigError(field, str(path), f"must end in {', '.join(FORMATS)}")
     return FORMATS[suffix]
 
 
@@ -127,32 +127,121 @@ def write_table(frame: Any, path: Path, *, digest: str | None = None, run: dict[
     write_atomic(path, lambda temporary: pq.write_table(table, temporary))
 
 
-def read_table(path: str | Path) -> Any:
+def read_table(path: str | Path, *, columns: Sequence[str] = (), numbers: Sequence[str] = ()) -> Any:
     """Read a sweep table (Parquet or CSV) as a DataFrame; ``error`` is null where a point had none.
 
-    Raises:
-        ConfigError: a missing file or an unknown suffix.
-    """
-    import pandas as pd
+    Every column a sweep writes (``COLUMN_KINDS``) is checked for its kind, and so is each of
+    ``numbers``; each of ``columns`` must be there.
 
+    Raises:
+        ConfigError: a missing, unreadable or malformed file, an unknown suffix, a column of
+            ``columns`` missing, or a value of another kind; the message names the file, and the
+            column and value.
+    """
     target = Path(path)
-    kind = table_format(target)
+    kind = table_format(target, "table")
+    if target.is_dir():
+        raise ConfigError("table", str(target), "is a directory, expected a file")
     if not target.is_file():
         raise ConfigError("table", str(target), "file does not exist")
-    if kind == "csv":
+    frame = _read_csv(target) if kind == "csv" else _read_parquet(target)
+    from pipesim.sweep.analysis import require_columns
+
+    require_columns(frame, *columns, source=str(target))
+    return _checked(frame, numbers, str(target))
+
+
+def _read_csv(target: Path) -> Any:
+    import pandas as pd
+
+    try:
         frame = pd.read_csv(target, keep_default_na=False, na_values=["nan"])
-        if "error" in frame.columns:  # the empty field is CSV's null: read it as Parquet's null reads
-            frame["error"] = frame["error"].where(frame["error"] != "")
-        return frame
-    return pd.read_parquet(target)
+    except pd.errors.EmptyDataError:
+        raise ConfigError("table", str(target), "is empty, expected a CSV header and rows") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("table", str(target), f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except pd.errors.ParserError as exc:
+        raise ConfigError("table", str(target), f"is not a valid CSV table ({_first_line(exc)})") from None
+    except OSError as exc:
+        raise ConfigError("table", str(target), f"cannot be read ({exc.strerror or _first_line(exc)})") from None
+    if "error" in frame.columns:  # the empty field is CSV's null: read it as Parquet's null reads
+        frame["error"] = frame["error"].where(frame["error"] != "")
+    return frame
+
+
+def _read_parquet(target: Path) -> Any:
+    import pandas as pd
+    import pyarrow as pa
+
+    try:
+        return pd.read_parquet(target)
+    except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        # pyarrow's reason follows the path it quotes: "Could not open Parquet input source '...': REASON"
+        reason = _first_line(exc).rsplit("': ", 1)[-1]
+        raise ConfigError("table", str(target), f"is not a readable Parquet table ({reason})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _checked(frame: Any, numbers: Sequence[str], source: str) -> Any:
+    """``frame`` with each column of a known kind (``COLUMN_KINDS``), and each of ``numbers``,
+    holding only values of that kind: numbers given as text in a CSV column converted.
+
+    Raises:
+        ConfigError: naming the column, its first value of another kind and its row.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from pipesim.sweep.points import COLUMN_KINDS
+
+    types = pd.api.types
+    for column in frame.columns:
+        kind = COLUMN_KINDS.get(column, "text")
+        if kind == "text" and column in numbers:
+            kind = "number"
+        values = frame[column]
+        numeric_type = types.is_numeric_dtype(values) and not types.is_bool_dtype(values)
+        if kind == "text" or (kind == "boolean" and types.is_bool_dtype(values)) or \
+                (kind == "integer" and types.is_integer_dtype(values) and numeric_type) or \
+                (kind == "number" and numeric_type):
+            continue
+        if kind == "boolean":
+            bad = ~values.map(lambda value: isinstance(value, bool | np.bool_)).to_numpy(dtype=bool)
+            rule = "must be true or false"
+            if not bad.any():
+                continue
+        else:
+            # Booleans are not numbers here, though to_numeric would take True for 1.
+            numeric = values if numeric_type else pd.to_numeric(
+                values.where(values.map(lambda value: not isinstance(value, bool | np.bool_))), errors="coerce")
+            number = numeric.to_numpy(dtype=float)
+            if kind == "integer":
+                bad = ~np.isfinite(number) | (number != np.round(number)) | (np.abs(number) >= 2.0**63)
+                rule = "must be an integer"
+            else:
+                bad = np.isnan(number) & values.notna().to_numpy(dtype=bool)
+                rule = "must be a number"
+            if not bad.any():
+                frame[column] = numeric.astype("int64") if kind == "integer" else numeric.astype(float)
+                continue
+        row = int(np.flatnonzero(bad)[0])
+        value = values.iloc[row]
+        shown = value.item() if isinstance(value, np.generic) else value
+        raise ConfigError(column, shown, f"{rule} (row {row + 1} of {len(frame)})", source=source)
+    return frame
 
 
 def read_run(path: str | Path) -> dict[str, Any] | None:
     """The ``run`` record a finished table was written with (``write_table``), or None."""
     target = Path(path)
-    if table_format(target) == "csv":
+    if table_format(target, "table") == "csv":
         digest_file = csv_digest_path(target)
-        run = read_json(digest_file, "digest").get("run") if digest_file.is_file() else None
+        kept = read_json(digest_file, "digest") if digest_file.is_file() else None
+        run = kept.get("run") if isinstance(kept, dict) else None
     else:
         import pyarrow.parquet as pq
 

@@ -15,6 +15,9 @@ Evaluator = Callable[[Mapping[str, Any]], Any]
 # ``'a' * 999999999`` or ``[stages] * 10**8`` is refused before it is built.
 MAX_ITEMS = 10_000
 MAX_INT_BITS = 256
+# Nesting of the expression tree (``not not ...``, ``- - ...``, ``1 + 1 + ...``): compiling and
+# evaluating recurse once per level, so a deeper tree would exhaust the stack.
+MAX_DEPTH = 100
 LIMITS = (f"strings and lists up to {MAX_ITEMS:,} items (nested lists counted through), "
           f"integers up to {MAX_INT_BITS} bits")
 
@@ -80,6 +83,17 @@ _UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
 ALLOWED = "names, numbers, strings, true/false, comparisons, and/or/not, + - * / // %, and [lists] for in"
 
 
+def _depth(node: ast.AST) -> int:
+    """Levels of the tree under ``node``, counted without recursion."""
+    deepest = 0
+    stack = [(node, 1)]
+    while stack:
+        current, level = stack.pop()
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(current))
+    return deepest
+
+
 class Expression:
     """A parsed filter; call it with a point's fields to get True or False.
 
@@ -103,10 +117,15 @@ class Expression:
         self.field = field
         self._fields = frozenset(fields)
         self.names: set[str] = set()  # the fields the expression reads
+        too_deep = f"is nested too deeply (at most {MAX_DEPTH} levels of operators and lists)"
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as exc:
             raise ConfigError(field, text, f"is not a valid expression ({exc.msg} at column {exc.offset})") from None
+        except (RecursionError, MemoryError):  # the parser's own stack: thousands of nested operators
+            raise ConfigError(field, text, too_deep) from None
+        if _depth(tree.body) > MAX_DEPTH:
+            raise ConfigError(field, text, too_deep)
         self._evaluate = self._compile(tree.body)
 
     def __call__(self, point: Mapping[str, Any]) -> bool:

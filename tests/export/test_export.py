@@ -161,3 +161,89 @@ def test_plot_and_report_errors_are_one_line(args: list[str], expected: str, tab
         main(argv)
     err = capsys.readouterr().err
     assert caught.value.code == 2 and err.count("\n") == 1 and expected in err, err
+
+
+def _table_text(table_path: Path, column: str, value: str) -> str:
+    """The fixture's CSV with ``column`` set to ``value`` in every row (``value`` prefixed by
+    ``first:`` in the first row only)."""
+    frame = pd.read_csv(table_path, keep_default_na=False)
+    if value.startswith("first:"):
+        frame[column] = frame[column].astype(str)
+        frame.loc[0, column] = value.removeprefix("first:")
+    else:
+        frame[column] = value
+    return frame.to_csv(index=False)
+
+
+COMMANDS = {"bubble": ["plot", "bubble", "T", "--out", "x.png"], "sweep": ["plot", "sweep", "T", "--out", "x.png"],
+            "report": ["report", "T", "--out", "x.html"]}
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("empty.csv", b"", {"*": "table=FILE: is empty, expected a CSV header and rows"}),
+        ("utf16.csv", b"\xff\xfea\x00,\x00b\x00", {"*": "table=FILE: is not UTF-8 text (invalid start byte at byte 0)"}),
+        ("ragged.csv", b"a,b\n1,2\n1,2,3,4\n", {"*": "table=FILE: is not a valid CSV table (Error tokenizing data. "
+                                                     "C error: Expected 2 fields in line 3, saw 4)"}),
+        ("text.parquet", b"hello\n", {"*": "table=FILE: is not a readable Parquet table (Parquet file size is 6 bytes, "
+                                           "smaller than the minimum file footer (8 bytes))"}),
+        ("bubble.csv", ("bubble_fraction", "first:x"),
+         {"*": "FILE: bubble_fraction='x': must be a number (row 1 of 18)"}),
+        ("stages.csv", ("num_stages", "first:x"), {"*": "FILE: num_stages='x': must be an integer (row 1 of 18)"}),
+        ("ab.csv", b"a,b\n1,2\n", {"bubble": "FILE: column='schedule': is not in the table; columns: a, b",
+                                   "sweep": "FILE: column='num_microbatches': is not in the table; columns: a, b",
+                                   "report": "FILE: column='point': is not in the table; columns: a, b"}),
+        ("nan.csv", ("throughput_samples_per_s", "nan"),
+         {"sweep": "table=FILE: has no successful row with a finite throughput_samples_per_s to plot (18 rows)"}),
+        ("header.csv", "header", {"bubble": "table=FILE: has no successful row with a finite bubble_fraction to plot "
+                                            "(0 rows)"}),
+        ("folder", "folder", {"bubble": "table=FILE: must end in .parquet, .pq, .csv",
+                              "sweep": "table=FILE: must end in .parquet, .pq, .csv"}),
+        ("folder.csv", "folder", {"*": "table=FILE: is a directory, expected a file"}),
+    ],
+)
+def test_a_bad_sweep_table_is_refused_in_one_line_naming_file_and_column(
+        name: str, content: Any, expected: dict[str, str], table_path: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / name
+    if content == "folder":
+        bad.mkdir()
+    elif content == "header":
+        bad.write_text(table_path.read_text().splitlines()[0] + "\n")
+    elif isinstance(content, tuple):
+        bad.write_text(_table_text(table_path, *content))
+    else:
+        bad.write_bytes(content)
+    for command, args in COMMANDS.items():
+        message = expected.get(command, expected.get("*"))
+        if message is None:
+            continue
+        with pytest.raises(SystemExit) as caught:
+            main([str(bad) if a == "T" else str(tmp_path / a) if a.startswith("x.") else a for a in args])
+        assert caught.value.code == 2, command
+        line = message.replace("table=FILE", f"table={str(bad)!r}").replace("FILE", str(bad))
+        assert capsys.readouterr().err == f"pipesim: error: {line}\n", command
+        assert not list(tmp_path.glob("x.*")), command
+
+
+def test_a_report_of_a_table_with_nothing_to_draw_says_so(table_path: Path, tmp_path: Path) -> None:
+    for name, column in (("nan.csv", "throughput_samples_per_s"), ("header.csv", None)):
+        table = tmp_path / name
+        text = _table_text(table_path, column, "nan") if column else table_path.read_text().splitlines()[0] + "\n"
+        table.write_text(text)
+        main(["report", str(table), "--out", str(tmp_path / "r.html")])
+        html = (tmp_path / "r.html").read_text()
+        assert figures_in(html) == 0
+        assert "No figures: no successful row of the table has a finite bubble fraction, throughput and peak " \
+               "memory." in html
+
+
+def test_plot_where_nested_too_deeply_is_refused(table_path: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    for command, where in (("bubble", "not " * 5000 + "1"), ("sweep", "-" * 5000 + "1")):
+        with pytest.raises(SystemExit) as caught:
+            main(["plot", command, str(table_path), "--where", where, "--out", str(tmp_path / "x.png")])
+        assert caught.value.code == 2
+        assert capsys.readouterr().err == \
+            f"pipesim: error: where={repr(where)[:77]}...: is nested too deeply (at most 100 levels of operators and lists)\n"

@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pipesim  # noqa: E402
 from pipesim import plots  # noqa: E402
 from pipesim.engine.trace import KINDS, Trace  # noqa: E402
+from pipesim.errors import ConfigError  # noqa: E402
 from pipesim.metrics import compute_metrics, memory_over_time  # noqa: E402
 from pipesim.plots.timeline import idle_gaps  # noqa: E402
 from pipesim.sweep import PointRunner, Resolved, parse_spec  # noqa: E402
@@ -189,6 +190,14 @@ def test_pareto_front_and_plot(table: Any) -> None:
     ok = table[table["error"] == ""]
     assert groups == {f"points:{s}": int((ok["schedule"] == s).sum()) for s in ("gpipe", "1f1b", "2bw")}
     assert ax.get_xlabel() == "peak memory (MB)" and ax.get_ylabel() == "throughput (samples/s)"
+
+
+def test_pareto_of_rows_without_finite_values_is_refused(table: Any) -> None:
+    blank = table.assign(throughput_samples_per_s=np.nan)
+    with pytest.raises(ConfigError) as caught:
+        plots.pareto(blank)
+    assert str(caught.value) == (f"table={len(table)}: has no successful row with a finite peak_memory_bytes and "
+                                 "throughput_samples_per_s to plot")
 
 
 def test_plots_draw_on_a_given_axes_and_save_every_format(trace: Trace, table: Any, tmp_path: Path) -> None:

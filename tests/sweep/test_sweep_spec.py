@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 import pipesim
 from pipesim.errors import ConfigError
@@ -26,6 +27,7 @@ from pipesim.sweep import (
     parse_spec,
     read_table,
 )
+from pipesim.cli import main
 from pipesim.sweep.store import read_run
 from pipesim.spec.units import parse_duration
 
@@ -295,3 +297,60 @@ def test_cli_sweep_sets_stages_per_rank_and_reads_profiles_beside_the_spec(tmp_p
     assert run["spec"]["sha256"] == hashlib.sha256((folder / "spec.yaml").read_bytes()).hexdigest()
     assert run["profiles"] == [{"name": "model.json",
                                 "sha256": hashlib.sha256((folder / "model.json").read_bytes()).hexdigest()}]
+
+
+BASE_SPEC = "profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nstages: [2]\nmicrobatches: [4]\n"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        # A where nested past the parser's stack, or deeper than compiling it may recurse.
+        ("schedule: [gpipe]\nwhere: \"" + "not " * 5000 + "1\"\n",
+         "where='" + "not " * 19 + "...: is nested too deeply (at most 100 levels of operators and lists)"),
+        ("schedule: [gpipe]\nwhere: \"" + "-" * 5000 + "1\"\n",
+         "where='" + "-" * 76 + "...: is nested too deeply (at most 100 levels of operators and lists)"),
+        ("schedule: [gpipe]\nwhere: \"" + "not " * 150 + "1\"\n",
+         "where='" + "not " * 19 + "...: is nested too deeply (at most 100 levels of operators and lists)"),
+        # A seed the table's int64 column cannot hold.
+        ("schedule: [gpipe]\njitter: [0.1]\nseeds: [99999999999999999999999999999999999999]\n",
+         "seeds[0]=99999999999999999999999999999999999999: Input should be less than or equal to 9223372036854775807"),
+        # A key given twice: YAML would keep the last silently.
+        ("schedule: [gpipe]\nstages: [4]\n", "stages=[4]: is given twice in one mapping (lines 2 and 5)"),
+        ("schedule: [gpipe]\nrecompute: {a: 1, a: 2}\n", "a=2: is given twice in one mapping (line 5)"),
+        # A value listed twice in one axis: each of its points would be simulated twice.
+        ("schedule: [1f1b, 1f1b]\n", "schedule[1]='1f1b': is listed twice"),
+        ("schedule: [gpipe]\nbandwidth: [10GB/s, 10000MB/s]\n", "bandwidth[1]='10000MB/s': is listed twice"),
+        ("schedule: [gpipe]\nseeds: [3, 3]\n", "seeds[1]=3: is listed twice"),
+        # A bad uniform profile names its field, not the file name the union also tried.
+        ("schedule: [gpipe]\nprofile: [{uniform: {layers: 8, forward_ms: -1, backward_ms: 2}}]\n",
+         "profile[0].uniform.forward_ms=-1: Input should be greater than or equal to 0"),
+        ("schedule: [gpipe]\nprofile: [{uniform: {layers: 8, forward_ms: .nan, backward_ms: 2}}]\n",
+         "profile[0].uniform.forward_ms=nan: Input should be a finite number"),
+        ("schedule: [gpipe]\nprofile: [{uniform: {layers: true, forward_ms: 1, backward_ms: 2}}]\n",
+         "profile[0].uniform.layers=True: Input should be a valid integer"),
+        ("schedule: [gpipe]\nprofile: [{uniform: {layers: 8, forward_ms: 1, backward_ms: 2, colour: 1}}]\n",
+         "profile[0].uniform.colour=1: Extra inputs are not permitted"),
+        ("schedule: [gpipe]\nprofile: [3]\n", "profile[0]=3: must be a file name, {uniform: {...}} or {model: {...}}"),
+    ],
+)
+def test_cli_refuses_a_bad_spec_in_one_line_naming_the_field(lines: str, expected: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "spec.yaml"
+    text = BASE_SPEC + lines
+    if "\nprofile:" in lines:  # the case's own profile in place of the base one
+        text = text.split("\n", 1)[1]
+    spec.write_text(text)
+    with pytest.raises(SystemExit) as caught:
+        main(["sweep", str(spec), "--out", str(tmp_path / "r.csv")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: {spec}: {expected}\n"
+    assert not (tmp_path / "r.csv").exists() and not (tmp_path / "r.csv.parts").exists()
+
+
+def test_yaml_merge_keys_may_be_overridden() -> None:
+    from pipesim.sweep.spec import _UniqueKeyLoader
+
+    data = yaml.load("base: &b {stages: [2], schedule: gpipe}\nspec:\n  <<: *b\n  stages: [4]\n",
+                     Loader=_UniqueKeyLoader)
+    assert data["spec"] == {"stages": [4], "schedule": "gpipe"}
