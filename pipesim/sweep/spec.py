@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BeforeValidator, Field, ValidatorFunctionWrapHandler, WrapValidator, model_validator
 
+from pipesim.engine.noise import MAX_CV
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology, read_text
@@ -201,11 +202,11 @@ class SweepSpec(FrozenModel):
     minibatches: Annotated[tuple[Annotated[int, Field(ge=1, strict=True)] | None, ...], BeforeValidator(_axis)] = (None,)
     schedule: Annotated[tuple[str, ...], BeforeValidator(_axis)]
     partition: Annotated[tuple[Literal["balanced", "even"], ...], BeforeValidator(_axis)] = ("balanced",)
-    recompute: Annotated[tuple[bool, ...], BeforeValidator(_axis)] = (False,)
+    recompute: Annotated[tuple[Annotated[bool, Field(strict=True)], ...], BeforeValidator(_axis)] = (False,)
     memory_limit: Annotated[tuple[str | float | None, ...], BeforeValidator(_axis)] = (None,)
     optimizer_state: Annotated[tuple[Annotated[float, Field(ge=0)], ...], BeforeValidator(_axis)] = (1.0,)
     pipemare_update: Annotated[tuple[Literal["minibatch", "microbatch"], ...], BeforeValidator(_axis)] = ("minibatch",)
-    jitter: Annotated[tuple[Annotated[float, Field(ge=0)], ...], BeforeValidator(_axis)] = (0.0,)
+    jitter: Annotated[tuple[Annotated[float, Field(ge=0, le=MAX_CV)], ...], BeforeValidator(_axis)] = (0.0,)
     seed: Seeds = Field(default=(0,), alias="seeds")
     where: str | None = None
     engine: Literal["auto", "analytic", "des"] = "auto"

@@ -277,22 +277,23 @@ class ResultStore:
         self.columns = tuple(columns)
         self.done: set[int] = set()
         manifest = self.parts / "manifest.json"
-        if self.parts.exists():
-            chunks = sorted(self.parts.glob("chunk-*.parquet"))
-            if not resume:
-                raise ConfigError(
-                    "resume", False, f"{self.parts} holds {len(chunks)} finished chunks of an interrupted sweep: "
-                    "pass --resume to continue it, or delete that folder to start over",
-                )
+        # A sweep that ended before its first chunk left nothing to keep: it starts over, --resume or not.
+        chunks = sorted(self.parts.glob("chunk-*.parquet")) if self.parts.exists() else []
+        if chunks and not resume:
+            raise ConfigError(
+                "resume", False, f"{self.parts} holds {len(chunks)} finished chunks of an interrupted sweep: "
+                "pass --resume to continue it, or delete that folder to start over",
+            )
+        if chunks:
             previous = read_json(manifest, "manifest") if manifest.exists() else {}
             if previous.get("digest") != digest:
                 raise ConfigError(
                     "resume", str(self.parts), "holds results of a different spec, profile or pipesim version; "
                     "delete it to start over",
                 )
-            for stray in self.parts.glob(".*.tmp"):
-                stray.unlink()
             self.done = self._read_done(chunks)
+        for stray in self.parts.glob(".*.tmp") if self.parts.exists() else ():
+            stray.unlink()
         with writing(manifest, self.parts, len(self.done)):
             self.parts.mkdir(parents=True, exist_ok=True)
             write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))

@@ -47,3 +47,19 @@ def test_a_finished_csv_edited_afterwards_is_simulated_again(tmp_path: Path) -> 
     assert finished_digest(out) is None
     again = run_sweep(spec, out, workers=1, resume=True)
     assert again.num_run == NUM_POINTS and out.read_bytes() == written
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_parts_folder_without_finished_chunks_is_started_over(tmp_path: Path, resume: bool) -> None:
+    """What a sweep that failed before its first chunk leaves: the manifest (of any spec) and maybe a
+    temporary file; nothing to keep, so the next run starts over instead of asking for --resume."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "results.parquet"
+    parts = Path(f"{out}.parts")
+    parts.mkdir()
+    (parts / "manifest.json").write_text('{"schema": "pipesim.sweep-parts/1", "digest": "other", "num_points": 3}')
+    (parts / ".chunk-00000000-00000003.parquet.tmp").write_bytes(b"half")
+    summary = run_sweep(spec, out, workers=1, resume=resume)
+    assert (summary.num_run, summary.num_resumed) == (NUM_POINTS, 0)
+    assert len(read_table(out)) == NUM_POINTS and not parts.exists()
