@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Literal
 
@@ -34,13 +35,13 @@ def check_cv(field: str, value: float) -> None:
 
 
 def check_seed(seed: int) -> None:
-    """A seed must be >= 0, as numpy's generators take it.
+    """A seed must be an integer >= 0, as numpy's generators take it.
 
     Raises:
         ConfigError: naming ``seed`` and the value.
     """
-    if seed < 0:
-        raise ConfigError("seed", seed, "must be >= 0")
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError("seed", seed, "must be an integer >= 0")
 
 
 def op_spread_s(program: Program, cv: float | None) -> list[list[float]]:

@@ -62,7 +62,7 @@ class WeightPolicy(enum.Enum):
     SINGLE = "single"
 
 
-_OP_TEXT = re.compile(r"(\d+)([FBIWU])(\d+)")
+_OP_TEXT = re.compile(r"([0-9]+)([FBIWU])([0-9]+)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,9 @@ class Topology(FrozenModel):
                 if end >= len(self.devices):
                     raise ConfigError(f"links[{index}].{name}", end,
                                       f"must name a device (0 to {len(self.devices) - 1})")
+            if link.src == link.dst:
+                raise ConfigError(f"links[{index}].dst", link.dst, "must differ from src: a link joins two devices "
+                                  "(a device sends to itself without one)")
             pairs = [(link.src, link.dst), (link.dst, link.src)] if link.bidirectional else [(link.src, link.dst)]
             for pair in pairs:
                 if pair in served:

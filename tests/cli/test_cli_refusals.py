@@ -20,8 +20,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--samples", "3", "--seed", "-1"), "seed=-1: must be >= 0"),
-        (("--jitter", "0.1", "--seed", "-1"), "seed=-1: must be >= 0"),
+        (("--samples", "3", "--seed", "-1"), "seed=-1: must be an integer >= 0"),
+        (("--jitter", "0.1", "--seed", "-1"), "seed=-1: must be an integer >= 0"),
         (("--jitter", "inf", "--engine", "des"), f"jitter=inf: {SPREAD}"),
         (("--jitter", "nan"), f"jitter=nan: {SPREAD}"),
         (("--jitter", "1e308", "--engine", "des"), f"jitter=1e+308: {SPREAD}"),

@@ -114,13 +114,16 @@ def test_spread_past_the_bound_is_refused_by_the_library(value: float) -> None:
 
 
 def test_a_negative_seed_is_refused_by_the_library() -> None:
-    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+    with pytest.raises(ConfigError, match="^seed=-1: must be an integer >= 0$"):
         sample_program(program(), num_samples=2, seed=-1)
-    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+    with pytest.raises(ConfigError, match="^seed=-1: must be an integer >= 0$"):
         run_des(program(), jitter=0.1, seed=-1)
     profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3)
-    with pytest.raises(ConfigError, match="^seed=-1: must be >= 0$"):
+    with pytest.raises(ConfigError, match="^seed=-1: must be an integer >= 0$"):
         simulate(profile, schedule="1f1b", num_stages=2, num_microbatches=4, engine="analytic", jitter=0.1, seed=-1)
+    with pytest.raises(ConfigError, match="^seed=1.5: must be an integer >= 0$"):
+        sample_program(program(), num_samples=2, seed=1.5)  # type: ignore[arg-type]
+    assert sample_program(program(), num_samples=2, seed=np.int64(3)) == sample_program(program(), num_samples=2, seed=3)
 
 
 def test_simulate_samples_runs_a_plan() -> None:

@@ -85,3 +85,23 @@ def test_ints_are_numbers_and_distinct_pairs_and_rising_levels_are_kept(tmp_path
     assert load_topology(path).link_cost(1, 0) == (0.0, 1e9)
     path.write_text(json.dumps({**PLAN, "placement": [0, 1, 2, 3], "optimizer_state_multiplier": 2}), encoding="utf-8")
     assert load_plan(path).optimizer_state_multiplier == 2.0
+
+
+def test_a_link_from_a_device_to_itself_is_refused() -> None:
+    from pipesim.spec.topology import Topology
+    from pipesim.spec.validation import build
+
+    data = {"schema": "pipesim.topology/1", "devices": [{"name": "a"}, {"name": "b"}],
+            "links": [{"src": 1, "dst": 1, "bandwidth_bytes_per_s": 1e9}]}
+    with pytest.raises(ConfigError) as raised:
+        build(Topology, data)
+    assert str(raised.value) == ("links[0].dst=1: must differ from src: a link joins two devices (a device sends to "
+                                 "itself without one)")
+
+
+def test_an_op_text_takes_ascii_digits_only() -> None:
+    from pipesim.schedule.ir import Op
+
+    assert Op.parse("1B2") == Op.parse(" 1B2 ")
+    with pytest.raises(ConfigError, match="^op='1B\u0661': must look like"):
+        Op.parse("1B\u0661")
