@@ -11,7 +11,7 @@ from pipesim.errors import ConfigError
 from pipesim.export.report import verdict_text
 from pipesim.metrics import memory_verdict
 from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
-from pipesim.cli.options import parse_uniform
+from pipesim.cli.options import non_empty, parse_uniform
 from pipesim.spec.devices import PLACEMENTS, DeviceSpec, device_preset, placed_links
 from pipesim.spec.files import load_profile
 from pipesim.spec.parallel import (
@@ -47,7 +47,7 @@ capacity_options = with_options([
                  help="1: ZeRO stage 1, optimizer state sharded over --dp."),
     click.option("--global-batch", "global_batch", type=int, default=None,
                  help="Samples per step over all D pipelines: M = global / (microbatch size x D)."),
-    click.option("--memory", "memory", type=str, default=None,
+    click.option("--memory", "memory", type=str, default=None, callback=non_empty,
                  help="Memory budget per device (e.g. 80GB; default the --device preset's with --model): "
                       "the output says per device whether it fits."),
 ])

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from pipesim.cli.outputs import out_file_option
-from pipesim.cli.options import parse_partition
+from pipesim.cli.options import non_empty, parse_partition
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
 from pipesim.spec.files import load_profile, save_model
@@ -186,7 +186,7 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
-@click.option("--partition", type=str, default=None, help="Layer ranges per stage (default: balance the profile).")
+@click.option("--partition", type=str, default=None, callback=non_empty, help="Layer ranges per stage (default: balance the profile).")
 @click.option("--ranks", "num_ranks", type=int, default=0,
               help="Processes, for schedules with several stages per rank (default: one per stage).")
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)

@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_folder, writing
 from pipesim.errors import ConfigError
 from pipesim.export.strict_json import strict_dumps
@@ -56,7 +57,7 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
 @click.option("--devices-per-server", type=int, default=None, help="Devices per server (with --inter-server-bandwidth).")
 @click.option("--bandwidth", required=True, help="Bandwidth between devices (inside a server), e.g. 10GB/s.")
 @click.option("--inter-server-bandwidth", default=None, help="Bandwidth between servers, e.g. 10Gbit/s.")
-@click.option("--memory", default=None, help="Memory per device, e.g. 16GB (default: unlimited).")
+@click.option("--memory", default=None, callback=non_empty, help="Memory per device, e.g. 16GB (default: unlimited).")
 @click.option("--planner", type=click.Choice(PLANNERS), default="pipedream", show_default=True,
               help="pipedream: PipeDream's partitioner (SOSP'19); 2bw: PipeDream-2BW's planner (ICML'21).")
 @click.option("--cost-model", type=click.Choice(COST_MODELS), default="simulated", show_default=True,

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pipesim.cli.plot import load_table, load_trace
+from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file, writing
 from pipesim.errors import ConfigError
 from pipesim.spec.files import read_text, write_text_atomic
@@ -26,7 +27,7 @@ REPORT_COLUMNS = ("point", "schedule", "num_stages", "num_microbatches", "bubble
 @click.option("--figures", "fmt", type=click.Choice(["png", "svg"]), default="png", show_default=True,
               help="Embed figures as base64 PNG or inline SVG.")
 @click.option("--title", type=str, default=None, help="Page title.")
-@click.option("--memory", "memory", type=str, default=None,
+@click.option("--memory", "memory", type=str, default=None, callback=non_empty,
               help="Memory budget per device (e.g. 80GB) for a simulation: the report says per device whether "
                    "it fits (default: the budget saved in metrics.json by simulate --memory, if any).")
 def report_command(source: str, out: str, fmt: str, title: str | None, memory: str | None) -> None:

@@ -108,3 +108,20 @@ def test_simulate_checks_every_output_file_before_writing_any(tmp_path: Path) ->
     assert (done.returncode, done.stderr) == (
         2, f"pipesim: error: out='{compared}': cannot write 1f1b/metrics.json: 1f1b is a file, not a folder\n")
     assert sorted(path.name for path in compared.iterdir()) == ["1f1b"]
+
+
+@pytest.mark.parametrize("args", [
+    ("simulate", "--model", "llama3-8b", "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "--memory", ""),
+    ("plan", "--profile", VGG, "--devices", "4", "--memory", ""),
+    ("search", "--model", "llama3-8b", "--gpus", "8", "--memory", ""),
+    ("report", VGG, "--memory", "", "--out", "r.html"),
+])
+def test_an_empty_memory_budget_is_refused_by_every_command(args: tuple[str, ...]) -> None:
+    done = in_process(*args)
+    assert (done.returncode, done.stderr) == (2, "pipesim: error: memory='': must not be empty\n")
+
+
+def test_run_refuses_an_empty_partition() -> None:
+    done = in_process("run", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--partition", "",
+                      "--out", "x.json")
+    assert (done.returncode, done.stderr) == (2, "pipesim: error: partition='': must not be empty\n")
