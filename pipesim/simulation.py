@@ -340,7 +340,8 @@ def simulate(
 
     Args:
         profile: the model's measured layers.
-        topology: devices and links; default: ``num_stages`` devices with free communication.
+        topology: devices and links; default: the devices the plan occupies (``Plan.num_devices``)
+            with free communication.
         schedule: registry key: gpipe, 1f1b, pipedream, 2bw, pipemare, interleaved-1f1b,
             looped-bfs, interleaved-zb, zbv, dualpipev, zb-h1, zb-h2 or zb-auto.
         num_stages, num_microbatches: p (all model stages) and m.
@@ -366,7 +367,7 @@ def simulate(
         profile, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
         num_minibatches=num_minibatches, partition=partition, **plan_options,
     )
-    topology = topology or Topology.uniform(num_devices=plan.num_ranks)
+    topology = topology or Topology.uniform(num_devices=plan.num_devices)
     return simulate_plan(profile, topology, plan, engine=engine, jitter=jitter, seed=seed, max_ops=max_ops,
                          kernels=kernels)
 

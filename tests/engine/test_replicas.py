@@ -35,6 +35,17 @@ def test_a_stage_replicated_r_times_keeps_up_with_r_times_the_work() -> None:
     assert [stage.utilization for stage in result.metrics.stages] == pytest.approx([8 / 9, 8 / 9])
 
 
+def test_simulate_without_a_topology_gives_each_round_robin_replica_a_device() -> None:
+    from pipesim import simulate
+
+    profile = uniform_profile(num_layers=4, forward_s=1.0, backward_s=2.0)
+    options = {"schedule": "1f1b", "num_stages": 2, "num_microbatches": 8, "partition": ((0, 3), (3, 4)),
+               "replicas": (3, 1), "placement": (0, 3), "replica_model": "round-robin"}
+    result = simulate(profile, **options)
+    assert result.metrics.iteration_time_s == simulate(profile, Topology.uniform(num_devices=4),
+                                                       **options).metrics.iteration_time_s
+
+
 def test_a_ring_past_the_last_device_uses_the_default_bandwidth() -> None:
     plan = make_plan(PROFILE, schedule="1f1b", num_stages=2, num_microbatches=2, replicas=(1, 2),
                      replica_model="round-robin")
