@@ -174,15 +174,20 @@ def run_sweep(
     from pipesim import __version__
 
     started = time.perf_counter()
-    spec_file = None
+    spec_file = spec_path = None
     if isinstance(spec, str | Path):
         base_dir = base_dir or Path(spec).resolve().parent
-        spec_file = file_identity(spec)
+        spec_file, spec_path = file_identity(spec), str(spec)
         spec = load_spec(spec)
     if batch_size is not None and batch_size < 1:
         raise ConfigError("batch_size", batch_size, "must be >= 1")
     target = Path(out)
-    resolved = Resolved(spec, base_dir=base_dir)
+    try:
+        resolved = Resolved(spec, base_dir=base_dir)
+    except ConfigError as exc:  # a field of the spec file itself (a file it names carries its own name)
+        if exc.source is not None or spec_path is None:
+            raise
+        raise ConfigError(exc.field, exc.value, exc.rule, source=spec_path) from None
     points = resolved.points()
     digest = resolved.digest()
     if resume and not Path(f"{target}.parts").exists() and finished_digest(target) == digest:

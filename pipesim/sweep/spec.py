@@ -341,14 +341,20 @@ class Resolved:
         base = base_dir or Path.cwd()
         self.profiles: list[tuple[str, Profile]] = []
         self.inputs: dict[str, list[dict[str, str]]] = {"profiles": [], "topologies": []}
-        for item in spec.profile:
+        for index, item in enumerate(spec.profile):
             if isinstance(item, str):
                 path = Path(item) if Path(item).is_absolute() else base / item
                 self.profiles.append((item, load_profile(path)))
                 self.inputs["profiles"].append(file_identity(path))
-            else:
-                self.profiles.append((item.entry.label(), item.entry.build()))
-                self.inputs["profiles"].append(text_identity(item.entry.label(), item.entry.label()))
+                continue
+            try:
+                built = item.entry.build()
+            except ConfigError as exc:  # a model the spec names but the presets lack, say: its field in the spec
+                kind = "model" if item.model is not None else "uniform"
+                field = "preset" if kind == "model" and exc.field == "model" else exc.field  # the spec's key for it
+                raise ConfigError(f"profile[{index}].{kind}.{field}", exc.value, exc.rule) from None
+            self.profiles.append((item.entry.label(), built))
+            self.inputs["profiles"].append(text_identity(item.entry.label(), item.entry.label()))
         self.topologies: list[tuple[str, Topology | None]] = [
             (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
         ] or [("", None)]

@@ -334,6 +334,10 @@ BASE_SPEC = "profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nsta
         ("schedule: [gpipe]\nprofile: [{uniform: {layers: 8, forward_ms: 1, backward_ms: 2, colour: 1}}]\n",
          "profile[0].uniform.colour=1: Extra inputs are not permitted"),
         ("schedule: [gpipe]\nprofile: [3]\n", "profile[0]=3: must be a file name, {uniform: {...}} or {model: {...}}"),
+        ("schedule: [gpipe]\nprofile: [{model: {preset: nope}}]\n", "profile[0].model.preset='nope': must be one of "
+         "gpt3-175b, llama2-7b, llama2-70b, llama3-8b, llama3-70b, llama3-405b, bert-large"),
+        ("schedule: [gpipe]\nprofile: [{model: {preset: llama3-8b, tp: 3}}]\n",
+         "profile[0].model.tp=3: must divide the KV heads (8) or be a multiple of them"),
     ],
 )
 def test_cli_refuses_a_bad_spec_in_one_line_naming_the_field(lines: str, expected: str, tmp_path: Path,
