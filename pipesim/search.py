@@ -12,6 +12,7 @@ groups across nodes over the NIC).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,6 +31,8 @@ from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
 MICROBATCH_SIZES = (1, 2, 4)
+# GPUs N: past the largest clusters built; bounds the candidates enumerated from N's divisors.
+MAX_GPUS = 1_000_000
 # Above this many candidates left to evaluate (about 0.1 s each here), search goes to Dask by
 # itself: Llama-3 70B on 512 GPUs has 924 and stays in process.
 DASK_MIN_CANDIDATES = 1000
@@ -91,7 +94,9 @@ class Outcome:
 
 
 def _divisors(number: int) -> list[int]:
-    return [value for value in range(1, number + 1) if number % value == 0]
+    """The divisors of ``number`` in increasing order, found up to its square root."""
+    small = [value for value in range(1, math.isqrt(number) + 1) if number % value == 0]
+    return small + [number // value for value in reversed(small) if value * value != number]
 
 
 def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
@@ -217,7 +222,7 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             finish.
 
     Raises:
-        ConfigError: a count or sequence length below 1, an unknown placement or an unreachable scheduler.
+        ConfigError: a count or sequence length below 1, more than ``MAX_GPUS`` GPUs, an unknown placement or an unreachable scheduler.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device
@@ -225,6 +230,8 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     for field, value in (("gpus", num_gpus), ("global_batch", global_batch), ("seq_len", s)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
+    if num_gpus > MAX_GPUS:
+        raise ConfigError("gpus", num_gpus, f"must be <= {MAX_GPUS:,}")
     placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
     setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,

@@ -63,6 +63,21 @@ def test_model_and_search_refuse_a_zero_size_and_a_bad_out_path_in_one_line(tmp_
     assert (tmp_path / "afile").read_text() == "keep"
 
 
+SEARCH = ("search", "--model", "llama3-8b", "--device", "h100", "--global-batch", "16")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((*SEARCH, "--gpus", "1000000000000"), "gpus=1000000000000: must be <= 1,000,000"),
+    ],
+)
+def test_capacity_commands_refuse_bad_options_in_one_line(args: tuple[str, ...], message: str) -> None:
+    """Refused before any work: a huge count is not enumerated, an option that would be ignored is named."""
+    done = pipesim(*args)
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"pipesim: error: {message}\n", "")
+
+
 def simulate_json(*args: str) -> dict[str, object]:
     done = pipesim("simulate", *args, "--json")
     assert done.returncode == 0, done.stderr
