@@ -72,8 +72,9 @@ def from_csv(
 
     Raises:
         ConfigError: a cell that is not an action, a stage on two ranks, a stage number with
-            no ops below the largest one, a stage or microbatch number larger than the number of
-            compute ops (no schedule could cover it), or a file without compute ops.
+            no ops below the largest one, a stage or microbatch number (or ``num_microbatches``)
+            larger than the number of compute ops (no schedule could cover it), or a file without
+            compute ops.
     """
     return read_csv_schedule(
         text, name=name, num_microbatches=num_microbatches, source=source, strict=True,
@@ -151,6 +152,10 @@ def read_csv_schedule(
         # Every microbatch 0..N-1 needs its own ops, so N cannot exceed the number of ops.
         raise ConfigError("microbatch", largest, f"is too large: {len(compute)} compute ops cannot cover "
                           f"microbatches 0..{largest}", source=source)
+    if num_microbatches is not None and num_microbatches > len(compute):
+        # As for the file's own indices: microbatches 0..M-1 each need ops of their own.
+        raise ConfigError("microbatches", num_microbatches, f"is too large: {len(compute)} compute ops cannot "
+                          f"cover microbatches 0..{num_microbatches - 1}", source=source)
     m = largest + 1 if num_microbatches is None else num_microbatches
     if num_minibatches is None:
         num_minibatches = max(1, -(-(largest + 1) // m))

@@ -104,6 +104,15 @@ def test_stages_per_rank_and_multi_stage_ranks(tmp_path: Path) -> None:
     assert "op 2F0: runs before 1F0, which it needs and which comes later on the same rank" in swapped.stdout
 
 
+def test_microbatches_option_beyond_the_ops_is_refused_not_walked(tmp_path: Path) -> None:
+    """A count no file of this many ops could cover is refused up front (10**12 hung listing each missing op)."""
+    path = write(tmp_path, ["0F0,0B0"])
+    done = check(path, "--microbatches", "1000000000000")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"pipesim: error: {path}: microbatches=1000000000000: is too large: 2 compute ops cannot "
+                           "cover microbatches 0..999999999999\n")
+
+
 def test_microbatches_option_flags_out_of_range_cells(tmp_path: Path) -> None:
     done = check(write(tmp_path, ["0F0,0F1,0B0,0B1", "1F1,1B0,1F2,1B1"]), "--microbatches", "2")
     assert done.returncode == 1
