@@ -278,7 +278,8 @@ def plan_and_check(
 
     Raises:
         ConfigError: an unknown planner or cost model, an optimizer state multiplier that is not
-            a finite number >= 0, a profile whose layers take no time, or no plan exists or fits.
+            a finite number >= 0, a batch size for PipeDream, a profile whose layers take no time,
+            or no plan exists or fits.
     """
     if not (math.isfinite(optimizer_state_multiplier) and optimizer_state_multiplier >= 0):
         raise ConfigError("optimizer_state_multiplier", optimizer_state_multiplier, "must be a finite number >= 0")
@@ -286,6 +287,9 @@ def plan_and_check(
         raise ConfigError("layers[*].forward_s+backward_s", 0.0,
                           "must be > 0 on some layer: a plan balances the layers' compute")
     if planner == "pipedream":
+        if batch_size is not None:
+            raise ConfigError("batch_size", batch_size, "applies to --planner 2bw only (PipeDream updates after "
+                              "every microbatch: it has no minibatch)")
         return _plan_pipedream(profile, topology, cost_model=cost_model, memory_bytes=memory_bytes, straight=straight,
                                overlap=overlap, multiplier=optimizer_state_multiplier,
                                num_minibatches=num_minibatches, engine=engine)

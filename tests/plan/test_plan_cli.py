@@ -182,3 +182,20 @@ def test_simulate_plan_refuses_a_placement_off_the_devices_however_the_topology_
     done = pipesim("simulate", "--profile", VGG, "--plan", str(plan), "--bandwidth", "1GB/s", "--json")
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: {plan}: placement[1]=0: device 0 already runs "
                                                  "stage 0: a device runs one rank (1 stage)\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--devices", "1000000000000"), "devices=1000000000000: must be from 1 to 1,024"),
+        (("--devices", "0"), "devices=0: must be from 1 to 1,024"),
+        (("--devices", "4", "--batch-size", "8"),
+         "batch_size=8: applies to --planner 2bw only (PipeDream updates after every microbatch: it has no minibatch)"),
+    ],
+)
+def test_plan_refuses_bad_options_in_one_line(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    """A device count past the bound (10**12 ran out of memory) and --batch-size, which PipeDream
+    would ignore, are refused before any work; --out stays unwritten."""
+    done = pipesim("plan", "--profile", VGG, "--bandwidth", "10GB/s", *args, "--out", str(tmp_path / "out"))
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"pipesim: error: {message}\n", "")
+    assert list(tmp_path.iterdir()) == []
