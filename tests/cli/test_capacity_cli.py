@@ -64,12 +64,23 @@ def test_model_and_search_refuse_a_zero_size_and_a_bad_out_path_in_one_line(tmp_
 
 
 SEARCH = ("search", "--model", "llama3-8b", "--device", "h100", "--global-batch", "16")
+SIMULATE_MODEL = ("--model", "llama3-8b", "--stages", "2", "--microbatches", "2", "--schedule", "1f1b")
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         ((*SEARCH, "--gpus", "1000000000000"), "gpus=1000000000000: must be <= 1,000,000"),
+        (("model", "--preset", "llama3-8b", "--efficiency", "0.3", "--calibrate", "measured.json"),
+         "efficiency=0.3: give either --efficiency or --calibrate (which sets it), not both"),
+        (("simulate", *SIMULATE_MODEL, "--efficiency", "0.3", "--calibrate", "measured.json"),
+         "efficiency=0.3: give either --efficiency or --calibrate (which sets it), not both"),
+        (("model", "--preset", "llama3-8b", "--sequence-parallel"),
+         "sequence_parallel=True: needs --tp T > 1 (it splits the activations over the tensor-parallel ranks)"),
+        (("simulate", *SIMULATE_MODEL, "--zero", "1"),
+         "zero=1: needs --dp D > 1 (ZeRO-1 shards the optimizer state over the data-parallel pipelines)"),
+        (("simulate", *SIMULATE_MODEL, "--dp-overlap"),
+         "dp_overlap=True: needs --dp D > 1 (it overlaps the data-parallel all-reduce with the last backward)"),
     ],
 )
 def test_capacity_commands_refuse_bad_options_in_one_line(args: tuple[str, ...], message: str) -> None:
