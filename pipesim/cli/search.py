@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import ProgressBar, out_folder, writing
+from pipesim.errors import ConfigError
 from pipesim.search import Outcome, search
 from pipesim.spec.devices import DEVICES, PLACEMENTS, Placement, device_preset
 from pipesim.spec.transformer import PRESETS
@@ -60,7 +61,7 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
     fit, simulate the rest on the analytic engine, and rank by tokens/s."""
     if workers is not None and scheduler is not None:
-        raise click.UsageError("give either --workers (embedded cluster) or --scheduler, not both")
+        raise ConfigError("workers", workers, "give either --workers (embedded cluster) or --scheduler, not both")
     out = out_folder(out_dir) if out_dir is not None else None
     budget = parse_size(memory, "memory") if memory else None
     spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)

@@ -71,6 +71,8 @@ SIMULATE_MODEL = ("--model", "llama3-8b", "--stages", "2", "--microbatches", "2"
     ("args", "message"),
     [
         ((*SEARCH, "--gpus", "1000000000000"), "gpus=1000000000000: must be <= 1,000,000"),
+        ((*SEARCH, "--gpus", "8", "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"),
+         "workers=2: give either --workers (embedded cluster) or --scheduler, not both"),
         (("model", "--preset", "llama3-8b", "--efficiency", "0.3", "--calibrate", "measured.json"),
          "efficiency=0.3: give either --efficiency or --calibrate (which sets it), not both"),
         (("simulate", *SIMULATE_MODEL, "--efficiency", "0.3", "--calibrate", "measured.json"),
