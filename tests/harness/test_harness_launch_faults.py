@@ -138,6 +138,13 @@ def test_linkbench_refuses_nccl_without_cuda_before_any_rank_starts(tmp_path: Pa
     assert "backend='nccl': needs CUDA" in done.stderr and not (tmp_path / "topology.json").exists()
 
 
+@pytest.mark.parametrize("ranks", ["1", "1000000000000"])
+def test_linkbench_refuses_a_rank_count_out_of_bounds_before_any_rank_starts(tmp_path: Path, ranks: str) -> None:
+    done, elapsed = run_cli("linkbench", "--ranks", ranks, "--out", str(tmp_path / "topology.json"))
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: ranks={ranks}: must be from 2 to 1,024\n")
+    assert elapsed < 60 and not (tmp_path / "topology.json").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize("args", [
     ("validate", "--model", "mlp", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", "--device", "cuda"),
