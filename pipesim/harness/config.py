@@ -18,6 +18,8 @@ COMPUTE_MODES = ("real", "emulated")
 MAX_REALTIME_PRIORITY = 99  # Linux's highest SCHED_RR priority
 # How repeated timings of one op are summarized.
 STATISTICS = ("mean", "median")
+# The models the harness builds itself (``null``: layers that do nothing, to time the harness).
+BUILTIN_MODELS = ("mlp", "transformer", "null")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
 SOURCE_PREFIX = "pipesim.harness model="
 
@@ -45,6 +47,20 @@ class ModelSpec:
     heads: int = 4
     input_shape: tuple[int, ...] = ()
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse, before any rank starts, a name of neither form, and an input shape a model does
+        not take (a built-in model's comes from its sizes) or lacks (a user model)."""
+        if self.name in BUILTIN_MODELS:
+            if self.input_shape:
+                raise ConfigError("input_shape", ",".join(map(str, self.input_shape)),
+                                  f"applies to a user model only; {self.name} takes its shape from its sizes")
+            return
+        module, sep, attribute = self.name.rpartition(":")
+        if not (sep and module and attribute):
+            raise ConfigError("model", self.name, "must be mlp, transformer, MODULE:CALLABLE or FILE.py:CALLABLE")
+        if not self.input_shape:
+            raise ConfigError("input_shape", None, "must be given for a user model, e.g. 3,32,32")
 
     def to_dict(self) -> dict[str, object]:
         """JSON form (for the workers' config)."""

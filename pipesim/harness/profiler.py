@@ -43,8 +43,12 @@ class Timing:
     clock: str = "wall"
 
     def __post_init__(self) -> None:
-        if self.warmup < 0 or self.repeats < 1:
-            raise ConfigError("repeats", self.repeats, "must be >= 1 (and warmup >= 0)")
+        if self.warmup < 0:
+            raise ConfigError("warmup", self.warmup, "must be >= 0")
+        if self.repeats < 1:
+            raise ConfigError("repeats", self.repeats, "must be >= 1")
+        if self.threads < 1:
+            raise ConfigError("threads", self.threads, "must be >= 1")
         if self.statistic not in STATISTICS:
             raise ConfigError("statistic", self.statistic, f"must be one of {', '.join(STATISTICS)}")
         if self.processes < 1:

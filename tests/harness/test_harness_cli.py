@@ -106,6 +106,25 @@ def test_run_writes_a_trace_whose_metrics_match_the_json(profile_path: Path, tmp
 
 
 @torch_needed
+@pytest.mark.parametrize(("args", "message"), [
+    (("--model", ""), "model='': must be mlp, transformer, MODULE:CALLABLE or FILE.py:CALLABLE"),
+    (("--model", "mlp", "--input-shape", "3,32"),
+     "input_shape='3,32': applies to a user model only; mlp takes its shape from its sizes"),
+    (("--model", "os:getcwd"), "input_shape=None: must be given for a user model, e.g. 3,32,32"),
+    (("--warmup", "-1"), "warmup=-1: must be >= 0"),
+    (("--repeats", "0"), "repeats=0: must be >= 1"),
+    (("--threads", "0"), "threads=0: must be >= 1"),
+])
+def test_profile_refuses_bad_options_before_any_process_starts(args: tuple[str, ...], message: str,
+                                                              tmp_path: Path) -> None:
+    """Named in one line with exit 2 (a bad name or thread count was a failed run, exit 1; a bad
+    warmup was reported as repeats; an input shape for a built-in model was ignored)."""
+    done = pipesim("profile", "--microbatch-size", "2", *args, "--out", str(tmp_path / "p.json"), timeout=60)
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"pipesim: error: {message}\n", "")
+    assert list(tmp_path.iterdir()) == []
+
+
+@torch_needed
 def test_run_rejects_a_partition_that_does_not_tile_the_layers(profile_path: Path, tmp_path: Path) -> None:
     done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches",
                    "2", "--partition", "0:2,2:3", "--out", str(tmp_path / "t.json"))

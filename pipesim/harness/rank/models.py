@@ -165,9 +165,7 @@ def build_model(spec: ModelSpec, microbatch_size: int) -> ModelBundle:
         layers = [Null() for _ in range(spec.depth)]
         names = [f"null{index}" for index in range(spec.depth)]
         input_shape = (spec.width,)
-    else:
-        if not spec.input_shape:
-            raise ConfigError("input_shape", spec.input_shape, "must be given for a user model, e.g. 3,32,32")
+    else:  # a user model: ModelSpec has checked its name's form and that it has an input shape
         sequential = load_callable(spec.name)
         layers = list(sequential)
         names = [f"{index}:{type(layer).__name__}" for index, layer in enumerate(layers)]
