@@ -224,7 +224,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     from pipesim.spec.stages import balance_partition
 
     profile = load_profile(profile_path)
-    spec = spec_of(profile)
+    spec = spec_of(profile, profile_path)
     if spec is None:
         raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
     if num_stages > profile.num_layers:

@@ -136,7 +136,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:
         profile = load_profile(profile_path)
-        spec = spec_of(profile)
+        spec = spec_of(profile, profile_path)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
     else:

@@ -283,11 +283,26 @@ def check_partition(partition: tuple[tuple[int, int], ...], num_layers: int) -> 
                           f"must end at the number of layers ({num_layers}, the loss included), ends at {expected}")
 
 
-def spec_of(profile: Profile) -> ModelSpec | None:
-    """The ModelSpec a harness profile was measured on (kept in its ``source``), or None."""
+def spec_of(profile: Profile, source: str | None = None) -> ModelSpec | None:
+    """The ModelSpec a harness profile was measured on (kept in its ``source``), or None.
+
+    Raises:
+        ConfigError: a ``source`` with the harness's prefix but no model after it, naming the
+            profile's file ``source``.
+    """
     if not profile.source.startswith(SOURCE_PREFIX):
         return None
-    return ModelSpec.from_dict(json.loads(profile.source[len(SOURCE_PREFIX):]))
+    try:
+        data = json.loads(profile.source[len(SOURCE_PREFIX):])
+        if not isinstance(data, dict):
+            raise TypeError(f"holds a JSON {type(data).__name__}, not an object")
+        return ModelSpec.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"source.{exc.field}", exc.value, exc.rule, source=source) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = f"lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ConfigError("source", profile.source, f"must name the model pipesim profile measured after "
+                          f"{SOURCE_PREFIX!r}: {reason}", source=source) from None
 
 
 # Samples per microbatch of a built-in model when none is given: ops of milliseconds on one CPU core.

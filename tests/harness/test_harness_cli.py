@@ -125,6 +125,31 @@ def test_profile_refuses_bad_options_before_any_process_starts(args: tuple[str, 
 
 
 @torch_needed
+@pytest.mark.parametrize(("model", "message"), [
+    ("{bad", "source='pipesim.harness model={bad': must name the model pipesim profile measured after "
+             "'pipesim.harness model=': Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+    ('{"name": "mlp"}', "source='pipesim.harness model={\"name\": \"mlp\"}': must name the model pipesim profile "
+                        "measured after 'pipesim.harness model=': lacks 'depth'"),
+    ("[1]", "source='pipesim.harness model=[1]': must name the model pipesim profile measured after "
+            "'pipesim.harness model=': holds a JSON list, not an object"),
+])
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: str, model: str, message: str,
+                                                                     tmp_path: Path) -> None:
+    """A harness source that is not the model's JSON object was a traceback (exit 1)."""
+    from pipesim.spec.files import load_profile, save_model
+
+    path = tmp_path / "profile.json"
+    save_model(load_profile(ROOT / "traces" / "vgg16.json").model_copy(
+        update={"source": "pipesim.harness model=" + model}), path)
+    out = ("--out", str(tmp_path / "t.json")) if command == "run" else ()
+    done = pipesim(command, "--profile", str(path), "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                   *out, timeout=60)
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {path}: {message}\n")
+    assert not (tmp_path / "t.json").exists()
+
+
+@torch_needed
 def test_run_rejects_a_partition_that_does_not_tile_the_layers(profile_path: Path, tmp_path: Path) -> None:
     done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches",
                    "2", "--partition", "0:2,2:3", "--out", str(tmp_path / "t.json"))
