@@ -217,12 +217,13 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     require_torch()
     from pipesim.engine.trace import Trace
     from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
-    from pipesim.harness.launch import check_port, launch
+    from pipesim.harness.launch import check_op_timeout, check_port, launch
     from pipesim.harness.prediction import emulation_of, predict
     from pipesim.harness.priority import check_realtime
     from pipesim.metrics import compute_metrics
     from pipesim.spec.stages import balance_partition
 
+    check_op_timeout(op_timeout_s)
     profile = load_profile(profile_path)
     spec = spec_of(profile, profile_path)
     if spec is None:

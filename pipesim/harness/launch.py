@@ -105,6 +105,16 @@ def check_backend(backend: str, device: str, ranks: int = 1) -> None:
     check_gpus("ranks", ranks)
 
 
+def check_op_timeout(op_timeout_s: float) -> None:
+    """Refuse a per-op timeout that is not a number of seconds > 0 (0 declares every op hung, NaN none).
+
+    Raises:
+        ConfigError: naming ``op_timeout``.
+    """
+    if not op_timeout_s > 0:
+        raise ConfigError("op_timeout", op_timeout_s, "must be > 0 seconds")
+
+
 def check_gpus(field: str, processes: int, hint: str = "") -> None:
     """Refuse ``processes`` CUDA processes where torch sees fewer GPUs: NCCL refuses two ranks on
     one GPU, and processes sharing a GPU would time each other's kernels.
@@ -193,15 +203,22 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
     ``master_port`` is the rendezvous port on 127.0.0.1 (default: one the OS reports free).
 
     Raises:
-        ConfigError: the backend or device is not available here (checked before any rank starts).
+        ConfigError: the backend or device is not available here, an op timeout that is not > 0,
+            or a ``run_dir`` that cannot be a folder (checked before any rank starts).
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
+    check_op_timeout(op_timeout_s)
     schedule = config.build_schedule()
     check_backend(config.backend, config.device, schedule.num_ranks)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
-    folder.mkdir(parents=True, exist_ok=True)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError("run_dir", str(folder), "is a file, expected a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("run_dir", str(folder), f"cannot be used as a folder: {exc.strerror}") from None
     for stale in [*folder.glob("rank*.npy"), *folder.glob("error*.json")]:
         stale.unlink()
     config_path = folder / "config.json"

@@ -150,6 +150,33 @@ def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: s
 
 
 @torch_needed
+@pytest.mark.parametrize(("command", "args", "message"), [
+    ("run", ("--op-timeout", "0"), "op_timeout=0.0: must be > 0 seconds"),
+    ("run", ("--op-timeout", "nan"), "op_timeout=nan: must be > 0 seconds"),
+    ("validate", ("--op-timeout", "-1"), "op_timeout=-1.0: must be > 0 seconds"),
+    ("run", ("--run-dir", "{file}"), "run_dir='{file}': is a file, expected a folder"),
+    ("run", ("--run-dir", "{file}/sub"), "run_dir='{file}/sub': cannot be used as a folder: Not a directory"),
+])
+def test_run_and_validate_refuse_a_bad_timeout_or_run_folder_before_any_rank_starts(
+        command: str, args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    """A zero timeout was a run failed at its first op (exit 1), NaN was taken, and a run folder
+    that is a file was a FileExistsError traceback; the file is kept."""
+    from pipesim.harness.config import ModelSpec
+    from pipesim.spec.files import load_profile, save_model
+
+    profile = tmp_path / "profile.json"
+    save_model(load_profile(ROOT / "traces" / "vgg16.json").model_copy(
+        update={"source": "pipesim.harness model=" + json.dumps(ModelSpec().to_dict())}), profile)
+    (tmp_path / "file").write_text("keep")
+    out = ("--out", str(tmp_path / "t.json")) if command == "run" else ()
+    filled = [arg.format(file=tmp_path / "file") for arg in args]
+    done = pipesim(command, "--profile", str(profile), "--schedule", "1f1b", "--stages", "2", "--microbatches", "2",
+                   *filled, *out, timeout=60)
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message.format(file=tmp_path / 'file')}\n")
+    assert (tmp_path / "file").read_text() == "keep" and not (tmp_path / "t.json").exists()
+
+
+@torch_needed
 def test_run_rejects_a_partition_that_does_not_tile_the_layers(profile_path: Path, tmp_path: Path) -> None:
     done = pipesim("run", "--profile", str(profile_path), "--schedule", "1f1b", "--stages", "2", "--microbatches",
                    "2", "--partition", "0:2,2:3", "--out", str(tmp_path / "t.json"))
