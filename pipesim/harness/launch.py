@@ -43,6 +43,7 @@ from pipesim.harness.recorder import (
 from pipesim.harness.lifetime import die_with_parent
 from pipesim.harness.zygote import shared_zygote
 from pipesim.schedule.ir import Schedule
+from pipesim.simulation import check_num_ops, count_ops
 from pipesim.spec.files import write_text_atomic
 
 POLL_S = 0.05
@@ -204,11 +205,14 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
 
     Raises:
         ConfigError: the backend or device is not available here, an op timeout that is not > 0,
-            or a ``run_dir`` that cannot be a folder (checked before any rank starts).
+            more ops than a simulation takes (``check_num_ops``), or a ``run_dir`` that cannot be
+            a folder (checked before any rank starts).
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
     check_op_timeout(op_timeout_s)
+    check_num_ops(count_ops(config.schedule, config.num_stages, config.num_microbatches, config.num_minibatches,
+                            pipemare_update=config.pipemare_update))
     schedule = config.build_schedule()
     check_backend(config.backend, config.device, schedule.num_ranks)
     made_dir = run_dir is None
