@@ -115,7 +115,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
 
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
-    from pipesim.harness.config import default_microbatch_size, spec_of
+    from pipesim.harness.config import check_processes, default_microbatch_size, spec_of
     from pipesim.harness.launch import check_backend, check_op_timeout
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
@@ -133,6 +133,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     if host_cost_runs < 0:
         raise ConfigError("host_cost_runs", host_cost_runs, "must be >= 0")
     check_op_timeout(op_timeout_s)
+    check_processes("ranks" if num_ranks else "stages", num_ranks or num_stages)
     check_backend("gloo", device)  # names the device (validate picks the backend: NCCL on CUDA)
     check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:

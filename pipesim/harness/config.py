@@ -18,10 +18,23 @@ COMPUTE_MODES = ("real", "emulated")
 MAX_REALTIME_PRIORITY = 99  # Linux's highest SCHED_RR priority
 # How repeated timings of one op are summarized.
 STATISTICS = ("mean", "median")
+# Processes one harness command starts on this machine (ranks, or profiling processes): past any
+# machine's cores (10**12 ran out of memory building their environments).
+MAX_PROCESSES = 1024
 # The models the harness builds itself (``null``: layers that do nothing, to time the harness).
 BUILTIN_MODELS = ("mlp", "transformer", "null")
 # A harness profile keeps the model it measured in its ``source``, after this prefix.
 SOURCE_PREFIX = "pipesim.harness model="
+
+
+def check_processes(field: str, count: int, least: int = 1) -> None:
+    """Refuse, before any process starts, a process count outside ``least``..``MAX_PROCESSES``.
+
+    Raises:
+        ConfigError: naming ``field``.
+    """
+    if not least <= count <= MAX_PROCESSES:
+        raise ConfigError(field, count, f"must be from {least} to {MAX_PROCESSES:,}")
 
 
 @dataclass(frozen=True)

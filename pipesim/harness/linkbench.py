@@ -16,13 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from pipesim.errors import ConfigError
+from pipesim.harness.config import check_processes
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 
 RESULT = "linkbench.json"  # the file rank 0 writes, named on the ranks' command line
-# Ranks of one linkbench, each a process on this machine: past any machine's cores (10**12 hung
-# building the ranks' environments).
-MAX_RANKS = 1024
 
 
 @dataclass(frozen=True)
@@ -80,12 +78,11 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         a Topology (uniform for two ranks, else pairwise links between neighbours), and the fits.
 
     Raises:
-        ConfigError: ranks outside 2..``MAX_RANKS`` or a size below 4 bytes; RunFailedError: a rank failed.
+        ConfigError: ranks outside 2..``MAX_PROCESSES`` or a size below 4 bytes; RunFailedError: a rank failed.
     """
     from pipesim.harness.launch import check_backend, spawn, wait_all
 
-    if not 2 <= num_ranks <= MAX_RANKS:
-        raise ConfigError("ranks", num_ranks, f"must be from 2 to {MAX_RANKS:,}")
+    check_processes("ranks", num_ranks, least=2)
     if max_bytes < 4:
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
     if backend not in ("gloo", "nccl"):

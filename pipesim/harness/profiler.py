@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
-from pipesim.harness.config import SOURCE_PREFIX, STATISTICS, ModelSpec
+from pipesim.harness.config import SOURCE_PREFIX, STATISTICS, ModelSpec, check_processes
 from pipesim.harness.overheads import OpCosts, net_of, runtime_costs
 from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
@@ -51,8 +51,7 @@ class Timing:
             raise ConfigError("threads", self.threads, "must be >= 1")
         if self.statistic not in STATISTICS:
             raise ConfigError("statistic", self.statistic, f"must be one of {', '.join(STATISTICS)}")
-        if self.processes < 1:
-            raise ConfigError("processes", self.processes, "must be >= 1")
+        check_processes("processes", self.processes)
         if self.device not in ("cpu", "cuda"):
             raise ConfigError("device", self.device, "must be cpu or cuda")
         if self.clock not in ("wall", "cpu"):

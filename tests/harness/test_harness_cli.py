@@ -114,6 +114,7 @@ def test_run_writes_a_trace_whose_metrics_match_the_json(profile_path: Path, tmp
     (("--warmup", "-1"), "warmup=-1: must be >= 0"),
     (("--repeats", "0"), "repeats=0: must be >= 1"),
     (("--threads", "0"), "threads=0: must be >= 1"),
+    (("--processes", "1000000000000"), "processes=1000000000000: must be from 1 to 1,024"),
 ])
 def test_profile_refuses_bad_options_before_any_process_starts(args: tuple[str, ...], message: str,
                                                               tmp_path: Path) -> None:
@@ -154,6 +155,7 @@ def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: s
     ("run", ("--op-timeout", "0"), "op_timeout=0.0: must be > 0 seconds"),
     ("run", ("--op-timeout", "nan"), "op_timeout=nan: must be > 0 seconds"),
     ("validate", ("--op-timeout", "-1"), "op_timeout=-1.0: must be > 0 seconds"),
+    ("validate", ("--ranks", "1000000000000"), "ranks=1000000000000: must be from 1 to 1,024"),
     ("run", ("--run-dir", "{file}"), "run_dir='{file}': is a file, expected a folder"),
     ("run", ("--minibatches", "1000000000000"),
      "num_ops=10000000000000: the run would need about 4367902.9 GiB (analytic engine) or 4526227.7 GiB (des), more "
