@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from pipesim.cli.outputs import out_file_option
+from pipesim.cli.outputs import out_file_option, out_folder
 from pipesim.cli.options import non_empty, parse_partition
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES
@@ -224,6 +224,9 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     from pipesim.spec.stages import balance_partition
 
     check_op_timeout(op_timeout_s)
+    for field, folder in (("weights_out", weights_out), ("run_dir", run_dir)):
+        if folder:
+            out_folder(folder, field)
     profile = load_profile(profile_path)
     spec = spec_of(profile, profile_path)
     if spec is None:

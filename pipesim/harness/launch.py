@@ -205,8 +205,7 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
 
     Raises:
         ConfigError: the backend or device is not available here, an op timeout that is not > 0,
-            more ops than a simulation takes (``check_num_ops``), or a ``run_dir`` that cannot be
-            a folder (checked before any rank starts).
+            or more ops than a simulation takes (``check_num_ops``), checked before any rank starts.
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
@@ -217,12 +216,7 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
     check_backend(config.backend, config.device, schedule.num_ranks)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError("run_dir", str(folder), "is a file, expected a folder")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError("run_dir", str(folder), f"cannot be used as a folder: {exc.strerror}") from None
+    folder.mkdir(parents=True, exist_ok=True)
     for stale in [*folder.glob("rank*.npy"), *folder.glob("error*.json")]:
         stale.unlink()
     config_path = folder / "config.json"

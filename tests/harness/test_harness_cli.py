@@ -156,17 +156,18 @@ def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: s
     ("run", ("--op-timeout", "nan"), "op_timeout=nan: must be > 0 seconds"),
     ("validate", ("--op-timeout", "-1"), "op_timeout=-1.0: must be > 0 seconds"),
     ("validate", ("--ranks", "1000000000000"), "ranks=1000000000000: must be from 1 to 1,024"),
-    ("run", ("--run-dir", "{file}"), "run_dir='{file}': is a file, expected a folder"),
+    ("run", ("--run-dir", "{file}"), "run_dir='{file}': must be a folder, but it is a file"),
+    ("run", ("--weights-out", "{file}"), "weights_out='{file}': must be a folder, but it is a file"),
     ("run", ("--minibatches", "1000000000000"),
      "num_ops=10000000000000: the run would need about 4367902.9 GiB (analytic engine) or 4526227.7 GiB (des), more "
      "than the limit of 8,800,000 ops allows; use fewer stages, microbatches or minibatches, or raise --max-ops"),
-    ("run", ("--run-dir", "{file}/sub"), "run_dir='{file}/sub': cannot be used as a folder: Not a directory"),
+    ("run", ("--run-dir", "{file}/sub"), "run_dir='{file}/sub': cannot be written: {file} is a file, not a folder"),
 ])
 def test_run_and_validate_refuse_a_bad_timeout_or_run_folder_before_any_rank_starts(
         command: str, args: tuple[str, ...], message: str, tmp_path: Path) -> None:
     """A zero timeout was a run failed at its first op (exit 1), NaN was taken, a run folder that
-    is a file was a FileExistsError traceback, and 10**12 minibatches a MemoryError traceback; the
-    file is kept."""
+    is a file was a FileExistsError traceback (a weights folder, a run failed at its end), and
+    10**12 minibatches a MemoryError traceback; the file is kept."""
     from pipesim.harness.config import ModelSpec
     from pipesim.spec.files import load_profile, save_model
 
