@@ -160,8 +160,11 @@ def calibrated_efficiency(measured: Profile, model: str | TransformerConfig, *, 
     every layer but the (memory-bound) embedding.
 
     Raises:
-        ConfigError: a layer count that differs, or a measured total of zero.
+        ConfigError: a microbatch size or layer count that differs, or a measured total of zero.
     """
+    if measured.microbatch_size != microbatch_size:
+        raise ConfigError("microbatch_size", microbatch_size, f"must equal the calibration profile's "
+                          f"({measured.microbatch_size}): its times were measured at that size")
     ideal = transformer_profile(model, device=device, microbatch_size=microbatch_size, seq_len=seq_len,
                                 efficiency=1.0)
     if measured.num_layers != ideal.num_layers:

@@ -236,6 +236,11 @@ def test_model_calibrate_takes_the_efficiency_of_a_measured_profile(tmp_path: Pa
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["layer_forward_s"] == pytest.approx(json.loads(first.stdout)["layer_forward_s"],
                                                                         rel=1e-9)
+    # times measured at one microbatch size do not calibrate another (b = 2 read as efficiency 1)
+    other = pipesim("model", "--preset", "llama2-7b", "--device", "a100-80gb", "--calibrate", str(measured),
+                    "--microbatch-size", "2")
+    assert (other.returncode, other.stderr) == (2, "pipesim: error: microbatch_size=2: must equal the calibration "
+                                                   "profile's (1): its times were measured at that size\n")
 
 
 SMALL_SEARCH = ("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
