@@ -96,7 +96,9 @@ def scale_profile(profile: Profile, microbatch_size: int) -> Profile:
 
 
 def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+    """The divisors of ``n`` in increasing order, found up to its square root."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return small + [n // k for k in reversed(small) if k * k != n]
 
 
 def _model(overlap: bool, num_microbatches: int, optimizer_state_multiplier: float) -> CostModel:

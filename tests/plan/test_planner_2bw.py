@@ -120,3 +120,11 @@ def test_scale_profile_scales_times_and_activations_not_weights() -> None:
         assert after.stashed_bytes == pytest.approx(before.stashed_bytes / 4)
         assert after.param_bytes == before.param_bytes
     assert scale_profile(VGG, VGG.microbatch_size) is VGG
+
+
+def test_a_huge_batch_size_is_planned_from_its_divisors_without_walking_every_integer() -> None:
+    """10**12 samples per step hung listing 1..10**12 for its microbatch sizes; unlimited memory
+    takes the largest size that leaves a microbatch per stage."""
+    planned = plan_2bw(VGG, Topology.uniform(num_devices=4, bandwidth=10e9), batch_size=10**12)
+    assert planned.batch_size == 10**12
+    assert planned.best.microbatch_size * planned.best.num_microbatches * planned.best.width == 10**12
