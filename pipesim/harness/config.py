@@ -11,7 +11,7 @@ from typing import Any
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES, build_schedule, default_num_minibatches
-from pipesim.spec.profile import Profile
+from pipesim.spec.profile import MAX_UNIFORM_LAYERS, Profile
 
 BACKENDS = ("gloo", "nccl")
 COMPUTE_MODES = ("real", "emulated")
@@ -62,8 +62,18 @@ class ModelSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        """Refuse, before any rank starts, a name of neither form, and an input shape a model does
-        not take (a built-in model's comes from its sizes) or lacks (a user model)."""
+        """Refuse, before any rank starts, sizes below 1 (or more layers than a uniform profile
+        may have), heads that do not divide a transformer's width, a name of neither form, and an
+        input shape a model does not take (a built-in model's comes from its sizes) or lacks (a
+        user model)."""
+        for name in ("depth", "width", "seq_len", "heads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, value, "must be an integer >= 1")
+        if self.depth > MAX_UNIFORM_LAYERS:
+            raise ConfigError("depth", self.depth, f"must be an integer from 1 to {MAX_UNIFORM_LAYERS:,}")
+        if self.name == "transformer" and self.width % self.heads:
+            raise ConfigError("heads", self.heads, f"must divide width ({self.width})")
         if self.name in BUILTIN_MODELS:
             if self.input_shape:
                 raise ConfigError("input_shape", ",".join(map(str, self.input_shape)),

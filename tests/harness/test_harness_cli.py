@@ -115,11 +115,15 @@ def test_run_writes_a_trace_whose_metrics_match_the_json(profile_path: Path, tmp
     (("--repeats", "0"), "repeats=0: must be >= 1"),
     (("--threads", "0"), "threads=0: must be >= 1"),
     (("--processes", "1000000000000"), "processes=1000000000000: must be from 1 to 1,024"),
+    (("--depth", "0"), "depth=0: must be an integer >= 1"),
+    (("--depth", "1000000000000"), "depth=1000000000000: must be an integer from 1 to 100,000"),
+    (("--model", "transformer", "--width", "10", "--heads", "3"), "heads=3: must divide width (10)"),
 ])
 def test_profile_refuses_bad_options_before_any_process_starts(args: tuple[str, ...], message: str,
                                                               tmp_path: Path) -> None:
-    """Named in one line with exit 2 (a bad name or thread count was a failed run, exit 1; a bad
-    warmup was reported as repeats; an input shape for a built-in model was ignored)."""
+    """Named in one line with exit 2 (a bad name, size or thread count was a failed run, exit 1,
+    and 10**12 layers hung; a bad warmup was reported as repeats; an input shape for a built-in
+    model was ignored)."""
     done = pipesim("profile", "--microbatch-size", "2", *args, "--out", str(tmp_path / "p.json"), timeout=60)
     assert (done.returncode, done.stderr, done.stdout) == (2, f"pipesim: error: {message}\n", "")
     assert list(tmp_path.iterdir()) == []

@@ -101,15 +101,6 @@ class ModelBundle:
         return inputs, target
 
 
-def _check_spec(spec: ModelSpec) -> None:
-    for name in ("depth", "width", "seq_len", "heads"):
-        value = getattr(spec, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(name, value, "must be an integer >= 1")
-    if spec.name == "transformer" and spec.width % spec.heads:
-        raise ConfigError("heads", spec.heads, f"must divide width ({spec.width})")
-
-
 def load_callable(reference: str) -> nn.Sequential:
     """Call ``MODULE:CALLABLE`` or ``FILE.py:CALLABLE`` and return the nn.Sequential it builds.
 
@@ -146,9 +137,9 @@ def build_model(spec: ModelSpec, microbatch_size: int) -> ModelBundle:
     """Build the model of ``spec`` with seeded weights, the MSE loss appended as its last layer.
 
     Raises:
-        ConfigError: bad sizes, or a user model that cannot be loaded or run on its input shape.
+        ConfigError: a user model that cannot be loaded or run on its input shape (``ModelSpec``
+            has checked the sizes).
     """
-    _check_spec(spec)
     torch.manual_seed(spec.seed)
     if spec.name == "mlp":
         layers: list[nn.Module] = [nn.Linear(spec.width, spec.width)]
