@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ from pipesim.cli.plot import load_table, load_trace
 from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file, writing
 from pipesim.errors import ConfigError
-from pipesim.spec.files import read_text, write_text_atomic
+from pipesim.spec.files import read_json, write_text_atomic
 from pipesim.spec.units import parse_size
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -69,7 +68,7 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
         notes = []
         run = saved_run(source)
         if saved.is_file():
-            saved_metrics = json.loads(read_text(saved, "metrics"))
+            saved_metrics = read_object(saved, "metrics")
             data["partition"] = saved_metrics.get("partition", [])
             if budget is None and isinstance(saved_metrics.get("memory_budget_bytes"), (int, float)):
                 budget = float(saved_metrics["memory_budget_bytes"])
@@ -85,13 +84,25 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
     click.echo(f"wrote {out}")
 
 
+def read_object(path: Path, field: str) -> dict[str, Any]:
+    """A saved JSON file that must hold one object (metrics.json, trace.json).
+
+    Raises:
+        ConfigError: the file is unreadable, not JSON, or not an object.
+    """
+    data = read_json(path, field)
+    if not isinstance(data, dict):
+        raise ConfigError(field, str(path), f"must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
 def saved_run(source: str) -> dict[str, Any] | None:
     """The ``run`` record saved with a simulation: in metrics.json (small), else in trace.json."""
     path = Path(source)
     trace_path = path / "trace.json" if path.is_dir() else path
     for candidate in (trace_path.with_name("metrics.json"), trace_path):
         if candidate.is_file():
-            run = json.loads(read_text(candidate, "trace")).get("run")
+            run = read_object(candidate, "metrics" if candidate.name == "metrics.json" else "trace").get("run")
             if isinstance(run, dict):
                 return run
     return None

@@ -247,3 +247,19 @@ def test_plot_where_nested_too_deeply_is_refused(table_path: Path, tmp_path: Pat
         assert caught.value.code == 2
         assert capsys.readouterr().err == \
             f"pipesim: error: where={repr(where)[:77]}...: is nested too deeply (at most 100 levels of operators and lists)\n"
+
+
+@pytest.mark.parametrize(("content", "rule"), [
+    ("{bad", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+    ("[1]", "must hold a JSON object, not list"),
+])
+def test_a_damaged_metrics_json_beside_the_trace_is_one_line(
+        result: pipesim.Result, content: str, rule: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "trace.json").write_text(result.trace.to_json())
+    (tmp_path / "metrics.json").write_text(content)
+    with pytest.raises(SystemExit) as caught:
+        main(["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: metrics={str(tmp_path / 'metrics.json')!r}: {rule}\n"
+    assert not (tmp_path / "r.html").exists()
