@@ -263,3 +263,18 @@ def test_a_damaged_metrics_json_beside_the_trace_is_one_line(
     assert caught.value.code == 2
     assert capsys.readouterr().err == f"pipesim: error: metrics={str(tmp_path / 'metrics.json')!r}: {rule}\n"
     assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--x", "num_stages", "--y", "num_stages"], "y='num_stages': must differ from x, which names the same column"),
+    (["--value", "num_stages"], "value='num_stages': must differ from y, which names the same column"),
+    (["--kind", "pareto", "--y", "peak_memory_bytes"],
+     "y='peak_memory_bytes': must differ from x, which names the same column"),
+])
+def test_plot_sweep_refuses_one_column_on_two_axes(args: list[str], line: str, table_path: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["plot", "sweep", str(table_path), "--out", str(tmp_path / "x.png"), *args])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+    assert not (tmp_path / "x.png").exists()
