@@ -160,8 +160,7 @@ def make_plan(
     """
     from pipesim.spec.validation import build
 
-    if num_stages > profile.num_layers:
-        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
+    check_num_stages(profile, num_stages)
     data = {
         "schedule": schedule,
         "num_stages": num_stages,
@@ -171,6 +170,17 @@ def make_plan(
         **options,
     }
     return build(Plan, data)
+
+
+def check_num_stages(profile: Profile, num_stages: int) -> None:
+    """Refuse more stages than the profile has layers, before anything is built for them (a
+    topology of one device per stage).
+
+    Raises:
+        ConfigError: naming the stage count and the profile's layer count.
+    """
+    if num_stages > profile.num_layers:
+        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
 
 
 def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:

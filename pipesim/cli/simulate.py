@@ -44,6 +44,7 @@ from pipesim.simulation import (
     EngineName,
     Result,
     SampleSummary,
+    check_num_stages,
     simulate,
     simulate_plan,
     simulate_samples,
@@ -176,6 +177,8 @@ def simulate_command(
                     raise click.UsageError(f"Missing option '{flag}'{hint}.", click.get_current_context())
             total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
             ranks = total // per_rank
+            if ranks > profile.num_layers:  # no schedule can run; refused before a device per rank is built
+                check_num_stages(profile, total)
         topology = load_topology(topology_path) if topology_path else build_topology(
             ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
         ranges = parse_partition(partition) if partition else None

@@ -38,6 +38,7 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--topology", ""), "topology='': must not be empty"),
         (("--stages", "0"), "stages=0: must be >= 1"),
         (("--stages", "-1"), "stages=-1: must be >= 1"),
+        (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
 def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
