@@ -172,15 +172,16 @@ def make_plan(
     return build(Plan, data)
 
 
-def check_num_stages(profile: Profile, num_stages: int) -> None:
+def check_num_stages(profile: Profile, num_stages: int, source: str | None = None) -> None:
     """Refuse more stages than the profile has layers, before anything is built for them (a
-    topology of one device per stage).
+    topology of one device per stage); ``source``: the file that gave the count.
 
     Raises:
         ConfigError: naming the stage count and the profile's layer count.
     """
     if num_stages > profile.num_layers:
-        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
+        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})",
+                          source=source)
 
 
 def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:

@@ -155,6 +155,7 @@ def simulate_command(
     if plan_path is not None:
         _check_plan_flags(click.get_current_context())
         plan = load_plan(plan_path)
+        check_num_stages(profile, plan.num_stages, plan_path)
         topology = load_topology(topology_path) if topology_path else build_topology(
             _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
         result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)

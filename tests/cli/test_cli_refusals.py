@@ -79,6 +79,15 @@ def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Pat
     assert json.loads(in_process(*args, "--json").stdout)["partition"] == [[0, 4], [4, 8]]
 
 
+def test_a_plan_with_more_stages_than_layers_is_refused_before_its_devices_are_built(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 10**12,
+                                "num_microbatches": 4}))
+    done = in_process("simulate", "--uniform", UNIFORM, "--plan", str(plan))
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: {plan}: num_stages=1000000000000: must be <= the number of layers (8)\n")
+
+
 def test_schedule_refuses_runs_over_max_ops() -> None:
     done = in_process("schedule", "--schedule", "gpipe", "--stages", "8", "--microbatches", "16",
                       "--minibatches", "100000000")
