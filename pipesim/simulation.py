@@ -38,6 +38,8 @@ FloatArray = np.typing.NDArray[np.float64]
 BYTES_PER_OP: dict[str, int] = {"analytic": 469, "des": 486}
 # The default --max-ops: about 4 GiB on the engine that needs more, in whole hundred thousands.
 DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
+# The most stochastic runs one call takes: their seeds and iteration times are held at once.
+MAX_SAMPLES = 100_000
 
 
 def count_ops(schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int, *,
@@ -449,6 +451,16 @@ class SampleSummary:
         return asdict(self)
 
 
+def check_num_samples(num_samples: int) -> None:
+    """Refuse a sample count below 1 or above ``MAX_SAMPLES``.
+
+    Raises:
+        ConfigError: naming ``samples``, the count and the range.
+    """
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise ConfigError("samples", num_samples, f"must be an integer from 1 to {MAX_SAMPLES:,}")
+
+
 def sample_program(
     program: Program,
     *,
@@ -466,11 +478,10 @@ def sample_program(
     With no spread every sample equals the deterministic run exactly.
 
     Raises:
-        ConfigError: ``num_samples < 1``, a negative seed, a slow-down <= 0, or a bad
+        ConfigError: ``num_samples`` outside 1..MAX_SAMPLES, a negative seed, a slow-down <= 0, or a bad
             distribution or cv.
     """
-    if num_samples < 1:
-        raise ConfigError("samples", num_samples, "must be >= 1")
+    check_num_samples(num_samples)
     check_seed(seed)
     if cv is not None:
         check_cv("cv", cv)

@@ -44,6 +44,7 @@ from pipesim.simulation import (
     EngineName,
     Result,
     SampleSummary,
+    check_num_samples,
     check_num_stages,
     simulate,
     simulate_plan,
@@ -148,6 +149,8 @@ def simulate_command(
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
+    if num_samples is not None:
+        check_num_samples(num_samples)
     out = out_folder(out_dir) if out_dir else None
     given: Schedule | None = None
     compared: tuple[list[Result], list[dict[str, str]]] | None = None
