@@ -99,8 +99,9 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
     """Resolve the capacity options against simulate's own.
 
     Raises:
-        ConfigError: not exactly one of --profile, --uniform, --model; a recompute list with a
-            model; M given twice and disagreeing; an indivisible global batch; bad degrees or sizes.
+        ConfigError: not exactly one of --profile, --uniform, --model; --zero or --dp-overlap
+            without --dp above 1; a recompute list with a model; M given twice and disagreeing; an
+            indivisible global batch; bad degrees or sizes.
     """
     model: str | None = options["model"]
     given = [flag for flag, value in (("--profile", profile_path), ("--uniform", uniform), ("--model", model)) if value]
@@ -108,6 +109,11 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         raise ConfigError("profile", ", ".join(given) or None, "give exactly one of --profile FILE, --uniform ... "
                           "or --model NAME")
     tp, dp = options["tp"], options["dp"]
+    if dp == 1:
+        for name, rule in (("zero", "ZeRO-1 shards the optimizer state over the data-parallel pipelines"),
+                           ("dp_overlap", "it overlaps the data-parallel all-reduce with the last backward")):
+            if options[name]:
+                raise ConfigError(name, options[name], f"needs --dp D > 1 ({rule})")
     links = placed_links(device_preset(options["device"]), options["placement"], tp=tp)
     device = links.device
     seq_len, flops = 0, 0.0

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pipesim.cli.outputs import out_file_option, writing
+from pipesim.errors import ConfigError
 from pipesim.spec.devices import DEVICES, DeviceSpec
 from pipesim.spec.files import load_profile, save_model
 from pipesim.spec.profile import Profile
@@ -46,8 +47,19 @@ MODEL_OPTIONS: list[Callable[[Any], Any]] = [
 def build_model_profile(name: str, *, device: str | DeviceSpec, efficiency: float | None, calibrate_path: str | None,
                         microbatch_size: int | None, seq_len: int | None, tp: int, sequence_parallel: bool,
                         recompute: Recompute) -> Profile:
-    """The profile ``model_options`` describe, calibrated on a measured profile when one is given."""
+    """The profile ``model_options`` describe, calibrated on a measured profile when one is given.
+
+    Raises:
+        ConfigError: --efficiency with --calibrate (which sets it), --sequence-parallel without
+            --tp above 1, or what ``transformer_profile`` refuses.
+    """
     b = 1 if microbatch_size is None else microbatch_size
+    if calibrate_path is not None and efficiency is not None:
+        raise ConfigError("efficiency", efficiency, "give either --efficiency or --calibrate (which sets it), "
+                          "not both")
+    if sequence_parallel and tp == 1:
+        raise ConfigError("sequence_parallel", True, "needs --tp T > 1 (it splits the activations over the "
+                          "tensor-parallel ranks)")
     if calibrate_path is not None:
         efficiency = calibrated_efficiency(load_profile(calibrate_path), name, device=device,
                                            microbatch_size=b, seq_len=seq_len)

@@ -40,6 +40,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--stages", "-1"), "stages=-1: must be >= 1"),
         (("--samples", "0"), "samples=0: must be an integer from 1 to 100,000"),
         (("--samples", str(10**12)), "samples=1000000000000: must be an integer from 1 to 100,000"),
+        (("--cv", "0.1"), "cv=0.1: applies to --samples runs only; give --samples N"),
+        (("--distribution", "lognormal"), "distribution='lognormal': applies to --samples runs only; give --samples N"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
