@@ -151,6 +151,8 @@ def simulate_command(
                           "--shared-nics, not both")
     if num_samples is not None:
         check_num_samples(num_samples)
+    else:
+        _check_needs_samples(click.get_current_context())
     out = out_folder(out_dir) if out_dir else None
     given: Schedule | None = None
     compared: tuple[list[Result], list[dict[str, str]]] | None = None
@@ -271,6 +273,13 @@ def _devices_needed(plan: Plan) -> int:
     """Devices of the uniform topology a plan runs on without --topology: those it occupies (a
     placement beyond them is refused, as on a topology file without them)."""
     return plan.num_devices
+
+
+def _check_needs_samples(context: click.Context) -> None:
+    """--distribution and --cv shape --samples runs only: refused without --samples."""
+    for name in ("distribution", "cv"):
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise ConfigError(name, context.params[name], "applies to --samples runs only; give --samples N")
 
 
 def _check_plan_flags(context: click.Context) -> None:
