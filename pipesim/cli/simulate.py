@@ -208,12 +208,14 @@ def simulate_command(
             )
 
         if given is not None:
+            _check_schedule_flags(click.get_current_context(), ["custom"])
             if recompute_stages is not None:
                 options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
             result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed,
                                        max_ops=max_ops, **options)
         else:
             names, is_all = schedule_names(schedule or "")
+            _check_schedule_flags(click.get_current_context(), names)
             if len(names) == 1 and not is_all:
                 result = run(names[0], per_rank)
             else:
@@ -273,6 +275,24 @@ def _devices_needed(plan: Plan) -> int:
     """Devices of the uniform topology a plan runs on without --topology: those it occupies (a
     placement beyond them is refused, as on a topology file without them)."""
     return plan.num_devices
+
+
+# Options that only some schedules read, and those schedules ("custom": a --schedule-csv file,
+# whose paired F and B run as chunks as dualpipev's do).
+SCHEDULE_FLAGS: dict[str, tuple[str, ...]] = {
+    "fb_chunks": ("dualpipev", "custom"), "fb_overlap": ("dualpipev", "custom"),
+    "pipemare_model": ("pipemare",), "pipemare_update": ("pipemare",), "zb_memory_limit": ("zb-auto",),
+}
+
+
+def _check_schedule_flags(context: click.Context, names: list[str]) -> None:
+    """An option given for schedules of which none reads it is refused, not ignored."""
+    for name, takers in SCHEDULE_FLAGS.items():
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE \
+                and not set(takers) & set(names):
+            shown = ", ".join(taker for taker in takers if taker != "custom")
+            run = "a --schedule-csv file" if names == ["custom"] else ", ".join(names)
+            raise ConfigError(name, context.params[name], f"applies to {shown} only, not {run}")
 
 
 def _check_needs_samples(context: click.Context) -> None:

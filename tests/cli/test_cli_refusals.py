@@ -42,6 +42,12 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--samples", str(10**12)), "samples=1000000000000: must be an integer from 1 to 100,000"),
         (("--cv", "0.1"), "cv=0.1: applies to --samples runs only; give --samples N"),
         (("--distribution", "lognormal"), "distribution='lognormal': applies to --samples runs only; give --samples N"),
+        (("--fb-overlap", "0.5"), "fb_overlap=0.5: applies to dualpipev only, not 1f1b"),
+        (("--fb-chunks", "torch"), "fb_chunks='torch': applies to dualpipev only, not 1f1b"),
+        (("--zb-memory-limit", "3"), "zb_memory_limit=3.0: applies to zb-auto only, not 1f1b"),
+        (("--pipemare-model", "paper"), "pipemare_model='paper': applies to pipemare only, not 1f1b"),
+        (("--schedule", "1f1b,gpipe", "--pipemare-update", "microbatch"),
+         "pipemare_update='microbatch': applies to pipemare only, not 1f1b, gpipe"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
