@@ -140,6 +140,9 @@ def simulate_command(
     as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
+    if recompute and recompute_stages is not None:
+        raise ConfigError("recompute_stages", recompute_stages, "give either --recompute (full on every stage) or "
+                          "--recompute-stages, not both")
     capacity = capacity_setup(click.get_current_context(), capacity_flags, profile_path=profile_path, uniform=uniform,
                               num_microbatches=num_microbatches, recompute=recompute, recompute_stages=recompute_stages,
                               optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth)

@@ -48,6 +48,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--pipemare-model", "paper"), "pipemare_model='paper': applies to pipemare only, not 1f1b"),
         (("--schedule", "1f1b,gpipe", "--pipemare-update", "microbatch"),
          "pipemare_update='microbatch': applies to pipemare only, not 1f1b, gpipe"),
+        (("--recompute", "--recompute-stages", "none"),
+         "recompute_stages='none': give either --recompute (full on every stage) or --recompute-stages, not both"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
