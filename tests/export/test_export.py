@@ -278,3 +278,28 @@ def test_plot_sweep_refuses_one_column_on_two_axes(args: list[str], line: str, t
     assert caught.value.code == 2
     assert capsys.readouterr().err == f"pipesim: error: {line}\n"
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["memory", "TRACE", "--stage", "1", "--peaks"],
+     "stage=1: draws one stage over time; --peaks draws every stage's peak, give one of them"),
+    (["timeline", ""], "trace='': must name a trace.json or a folder written by simulate --out"),
+    (["sweep", "TABLE", "--hue", "num_stages"], "hue='num_stages': applies to --kind pareto only, not heatmap"),
+    (["sweep", "TABLE", "--kind", "pareto", "--aggregate", "min"],
+     "aggregate='min': applies to --kind heatmap only, not pareto"),
+    (["sweep", "TABLE", "--kind", "pareto", "--value", "bubble_fraction"],
+     "value='bubble_fraction': applies to --kind heatmap only, not pareto"),
+    (["sweep", "TABLE", "--x", ""], "x='': must not be empty"),
+    (["bubble", "TABLE", "--where", " "], "where=' ': must not be empty"),
+])
+def test_plot_refuses_options_its_figure_does_not_read(args: list[str], line: str, result: pipesim.Result,
+                                                       table_path: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    trace_path = tmp_path / "trace.json"
+    trace_path.write_text(result.trace.to_json())
+    argv = [str(trace_path) if a == "TRACE" else str(table_path) if a == "TABLE" else a for a in args]
+    with pytest.raises(SystemExit) as caught:
+        main(["plot", *argv, "--out", str(tmp_path / "x.png")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+    assert not (tmp_path / "x.png").exists()
