@@ -175,8 +175,9 @@ def simulate_command(
         if schedule_csv is not None:
             given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom",
                              num_microbatches=num_microbatches, source=schedule_csv)
-            if num_stages is not None or num_ranks is not None:
-                raise ConfigError("schedule_csv", schedule_csv, "sets the stages and ranks; drop --stages/--ranks")
+            if any(value is not None for value in (num_stages, num_ranks, stages_per_rank, num_minibatches)):
+                raise ConfigError("schedule_csv", schedule_csv, "sets the stages, ranks and minibatches; drop "
+                                  "--stages/--ranks/--stages-per-rank/--minibatches")
             total, per_rank, ranks = given.num_stages, 1, given.num_ranks
         else:
             for flag, value in (("--stages", num_stages if num_ranks is None else num_ranks),

@@ -100,6 +100,16 @@ def test_a_plan_with_more_stages_than_layers_is_refused_before_its_devices_are_b
         2, f"pipesim: error: {plan}: num_stages=1000000000000: must be <= the number of layers (8)\n")
 
 
+@pytest.mark.parametrize("args", [("--stages", "4"), ("--stages-per-rank", "2"), ("--minibatches", "3")])
+def test_a_schedule_csv_refuses_the_counts_it_sets(args: tuple[str, ...], tmp_path: Path) -> None:
+    schedule = tmp_path / "s.csv"
+    schedule.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    done = in_process("simulate", "--uniform", UNIFORM, "--schedule-csv", str(schedule), *args)
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: schedule_csv={str(schedule)!r}: sets the stages, ranks and minibatches; drop "
+           "--stages/--ranks/--stages-per-rank/--minibatches\n")
+
+
 def test_schedule_refuses_runs_over_max_ops() -> None:
     done = in_process("schedule", "--schedule", "gpipe", "--stages", "8", "--microbatches", "16",
                       "--minibatches", "100000000")
