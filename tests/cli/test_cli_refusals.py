@@ -50,6 +50,9 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
          "pipemare_update='microbatch': applies to pipemare only, not 1f1b, gpipe"),
         (("--recompute", "--recompute-stages", "none"),
          "recompute_stages='none': give either --recompute (full on every stage) or --recompute-stages, not both"),
+        (("--speeds", "1,1,1,1_0"), "speeds='1_0': must be a comma-separated list of numbers"),
+        (("--partition", "0:10,10:20,20:30,30:\u0664\u0661"),
+         "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
@@ -69,6 +72,8 @@ def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
     [
         ("layers=8,forward_ms=1,backward_ms=2,forward_ms=5",
          "uniform='layers=8,forward_ms=1,backward_ms=2,forward_ms=5': forward_ms is given twice"),
+        ("layers=\u0668,forward_ms=1,backward_ms=2", "uniform.layers='\u0668': must be a number"),
+        ("layers=8,forward_ms=1_0,backward_ms=2", "uniform.forward_ms='1_0': must be a number"),
         ("layers=100000001,forward_ms=1,backward_ms=2",
          "uniform.layers='100000001': must be an integer from 1 to 100,000"),
         ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
