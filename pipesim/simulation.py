@@ -297,12 +297,26 @@ def simulate_plan(
     started = time.perf_counter()
     trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
     wall = time.perf_counter() - started
+    check_finite_times(trace)
     engine_startup = jit.startup_s() - startup
     known = None if reuse is None else reuse.staleness(program.schedule,
                                                        lambda: stage_staleness(trace, compiled=compiled))
     metrics = compute_metrics(trace, staleness=known, compiled=compiled)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
+
+
+def check_finite_times(trace: Trace) -> None:
+    """Refuse a run whose clock overflowed: times that are finite alone (a latency of 1e308 s, op
+    times near the largest float) can add up to infinity, and metrics over it are not numbers.
+
+    Raises:
+        ConfigError: naming the last span end and what to make smaller.
+    """
+    ends = trace.spans["end_s"]
+    if len(ends) and not np.isfinite(ends).all():
+        raise ConfigError("makespan_s", float(np.max(ends)), "overflows a float: the run's op times, latencies or "
+                          "transfers add up past 1.8e308 s; give smaller times or sizes, or faster speeds")
 
 
 def _run(program: Program, engine: EngineName, compiled: bool | None, *, jitter: float = 0.0, seed: int = 0,

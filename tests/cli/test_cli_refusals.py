@@ -53,6 +53,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--speeds", "1,1,1,1_0"), "speeds='1_0': must be a comma-separated list of numbers"),
         (("--partition", "0:10,10:20,20:30,30:\u0664\u0661"),
          "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
+        (("--latency", "1e308s"), "makespan_s=inf: overflows a float: the run's op times, latencies or transfers "
+                                  "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
