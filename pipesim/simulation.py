@@ -291,17 +291,20 @@ def simulate_plan(
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
     if not plan.partition:  # the Result says which layers each stage ran
         plan = plan.model_copy(update={"partition": balance_partition(profile, plan.num_stages)})
-    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
-    compiled = jit.use_compiled(program.ops.num_ops, kernels)
-    startup = jit.startup_s()
-    started = time.perf_counter()
-    trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
-    wall = time.perf_counter() - started
-    check_finite_times(trace)
-    engine_startup = jit.startup_s() - startup
-    known = None if reuse is None else reuse.staleness(program.schedule,
-                                                       lambda: stage_staleness(trace, compiled=compiled))
-    metrics = compute_metrics(trace, staleness=known, compiled=compiled)
+    # Times and bytes that add up past the largest float are refused (check_finite_*), not warned about.
+    with np.errstate(over="ignore", invalid="ignore"):
+        program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
+        compiled = jit.use_compiled(program.ops.num_ops, kernels)
+        startup = jit.startup_s()
+        started = time.perf_counter()
+        trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
+        wall = time.perf_counter() - started
+        check_finite_times(trace)
+        engine_startup = jit.startup_s() - startup
+        known = None if reuse is None else reuse.staleness(program.schedule,
+                                                           lambda: stage_staleness(trace, compiled=compiled))
+        metrics = compute_metrics(trace, staleness=known, compiled=compiled)
+    check_finite_memory(metrics)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
 
@@ -317,6 +320,18 @@ def check_finite_times(trace: Trace) -> None:
     if len(ends) and not np.isfinite(ends).all():
         raise ConfigError("makespan_s", float(np.max(ends)), "overflows a float: the run's op times, latencies or "
                           "transfers add up past 1.8e308 s; give smaller times or sizes, or faster speeds")
+
+
+def check_finite_memory(metrics: Metrics) -> None:
+    """Refuse a run whose memory overflowed: byte counts that are finite alone (1e308 bytes of
+    parameters, an optimizer multiplier of 1e308) can add up to infinity.
+
+    Raises:
+        ConfigError: naming the peak and what to make smaller.
+    """
+    if not np.isfinite(metrics.peak_memory_bytes):
+        raise ConfigError("peak_memory_bytes", metrics.peak_memory_bytes, "overflows a float: the run's byte counts "
+                          "add up past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier")
 
 
 def _run(program: Program, engine: EngineName, compiled: bool | None, *, jitter: float = 0.0, seed: int = 0,

@@ -55,6 +55,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
          "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
         (("--latency", "1e308s"), "makespan_s=inf: overflows a float: the run's op times, latencies or transfers "
                                   "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
+        (("--optimizer-state", "1e308"), "peak_memory_bytes=inf: overflows a float: the run's byte counts add up "
+                                          "past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
