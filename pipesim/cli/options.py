@@ -142,7 +142,15 @@ def build_topology(
     shared: bool = False,
 ) -> Topology:
     """A uniform topology from --bandwidth/--latency (free communication when neither is given),
-    with per-device relative ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows."""
+    with per-device relative ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows.
+
+    Raises:
+        ConfigError: ``shared`` without a bandwidth (free links have nothing to share), a bad
+            bandwidth, latency or speed.
+    """
+    if shared and not bandwidth:
+        raise ConfigError("shared_nics", shared, "needs --bandwidth: links without one are free, so flows have no "
+                          "bandwidth to share")
     topology = Topology.uniform(
         num_devices=num_devices,
         bandwidth=parse_bandwidth(bandwidth, "bandwidth") if bandwidth else float("inf"),

@@ -110,7 +110,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="zb-auto: activations a stage may hold, in microbatches (units of the most one microbatch "
                    "keeps on any stage); default the stage count P (ZB-1p), 2P is ZB-2p.")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
-              help="Per-op duration noise (coefficient of variation); needs the des engine.")
+              help="Per-op duration noise (coefficient of variation).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")
 @click.option("--samples", "num_samples", type=int, default=None,
               help="Stochastic DES runs: iteration time median, p5, p95 and straggler sensitivity.")

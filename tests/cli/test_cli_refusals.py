@@ -57,6 +57,8 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
                                   "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
         (("--optimizer-state", "1e308"), "peak_memory_bytes=inf: overflows a float: the run's byte counts add up "
                                           "past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier"),
+        (("--shared-nics",), "shared_nics=True: needs --bandwidth: links without one are free, so flows have no "
+                             "bandwidth to share"),
         (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
