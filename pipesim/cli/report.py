@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,14 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
         run = saved_run(source)
         if saved.is_file():
             saved_metrics = read_object(saved, "metrics")
-            data["partition"] = saved_metrics.get("partition", [])
-            if budget is None and isinstance(saved_metrics.get("memory_budget_bytes"), (int, float)):
-                budget = float(saved_metrics["memory_budget_bytes"])
+            data["partition"] = saved_partition(saved_metrics, trace.info.num_stages, saved)
+            saved_budget = saved_metrics.get("memory_budget_bytes")
+            if saved_budget is not None:
+                if isinstance(saved_budget, bool) or not isinstance(saved_budget, (int, float)) \
+                        or not math.isfinite(saved_budget) or saved_budget <= 0:
+                    raise ConfigError("memory_budget_bytes", saved_budget, "must be a finite number > 0",
+                                      source=str(saved))
+                budget = float(saved_budget) if budget is None else budget
         if budget is not None:
             data.update(memory_verdict(metrics.device_peak_memory_bytes, budget))
         perfetto = saved.with_name("trace.perfetto.json")
@@ -82,6 +88,23 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
     with writing(target):
         write_text_atomic(target, text)
     click.echo(f"wrote {out}")
+
+
+def saved_partition(saved: dict[str, Any], num_stages: int, path: Path) -> list[list[int]]:
+    """metrics.json's ``partition``: a ``[start, end]`` layer range per stage of the trace, or none.
+
+    Raises:
+        ConfigError: anything else, naming the file.
+    """
+    partition = saved.get("partition", [])
+    if partition == []:
+        return []
+    if not isinstance(partition, list) or len(partition) != num_stages or not all(
+            isinstance(item, list) and len(item) == 2
+            and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in item) for item in partition):
+        raise ConfigError("partition", partition, f"must be a [start, end] layer range per stage ({num_stages})",
+                          source=str(path))
+    return partition
 
 
 def read_object(path: Path, field: str) -> dict[str, Any]:

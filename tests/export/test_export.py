@@ -252,6 +252,12 @@ def test_plot_where_nested_too_deeply_is_refused(table_path: Path, tmp_path: Pat
 @pytest.mark.parametrize(("content", "rule"), [
     ("{bad", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
     ("[1]", "must hold a JSON object, not list"),
+    ('{"partition": "zz"}', "partition='zz': must be a [start, end] layer range per stage (4)"),
+    ('{"partition": [[0, 2], [2, 4], [4, 6], [6, "8"]]}',
+     "partition=[[0, 2], [2, 4], [4, 6], [6, '8']]: must be a [start, end] layer range per stage (4)"),
+    ('{"memory_budget_bytes": true}', "memory_budget_bytes=True: must be a finite number > 0"),
+    ('{"memory_budget_bytes": -5}', "memory_budget_bytes=-5: must be a finite number > 0"),
+    ('{"memory_budget_bytes": NaN}', "memory_budget_bytes=nan: must be a finite number > 0"),
 ])
 def test_a_damaged_metrics_json_beside_the_trace_is_one_line(
         result: pipesim.Result, content: str, rule: str, tmp_path: Path,
@@ -261,7 +267,9 @@ def test_a_damaged_metrics_json_beside_the_trace_is_one_line(
     with pytest.raises(SystemExit) as caught:
         main(["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
     assert caught.value.code == 2
-    assert capsys.readouterr().err == f"pipesim: error: metrics={str(tmp_path / 'metrics.json')!r}: {rule}\n"
+    saved = str(tmp_path / "metrics.json")
+    where = f"metrics={saved!r}: " if rule.startswith(("is not", "must hold")) else f"{saved}: "
+    assert capsys.readouterr().err == f"pipesim: error: {where}{rule}\n"
     assert not (tmp_path / "r.html").exists()
 
 
