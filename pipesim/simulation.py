@@ -38,6 +38,8 @@ FloatArray = np.typing.NDArray[np.float64]
 BYTES_PER_OP: dict[str, int] = {"analytic": 469, "des": 486}
 # The default --max-ops: about 4 GiB on the engine that needs more, in whole hundred thousands.
 DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
+# The most stochastic runs one call takes: their seeds and iteration times are held at once.
+MAX_SAMPLES = 100_000
 
 
 def count_ops(schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int, *,
@@ -160,8 +162,7 @@ def make_plan(
     """
     from pipesim.spec.validation import build
 
-    if num_stages > profile.num_layers:
-        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
+    check_num_stages(profile, num_stages)
     data = {
         "schedule": schedule,
         "num_stages": num_stages,
@@ -171,6 +172,18 @@ def make_plan(
         **options,
     }
     return build(Plan, data)
+
+
+def check_num_stages(profile: Profile, num_stages: int, source: str | None = None) -> None:
+    """Refuse more stages than the profile has layers, before anything is built for them (a
+    topology of one device per stage); ``source``: the file that gave the count.
+
+    Raises:
+        ConfigError: naming the stage count and the profile's layer count.
+    """
+    if num_stages > profile.num_layers:
+        raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})",
+                          source=source)
 
 
 def rank_devices(schedule: Schedule, plan: Plan) -> tuple[int, ...]:
@@ -278,18 +291,47 @@ def simulate_plan(
         raise ConfigError("engine", engine, "must be one of des, analytic, auto")
     if not plan.partition:  # the Result says which layers each stage ran
         plan = plan.model_copy(update={"partition": balance_partition(profile, plan.num_stages)})
-    program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
-    compiled = jit.use_compiled(program.ops.num_ops, kernels)
-    startup = jit.startup_s()
-    started = time.perf_counter()
-    trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
-    wall = time.perf_counter() - started
-    engine_startup = jit.startup_s() - startup
-    known = None if reuse is None else reuse.staleness(program.schedule,
-                                                       lambda: stage_staleness(trace, compiled=compiled))
-    metrics = compute_metrics(trace, staleness=known, compiled=compiled)
+    # Times and bytes that add up past the largest float are refused (check_finite_*), not warned about.
+    with np.errstate(over="ignore", invalid="ignore"):
+        program = prepare(profile, topology, plan, schedule=schedule, max_ops=max_ops, reuse=reuse)
+        compiled = jit.use_compiled(program.ops.num_ops, kernels)
+        startup = jit.startup_s()
+        started = time.perf_counter()
+        trace = _run(program, engine, compiled, jitter=jitter, seed=seed)
+        wall = time.perf_counter() - started
+        check_finite_times(trace)
+        engine_startup = jit.startup_s() - startup
+        known = None if reuse is None else reuse.staleness(program.schedule,
+                                                           lambda: stage_staleness(trace, compiled=compiled))
+        metrics = compute_metrics(trace, staleness=known, compiled=compiled)
+    check_finite_memory(metrics)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
+
+
+def check_finite_times(trace: Trace) -> None:
+    """Refuse a run whose clock overflowed: times that are finite alone (a latency of 1e308 s, op
+    times near the largest float) can add up to infinity, and metrics over it are not numbers.
+
+    Raises:
+        ConfigError: naming the last span end and what to make smaller.
+    """
+    ends = trace.spans["end_s"]
+    if len(ends) and not np.isfinite(ends).all():
+        raise ConfigError("makespan_s", float(np.max(ends)), "overflows a float: the run's op times, latencies or "
+                          "transfers add up past 1.8e308 s; give smaller times or sizes, or faster speeds")
+
+
+def check_finite_memory(metrics: Metrics) -> None:
+    """Refuse a run whose memory overflowed: byte counts that are finite alone (1e308 bytes of
+    parameters, an optimizer multiplier of 1e308) can add up to infinity.
+
+    Raises:
+        ConfigError: naming the peak and what to make smaller.
+    """
+    if not np.isfinite(metrics.peak_memory_bytes):
+        raise ConfigError("peak_memory_bytes", metrics.peak_memory_bytes, "overflows a float: the run's byte counts "
+                          "add up past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier")
 
 
 def _run(program: Program, engine: EngineName, compiled: bool | None, *, jitter: float = 0.0, seed: int = 0,
@@ -438,6 +480,16 @@ class SampleSummary:
         return asdict(self)
 
 
+def check_num_samples(num_samples: int) -> None:
+    """Refuse a sample count below 1 or above ``MAX_SAMPLES``.
+
+    Raises:
+        ConfigError: naming ``samples``, the count and the range.
+    """
+    if not 1 <= num_samples <= MAX_SAMPLES:
+        raise ConfigError("samples", num_samples, f"must be an integer from 1 to {MAX_SAMPLES:,}")
+
+
 def sample_program(
     program: Program,
     *,
@@ -455,11 +507,10 @@ def sample_program(
     With no spread every sample equals the deterministic run exactly.
 
     Raises:
-        ConfigError: ``num_samples < 1``, a negative seed, a slow-down <= 0, or a bad
+        ConfigError: ``num_samples`` outside 1..MAX_SAMPLES, a negative seed, a slow-down <= 0, or a bad
             distribution or cv.
     """
-    if num_samples < 1:
-        raise ConfigError("samples", num_samples, "must be >= 1")
+    check_num_samples(num_samples)
     check_seed(seed)
     if cv is not None:
         check_cv("cv", cv)

@@ -18,6 +18,18 @@ UNIFORM_EXTRA_KEYS = ("backward_input_ms", "backward_weight_ms", "forward_std_ms
 RECOMPUTE_MODES = ("none", "full", "selective")
 
 
+def plain(text: str) -> str:
+    """``text`` if it is a number written the plain way, in ASCII without ``_`` (Python's
+    ``float`` and ``int`` also take other scripts' digits and ``1_000``).
+
+    Raises:
+        ValueError: as ``float`` does for text that is not a number.
+    """
+    if not text.isascii() or "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def non_empty(context: click.Context, parameter: click.Parameter, value: str | None) -> str | None:
     """A click callback refusing an empty value (``--bandwidth ""``), which would otherwise read as
     the option not given."""
@@ -52,7 +64,7 @@ def parse_uniform(text: str) -> Profile:
     def number(key: str, default: str = "0") -> float:
         raw = values.get(key, default)
         try:
-            return float(raw)
+            return float(plain(raw))
         except ValueError:
             raise ConfigError(f"uniform.{key}", raw, "must be a number") from None
 
@@ -95,7 +107,7 @@ def parse_partition(text: str) -> tuple[tuple[int, int], ...]:
         try:
             if not sep:
                 raise ValueError
-            ranges.append((int(start), int(end)))
+            ranges.append((int(plain(start)), int(plain(end))))
         except ValueError:
             raise ConfigError("partition", item, "each stage must be START:END layer indices, e.g. 0:4,4:8") from None
     expected_start = 0
@@ -130,7 +142,15 @@ def build_topology(
     shared: bool = False,
 ) -> Topology:
     """A uniform topology from --bandwidth/--latency (free communication when neither is given),
-    with per-device relative ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows."""
+    with per-device relative ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows.
+
+    Raises:
+        ConfigError: ``shared`` without a bandwidth (free links have nothing to share), a bad
+            bandwidth, latency or speed.
+    """
+    if shared and not bandwidth:
+        raise ConfigError("shared_nics", shared, "needs --bandwidth: links without one are free, so flows have no "
+                          "bandwidth to share")
     topology = Topology.uniform(
         num_devices=num_devices,
         bandwidth=parse_bandwidth(bandwidth, "bandwidth") if bandwidth else float("inf"),
@@ -158,7 +178,7 @@ def parse_numbers(field: str, text: str) -> list[float]:
     values = []
     for item in text.split(","):
         try:
-            values.append(float(item))
+            values.append(float(plain(item)))
         except ValueError:
             raise ConfigError(field, item, "must be a comma-separated list of numbers") from None
     return values

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file_option, writing
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
@@ -22,6 +23,8 @@ def load_trace(source: str) -> Trace:
     Raises:
         ConfigError: no such file, or not a pipesim trace.
     """
+    if not source.strip():
+        raise ConfigError("trace", source, "must name a trace.json or a folder written by simulate --out")
     path = Path(source)
     if path.is_dir():
         path = path / "trace.json"
@@ -99,6 +102,9 @@ def timeline_command(trace_path: str, out: str, labels: bool | None) -> None:
 @click.option("--peaks", is_flag=True, help="Instead: every stage's peak, stacked by kind.")
 def memory_command(trace_path: str, out: str, stage: int | None, peaks: bool) -> None:
     """Memory of a stage over time stacked by kind, or every stage's peak (--peaks)."""
+    if peaks and stage is not None:
+        raise ConfigError("stage", stage, "draws one stage over time; --peaks draws every stage's peak, "
+                          "give one of them")
     trace = load_trace(trace_path)
     num_stages = trace.info.num_stages
     if stage is not None and not 0 <= stage < num_stages:
@@ -124,7 +130,8 @@ def staleness_command(trace_path: str, out: str) -> None:
 @click.argument("table_path", metavar="TABLE")
 @_out_option
 @click.option("--stages", "num_stages", type=int, default=None, help="p to draw (default: the table's middle p).")
-@click.option("--where", type=str, default=None, help="Keep rows where this holds, e.g. \"bandwidth_bytes_per_s == 1e10\".")
+@click.option("--where", type=str, default=None, callback=non_empty,
+              help="Keep rows where this holds, e.g. \"bandwidth_bytes_per_s == 1e10\".")
 def bubble_command(table_path: str, out: str, num_stages: int | None, where: str | None) -> None:
     """Bubble fraction against m from a sweep TABLE, with the closed form (p-1)/(m+p-1)."""
     _agg()
@@ -139,15 +146,22 @@ def bubble_command(table_path: str, out: str, num_stages: int | None, where: str
 @click.argument("table_path", metavar="TABLE")
 @_out_option
 @click.option("--kind", type=click.Choice(["heatmap", "pareto"]), default="heatmap", show_default=True)
-@click.option("--x", "x", type=str, default=None, help="Column across (heatmap: num_microbatches; pareto: peak_memory_bytes).")
-@click.option("--y", "y", type=str, default=None, help="Column up (heatmap: num_stages; pareto: throughput_samples_per_s).")
+@click.option("--x", "x", type=str, default=None, callback=non_empty,
+              help="Column across (heatmap: num_microbatches; pareto: peak_memory_bytes).")
+@click.option("--y", "y", type=str, default=None, callback=non_empty,
+              help="Column up (heatmap: num_stages; pareto: throughput_samples_per_s).")
 @click.option("--value", type=str, default="throughput_samples_per_s", show_default=True, help="Heatmap cell value.")
 @click.option("--aggregate", type=click.Choice(["max", "min", "mean", "median"]), default="max", show_default=True)
 @click.option("--hue", type=str, default="schedule", show_default=True, help="Pareto point colors by this column.")
-@click.option("--where", type=str, default=None, help="Keep rows where this holds, e.g. \"schedule == '1f1b'\".")
+@click.option("--where", type=str, default=None, callback=non_empty,
+              help="Keep rows where this holds, e.g. \"schedule == '1f1b'\".")
 def sweep_plot_command(table_path: str, out: str, kind: str, x: str | None, y: str | None, value: str,
                        aggregate: str, hue: str, where: str | None) -> None:
     """A heatmap of VALUE over X by Y, or the Pareto front of low X and high Y, from a sweep TABLE."""
+    context = click.get_current_context()
+    for name, reader in (("hue", "pareto"), ("value", "heatmap"), ("aggregate", "heatmap")):
+        if reader != kind and context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise ConfigError(name, context.params[name], f"applies to --kind {reader} only, not {kind}")
     _agg()
     from pipesim.plots import heatmap, pareto
 

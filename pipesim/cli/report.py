@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,7 @@ from pipesim.cli.plot import load_table, load_trace
 from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file, writing
 from pipesim.errors import ConfigError
-from pipesim.spec.files import read_text, write_text_atomic
+from pipesim.spec.files import read_json, write_text_atomic
 from pipesim.spec.units import parse_size
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
@@ -69,10 +69,15 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
         notes = []
         run = saved_run(source)
         if saved.is_file():
-            saved_metrics = json.loads(read_text(saved, "metrics"))
-            data["partition"] = saved_metrics.get("partition", [])
-            if budget is None and isinstance(saved_metrics.get("memory_budget_bytes"), (int, float)):
-                budget = float(saved_metrics["memory_budget_bytes"])
+            saved_metrics = read_object(saved, "metrics")
+            data["partition"] = saved_partition(saved_metrics, trace.info.num_stages, saved)
+            saved_budget = saved_metrics.get("memory_budget_bytes")
+            if saved_budget is not None:
+                if isinstance(saved_budget, bool) or not isinstance(saved_budget, (int, float)) \
+                        or not math.isfinite(saved_budget) or saved_budget <= 0:
+                    raise ConfigError("memory_budget_bytes", saved_budget, "must be a finite number > 0",
+                                      source=str(saved))
+                budget = float(saved_budget) if budget is None else budget
         if budget is not None:
             data.update(memory_verdict(metrics.device_peak_memory_bytes, budget))
         perfetto = saved.with_name("trace.perfetto.json")
@@ -85,13 +90,42 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
     click.echo(f"wrote {out}")
 
 
+def saved_partition(saved: dict[str, Any], num_stages: int, path: Path) -> list[list[int]]:
+    """metrics.json's ``partition``: a ``[start, end]`` layer range per stage of the trace, or none.
+
+    Raises:
+        ConfigError: anything else, naming the file.
+    """
+    partition = saved.get("partition", [])
+    if partition == []:
+        return []
+    if not isinstance(partition, list) or len(partition) != num_stages or not all(
+            isinstance(item, list) and len(item) == 2
+            and all(isinstance(bound, int) and not isinstance(bound, bool) for bound in item) for item in partition):
+        raise ConfigError("partition", partition, f"must be a [start, end] layer range per stage ({num_stages})",
+                          source=str(path))
+    return partition
+
+
+def read_object(path: Path, field: str) -> dict[str, Any]:
+    """A saved JSON file that must hold one object (metrics.json, trace.json).
+
+    Raises:
+        ConfigError: the file is unreadable, not JSON, or not an object.
+    """
+    data = read_json(path, field)
+    if not isinstance(data, dict):
+        raise ConfigError(field, str(path), f"must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
 def saved_run(source: str) -> dict[str, Any] | None:
     """The ``run`` record saved with a simulation: in metrics.json (small), else in trace.json."""
     path = Path(source)
     trace_path = path / "trace.json" if path.is_dir() else path
     for candidate in (trace_path.with_name("metrics.json"), trace_path):
         if candidate.is_file():
-            run = json.loads(read_text(candidate, "trace")).get("run")
+            run = read_object(candidate, "metrics" if candidate.name == "metrics.json" else "trace").get("run")
             if isinstance(run, dict):
                 return run
     return None

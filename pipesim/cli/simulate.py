@@ -44,6 +44,8 @@ from pipesim.simulation import (
     EngineName,
     Result,
     SampleSummary,
+    check_num_samples,
+    check_num_stages,
     simulate,
     simulate_plan,
     simulate_samples,
@@ -108,7 +110,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
               help="zb-auto: activations a stage may hold, in microbatches (units of the most one microbatch "
                    "keeps on any stage); default the stage count P (ZB-1p), 2P is ZB-2p.")
 @click.option("--jitter", type=float, default=0.0, show_default=True,
-              help="Per-op duration noise (coefficient of variation); needs the des engine.")
+              help="Per-op duration noise (coefficient of variation).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the jitter and of --samples.")
 @click.option("--samples", "num_samples", type=int, default=None,
               help="Stochastic DES runs: iteration time median, p5, p95 and straggler sensitivity.")
@@ -138,6 +140,9 @@ def simulate_command(
     as_json: bool, out_dir: str | None, **capacity_flags: Any,
 ) -> None:
     """Simulate SCHEDULE on a profile cut into P stages and report time, bubbles, memory and staleness."""
+    if recompute and recompute_stages is not None:
+        raise ConfigError("recompute_stages", recompute_stages, "give either --recompute (full on every stage) or "
+                          "--recompute-stages, not both")
     capacity = capacity_setup(click.get_current_context(), capacity_flags, profile_path=profile_path, uniform=uniform,
                               num_microbatches=num_microbatches, recompute=recompute, recompute_stages=recompute_stages,
                               optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth)
@@ -147,6 +152,10 @@ def simulate_command(
     if topology_path and (bandwidth or latency or speeds or shared_nics):
         raise ConfigError("topology", topology_path, "give either --topology or --bandwidth/--latency/--speeds/"
                           "--shared-nics, not both")
+    if num_samples is not None:
+        check_num_samples(num_samples)
+    else:
+        _check_needs_samples(click.get_current_context())
     out = out_folder(out_dir) if out_dir else None
     given: Schedule | None = None
     compared: tuple[list[Result], list[dict[str, str]]] | None = None
@@ -154,6 +163,7 @@ def simulate_command(
     if plan_path is not None:
         _check_plan_flags(click.get_current_context())
         plan = load_plan(plan_path)
+        check_num_stages(profile, plan.num_stages, plan_path)
         topology = load_topology(topology_path) if topology_path else build_topology(
             _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
         result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)
@@ -165,8 +175,9 @@ def simulate_command(
         if schedule_csv is not None:
             given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom",
                              num_microbatches=num_microbatches, source=schedule_csv)
-            if num_stages is not None or num_ranks is not None:
-                raise ConfigError("schedule_csv", schedule_csv, "sets the stages and ranks; drop --stages/--ranks")
+            if any(value is not None for value in (num_stages, num_ranks, stages_per_rank, num_minibatches)):
+                raise ConfigError("schedule_csv", schedule_csv, "sets the stages, ranks and minibatches; drop "
+                                  "--stages/--ranks/--stages-per-rank/--minibatches")
             total, per_rank, ranks = given.num_stages, 1, given.num_ranks
         else:
             for flag, value in (("--stages", num_stages if num_ranks is None else num_ranks),
@@ -176,6 +187,8 @@ def simulate_command(
                     raise click.UsageError(f"Missing option '{flag}'{hint}.", click.get_current_context())
             total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
             ranks = total // per_rank
+            if ranks > profile.num_layers:  # no schedule can run; refused before a device per rank is built
+                check_num_stages(profile, total)
         topology = load_topology(topology_path) if topology_path else build_topology(
             ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
         ranges = parse_partition(partition) if partition else None
@@ -199,12 +212,14 @@ def simulate_command(
             )
 
         if given is not None:
+            _check_schedule_flags(click.get_current_context(), ["custom"])
             if recompute_stages is not None:
                 options["recompute_stages"] = parse_recompute_stages(recompute_stages, total)
             result = simulate_schedule(profile, topology, given, engine=chosen, jitter=jitter, seed=seed,
                                        max_ops=max_ops, **options)
         else:
             names, is_all = schedule_names(schedule or "")
+            _check_schedule_flags(click.get_current_context(), names)
             if len(names) == 1 and not is_all:
                 result = run(names[0], per_rank)
             else:
@@ -264,6 +279,31 @@ def _devices_needed(plan: Plan) -> int:
     """Devices of the uniform topology a plan runs on without --topology: those it occupies (a
     placement beyond them is refused, as on a topology file without them)."""
     return plan.num_devices
+
+
+# Options that only some schedules read, and those schedules ("custom": a --schedule-csv file,
+# whose paired F and B run as chunks as dualpipev's do).
+SCHEDULE_FLAGS: dict[str, tuple[str, ...]] = {
+    "fb_chunks": ("dualpipev", "custom"), "fb_overlap": ("dualpipev", "custom"),
+    "pipemare_model": ("pipemare",), "pipemare_update": ("pipemare",), "zb_memory_limit": ("zb-auto",),
+}
+
+
+def _check_schedule_flags(context: click.Context, names: list[str]) -> None:
+    """An option given for schedules of which none reads it is refused, not ignored."""
+    for name, takers in SCHEDULE_FLAGS.items():
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE \
+                and not set(takers) & set(names):
+            shown = ", ".join(taker for taker in takers if taker != "custom")
+            run = "a --schedule-csv file" if names == ["custom"] else ", ".join(names)
+            raise ConfigError(name, context.params[name], f"applies to {shown} only, not {run}")
+
+
+def _check_needs_samples(context: click.Context) -> None:
+    """--distribution and --cv shape --samples runs only: refused without --samples."""
+    for name in ("distribution", "cv"):
+        if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise ConfigError(name, context.params[name], "applies to --samples runs only; give --samples N")
 
 
 def _check_plan_flags(context: click.Context) -> None:

@@ -19,6 +19,20 @@ LABELS = {
 }
 
 
+def distinct_columns(*named: tuple[str, str]) -> None:
+    """Refuse one column given for two of a figure's axes (``("x", column), ("y", column)``):
+    a table cannot be pivoted or fronted against itself.
+
+    Raises:
+        ConfigError: naming the later field, its column and the field it repeats.
+    """
+    seen: dict[str, str] = {}
+    for field, column in named:
+        if column in seen:
+            raise ConfigError(field, column, f"must differ from {seen[column]}, which names the same column")
+        seen[column] = field
+
+
 def over_the_rest(frame: Any, how: str, *shown: str) -> str:
     """``" (max over bandwidth, recompute)"``: what a figure did with the inputs it does not show,
     or "" when every other input has one value."""
@@ -109,10 +123,12 @@ def heatmap(frame: Any, *, x: str = "num_microbatches", y: str = "num_stages", v
     150. The title names the inputs the aggregate ran over.
 
     Raises:
-        ConfigError: missing columns, an unknown aggregate, or no row to draw.
+        ConfigError: one column for two of x, y and value, missing columns, an unknown aggregate,
+            or no row to draw.
     """
     import matplotlib.pyplot as plt
 
+    distinct_columns(("x", x), ("y", y), ("value", value))
     require_columns(frame, x, y, value)
     if aggregate not in ("max", "min", "mean", "median"):
         raise ConfigError("aggregate", aggregate, "must be one of max, min, mean, median")
@@ -162,10 +178,11 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     is ``pareto``. Byte columns are shown in GB/MB/KB.
 
     Raises:
-        ConfigError: missing columns, or no row to draw.
+        ConfigError: one column for both x and y, missing columns, or no row to draw.
     """
     import matplotlib.pyplot as plt
 
+    distinct_columns(("x", x), ("y", y))
     require_columns(frame, x, y, hue)
     rows = successful(frame)
     if rows.empty:

@@ -38,6 +38,28 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--topology", ""), "topology='': must not be empty"),
         (("--stages", "0"), "stages=0: must be >= 1"),
         (("--stages", "-1"), "stages=-1: must be >= 1"),
+        (("--samples", "0"), "samples=0: must be an integer from 1 to 100,000"),
+        (("--samples", str(10**12)), "samples=1000000000000: must be an integer from 1 to 100,000"),
+        (("--cv", "0.1"), "cv=0.1: applies to --samples runs only; give --samples N"),
+        (("--distribution", "lognormal"), "distribution='lognormal': applies to --samples runs only; give --samples N"),
+        (("--fb-overlap", "0.5"), "fb_overlap=0.5: applies to dualpipev only, not 1f1b"),
+        (("--fb-chunks", "torch"), "fb_chunks='torch': applies to dualpipev only, not 1f1b"),
+        (("--zb-memory-limit", "3"), "zb_memory_limit=3.0: applies to zb-auto only, not 1f1b"),
+        (("--pipemare-model", "paper"), "pipemare_model='paper': applies to pipemare only, not 1f1b"),
+        (("--schedule", "1f1b,gpipe", "--pipemare-update", "microbatch"),
+         "pipemare_update='microbatch': applies to pipemare only, not 1f1b, gpipe"),
+        (("--recompute", "--recompute-stages", "none"),
+         "recompute_stages='none': give either --recompute (full on every stage) or --recompute-stages, not both"),
+        (("--speeds", "1,1,1,1_0"), "speeds='1_0': must be a comma-separated list of numbers"),
+        (("--partition", "0:10,10:20,20:30,30:\u0664\u0661"),
+         "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
+        (("--latency", "1e308s"), "makespan_s=inf: overflows a float: the run's op times, latencies or transfers "
+                                  "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
+        (("--optimizer-state", "1e308"), "peak_memory_bytes=inf: overflows a float: the run's byte counts add up "
+                                          "past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier"),
+        (("--shared-nics",), "shared_nics=True: needs --bandwidth: links without one are free, so flows have no "
+                             "bandwidth to share"),
+        (("--stages", str(10**12)), "num_stages=1000000000000: must be <= the number of layers (41)"),
     ],
 )
 def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
@@ -56,6 +78,8 @@ def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
     [
         ("layers=8,forward_ms=1,backward_ms=2,forward_ms=5",
          "uniform='layers=8,forward_ms=1,backward_ms=2,forward_ms=5': forward_ms is given twice"),
+        ("layers=\u0668,forward_ms=1,backward_ms=2", "uniform.layers='\u0668': must be a number"),
+        ("layers=8,forward_ms=1_0,backward_ms=2", "uniform.forward_ms='1_0': must be a number"),
         ("layers=100000001,forward_ms=1,backward_ms=2",
          "uniform.layers='100000001': must be an integer from 1 to 100,000"),
         ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
@@ -76,6 +100,25 @@ def test_a_plan_without_a_partition_balances_compute_and_prints_it(tmp_path: Pat
     assert [line.split()[4] for line in table.stdout.splitlines() if line.split()[:2] in (["0", "│"], ["1", "│"])
             and line.count("│") > 8] == ["0:4", "4:8"]
     assert json.loads(in_process(*args, "--json").stdout)["partition"] == [[0, 4], [4, 8]]
+
+
+def test_a_plan_with_more_stages_than_layers_is_refused_before_its_devices_are_built(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schema": "pipesim.plan/1", "schedule": "1f1b", "num_stages": 10**12,
+                                "num_microbatches": 4}))
+    done = in_process("simulate", "--uniform", UNIFORM, "--plan", str(plan))
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: {plan}: num_stages=1000000000000: must be <= the number of layers (8)\n")
+
+
+@pytest.mark.parametrize("args", [("--stages", "4"), ("--stages-per-rank", "2"), ("--minibatches", "3")])
+def test_a_schedule_csv_refuses_the_counts_it_sets(args: tuple[str, ...], tmp_path: Path) -> None:
+    schedule = tmp_path / "s.csv"
+    schedule.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    done = in_process("simulate", "--uniform", UNIFORM, "--schedule-csv", str(schedule), *args)
+    assert (done.returncode, done.stderr) == (
+        2, f"pipesim: error: schedule_csv={str(schedule)!r}: sets the stages, ranks and minibatches; drop "
+           "--stages/--ranks/--stages-per-rank/--minibatches\n")
 
 
 def test_schedule_refuses_runs_over_max_ops() -> None:

@@ -96,7 +96,7 @@ def _one_stage():  # type: ignore[no-untyped-def]
 
 def test_bad_sampling_arguments_are_config_errors() -> None:
     lowered = program()
-    with pytest.raises(ConfigError, match="samples=0: must be >= 1"):
+    with pytest.raises(ConfigError, match="samples=0: must be an integer from 1 to 100,000"):
         sample_program(lowered, num_samples=0)
     with pytest.raises(ConfigError, match="distribution='weibull'"):
         sample_program(lowered, num_samples=1, distribution="weibull")  # type: ignore[arg-type]

@@ -247,3 +247,67 @@ def test_plot_where_nested_too_deeply_is_refused(table_path: Path, tmp_path: Pat
         assert caught.value.code == 2
         assert capsys.readouterr().err == \
             f"pipesim: error: where={repr(where)[:77]}...: is nested too deeply (at most 100 levels of operators and lists)\n"
+
+
+@pytest.mark.parametrize(("content", "rule"), [
+    ("{bad", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+    ("[1]", "must hold a JSON object, not list"),
+    ('{"partition": "zz"}', "partition='zz': must be a [start, end] layer range per stage (4)"),
+    ('{"partition": [[0, 2], [2, 4], [4, 6], [6, "8"]]}',
+     "partition=[[0, 2], [2, 4], [4, 6], [6, '8']]: must be a [start, end] layer range per stage (4)"),
+    ('{"memory_budget_bytes": true}', "memory_budget_bytes=True: must be a finite number > 0"),
+    ('{"memory_budget_bytes": -5}', "memory_budget_bytes=-5: must be a finite number > 0"),
+    ('{"memory_budget_bytes": NaN}', "memory_budget_bytes=nan: must be a finite number > 0"),
+])
+def test_a_damaged_metrics_json_beside_the_trace_is_one_line(
+        result: pipesim.Result, content: str, rule: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "trace.json").write_text(result.trace.to_json())
+    (tmp_path / "metrics.json").write_text(content)
+    with pytest.raises(SystemExit) as caught:
+        main(["report", str(tmp_path), "--out", str(tmp_path / "r.html")])
+    assert caught.value.code == 2
+    saved = str(tmp_path / "metrics.json")
+    where = f"metrics={saved!r}: " if rule.startswith(("is not", "must hold")) else f"{saved}: "
+    assert capsys.readouterr().err == f"pipesim: error: {where}{rule}\n"
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--x", "num_stages", "--y", "num_stages"], "y='num_stages': must differ from x, which names the same column"),
+    (["--value", "num_stages"], "value='num_stages': must differ from y, which names the same column"),
+    (["--kind", "pareto", "--y", "peak_memory_bytes"],
+     "y='peak_memory_bytes': must differ from x, which names the same column"),
+])
+def test_plot_sweep_refuses_one_column_on_two_axes(args: list[str], line: str, table_path: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["plot", "sweep", str(table_path), "--out", str(tmp_path / "x.png"), *args])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+    assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["memory", "TRACE", "--stage", "1", "--peaks"],
+     "stage=1: draws one stage over time; --peaks draws every stage's peak, give one of them"),
+    (["timeline", ""], "trace='': must name a trace.json or a folder written by simulate --out"),
+    (["sweep", "TABLE", "--hue", "num_stages"], "hue='num_stages': applies to --kind pareto only, not heatmap"),
+    (["sweep", "TABLE", "--kind", "pareto", "--aggregate", "min"],
+     "aggregate='min': applies to --kind heatmap only, not pareto"),
+    (["sweep", "TABLE", "--kind", "pareto", "--value", "bubble_fraction"],
+     "value='bubble_fraction': applies to --kind heatmap only, not pareto"),
+    (["sweep", "TABLE", "--x", ""], "x='': must not be empty"),
+    (["bubble", "TABLE", "--where", " "], "where=' ': must not be empty"),
+])
+def test_plot_refuses_options_its_figure_does_not_read(args: list[str], line: str, result: pipesim.Result,
+                                                       table_path: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    trace_path = tmp_path / "trace.json"
+    trace_path.write_text(result.trace.to_json())
+    argv = [str(trace_path) if a == "TRACE" else str(table_path) if a == "TABLE" else a for a in args]
+    with pytest.raises(SystemExit) as caught:
+        main(["plot", *argv, "--out", str(tmp_path / "x.png")])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+    assert not (tmp_path / "x.png").exists()
