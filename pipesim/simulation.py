@@ -38,6 +38,8 @@ FloatArray = np.typing.NDArray[np.float64]
 BYTES_PER_OP: dict[str, int] = {"analytic": 469, "des": 486}
 # The default --max-ops: about 4 GiB on the engine that needs more, in whole hundred thousands.
 DEFAULT_MAX_OPS = (4 << 30) // max(BYTES_PER_OP.values()) // 100_000 * 100_000
+# The latest time a run may reach: 2**63 microseconds, the integer clock of a Perfetto trace.
+MAX_MAKESPAN_S = 2**63 / 1e6
 # The most stochastic runs one call takes: their seeds and iteration times are held at once.
 MAX_SAMPLES = 100_000
 
@@ -310,8 +312,9 @@ def simulate_plan(
 
 
 def check_finite_times(trace: Trace) -> None:
-    """Refuse a run whose clock overflowed: times that are finite alone (a latency of 1e308 s, op
-    times near the largest float) can add up to infinity, and metrics over it are not numbers.
+    """Refuse a run whose clock overflowed, or ran past ``MAX_MAKESPAN_S``: times that are finite
+    alone (a latency of 1e308 s, op times near the largest float) can add up to infinity, and
+    metrics over it are not numbers; a trace's Perfetto file counts integer microseconds.
 
     Raises:
         ConfigError: naming the last span end and what to make smaller.
@@ -320,6 +323,10 @@ def check_finite_times(trace: Trace) -> None:
     if len(ends) and not np.isfinite(ends).all():
         raise ConfigError("makespan_s", float(np.max(ends)), "overflows a float: the run's op times, latencies or "
                           "transfers add up past 1.8e308 s; give smaller times or sizes, or faster speeds")
+    if len(ends) and float(np.max(ends)) > MAX_MAKESPAN_S:
+        raise ConfigError("makespan_s", float(np.max(ends)), f"must be at most {MAX_MAKESPAN_S:.3g} s (292,000 "
+                          "years, what a trace's microsecond clock holds); give smaller times or sizes, or faster "
+                          "speeds")
 
 
 def check_finite_memory(metrics: Metrics) -> None:

@@ -55,6 +55,9 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
          "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
         (("--latency", "1e308s"), "makespan_s=inf: overflows a float: the run's op times, latencies or transfers "
                                   "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
+        (("--latency", "1e300s"), "makespan_s=1.6000000000000006e+301: must be at most 9.22e+12 s (292,000 years, "
+                                  "what a trace's microsecond clock holds); give smaller times or sizes, or faster "
+                                  "speeds"),
         (("--optimizer-state", "1e308"), "peak_memory_bytes=inf: overflows a float: the run's byte counts add up "
                                           "past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier"),
         (("--shared-nics",), "shared_nics=True: needs --bandwidth: links without one are free, so flows have no "
