@@ -12,7 +12,6 @@ groups across nodes over the NIC).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,7 +20,7 @@ from pipesim.errors import ConfigError, PipesimError
 from pipesim.reuse import Reuse
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.devices import DeviceSpec, PlacedLinks, Placement, device_preset, placed_links
-from pipesim.spec.parallel import data_parallel_profile, zero_optimizer_multiplier
+from pipesim.spec.parallel import data_parallel_profile, divisors, zero_optimizer_multiplier
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
@@ -93,12 +92,6 @@ class Outcome:
         return row
 
 
-def _divisors(number: int) -> list[int]:
-    """The divisors of ``number`` in increasing order, found up to its square root."""
-    small = [value for value in range(1, math.isqrt(number) + 1) if number % value == 0]
-    return small + [number // value for value in reversed(small) if value * value != number]
-
-
 def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
                          global_batch: int, placement: Placement = "tp-in-node") -> Iterator[Candidate | Outcome]:
     """Every configuration in the space, or an Outcome saying why one cannot be formed.
@@ -107,10 +100,10 @@ def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_g
     """
     per_node = device.gpus_per_node
     widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
-    for tp in (t for t in _divisors(widest) if num_gpus % t == 0):
+    for tp in (t for t in divisors(widest) if num_gpus % t == 0):
         if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
             continue
-        for pp in (p for p in _divisors(num_gpus // tp) if placement == "tp-in-node" or p <= per_node):
+        for pp in (p for p in divisors(num_gpus // tp) if placement == "tp-in-node" or p <= per_node):
             dp = num_gpus // (tp * pp)
             for size in MICROBATCH_SIZES:
                 for schedule, per_rank in SEARCH_SCHEDULES:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pipesim.errors import ConfigError
 from pipesim.plan.costs import Chain, CostModel, DeviceRow, Estimate, StageSpec, estimate
 from pipesim.plan.partition import RELATIVE_TOLERANCE, Partitioner, no_plan_error
+from pipesim.spec.parallel import divisors
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
@@ -95,12 +96,6 @@ def scale_profile(profile: Profile, microbatch_size: int) -> Profile:
     return build(Profile, data)
 
 
-def _divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order, found up to its square root."""
-    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
-    return small + [n // k for k in reversed(small) if k * k != n]
-
-
 def _model(overlap: bool, num_microbatches: int, optimizer_state_multiplier: float) -> CostModel:
     return CostModel.named("simulated", overlap=overlap, microbatches_per_allreduce=num_microbatches,
                            weight_versions="double", optimizer_state_multiplier=optimizer_state_multiplier)
@@ -139,14 +134,14 @@ def plan_2bw(
     batch = batch_size if batch_size is not None else n * profile.microbatch_size
     if batch < 1:
         raise ConfigError("batch_size", batch, "must be >= 1")
-    depths = [d for d in _divisors(n) if d <= profile.num_layers and (not straight or d == n)]
+    depths = [d for d in divisors(n) if d <= profile.num_layers and (not straight or d == n)]
     candidates: list[Candidate] = []
     smallest: list[float] = []
     for depth in depths:
         width = n // depth
         if batch % width:
             continue
-        sizes = [b for b in _divisors(batch // width) if batch // (width * b) >= depth]
+        sizes = [b for b in divisors(batch // width) if batch // (width * b) >= depth]
         for recompute in (False, True):
             if sizes:
                 candidate, need = _best_size(profile, row, depth, width, recompute, sizes, batch, memory_bytes,

@@ -16,6 +16,7 @@ pipeline to simulate:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from pipesim.errors import ConfigError
@@ -131,3 +132,10 @@ def microbatches_per_pipeline(global_batch: int, microbatch_size: int, dp: int) 
         raise ConfigError("global_batch", global_batch, f"must be a multiple of microbatch size x dp "
                           f"({microbatch_size} x {dp} = {per_step})")
     return global_batch // per_step
+
+
+def divisors(number: int) -> list[int]:
+    """The divisors of ``number`` (>= 1) in increasing order, found up to its square root: the
+    degrees a count can be split into (GPUs into TP x PP x DP, a batch into microbatches)."""
+    small = [value for value in range(1, math.isqrt(number) + 1) if number % value == 0]
+    return small + [number // value for value in reversed(small) if value * value != number]
