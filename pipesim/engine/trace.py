@@ -142,13 +142,22 @@ def _check_codes(tables: dict[str, dict[str, npt.NDArray[Any]]], info: RunInfo, 
             raise ConfigError(f"{table}.{column}", int(values[outside][0]), rule, source=source)
     spans = tables["spans"]
     compute = np.flatnonzero(spans["stream"] == STREAMS.index("compute"))
-    device, position = spans["device"][compute], spans["position"][compute]
-    order = np.lexsort((position, device))
-    device, position = device[order], position[order]
+    order = np.lexsort((spans["position"][compute], spans["device"][compute]))
+    twice = shared_position(spans, compute[order], source)
+    if twice is not None:
+        raise twice
+
+
+def shared_position(spans: dict[str, npt.NDArray[Any]], rows: npt.NDArray[Any],
+                    source: str | None = None) -> ConfigError | None:
+    """The error naming two compute spans of one device at one position among ``rows`` (sorted
+    by device, then position), or None: a device runs one op per position of its order."""
+    device, position = spans["device"][rows], spans["position"][rows]
     twice = np.flatnonzero((device[1:] == device[:-1]) & (position[1:] == position[:-1]))
-    if twice.size:
-        raise ConfigError("spans.position", int(position[twice[0]]), "must differ between the compute spans of one "
-                          f"device (device {int(device[twice[0]])} has two)", source=source)
+    if not twice.size:
+        return None
+    return ConfigError("spans.position", int(position[twice[0]]), "must differ between the compute spans of one "
+                       f"device (device {int(device[twice[0]])} has two)", source=source)
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace, shared_position
 from pipesim.errors import ConfigError
 from pipesim.jit import jit, pick
 
@@ -274,7 +274,9 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
             found: list[float] = sums.tolist()
             return found
         if status == _UNSORTED and ordered:  # sorted by (device, position), two compute spans share both
-            raise _shared_position(trace, rows)
+            twice = shared_position(s, rows)
+            assert twice is not None  # the kernel found rows out of (device, position) order
+            raise twice
         if status == _UNSORTED:
             rows = rows[np.lexsort((s["position"][rows], s["device"][rows]))]
             ordered = True
@@ -282,14 +284,6 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
             micro = np.unique(micro, return_inverse=True)[1].astype(np.int64).reshape(-1)
         else:
             raise _out_of_range(trace, num_stages)
-
-
-def _shared_position(trace: Trace, rows: npt.NDArray[np.intp]) -> ConfigError:
-    """The error naming two compute spans of one device at one position (``rows`` sorted by both)."""
-    device, position = trace.spans["device"][rows], trace.spans["position"][rows]
-    first = int(np.flatnonzero((device[1:] == device[:-1]) & (position[1:] == position[:-1]))[0])
-    return ConfigError("spans.position", int(position[first]),
-                       f"must differ between the compute spans of one device (device {int(device[first])} has two)")
 
 
 def _out_of_range(trace: Trace, num_stages: int) -> ConfigError:
