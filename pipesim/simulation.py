@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -319,12 +320,12 @@ def check_finite_times(trace: Trace) -> None:
     Raises:
         ConfigError: naming the last span end and what to make smaller.
     """
-    ends = trace.spans["end_s"]
-    if len(ends) and not np.isfinite(ends).all():
-        raise ConfigError("makespan_s", float(np.max(ends)), "overflows a float: the run's op times, latencies or "
+    makespan = trace.makespan_s  # the largest end: inf, or NaN, where any end is
+    if not math.isfinite(makespan):
+        raise ConfigError("makespan_s", makespan, "overflows a float: the run's op times, latencies or "
                           "transfers add up past 1.8e308 s; give smaller times or sizes, or faster speeds")
-    if len(ends) and float(np.max(ends)) > MAX_MAKESPAN_S:
-        raise ConfigError("makespan_s", float(np.max(ends)), f"must be at most {MAX_MAKESPAN_S:.3g} s (292,000 "
+    if makespan > MAX_MAKESPAN_S:
+        raise ConfigError("makespan_s", makespan, f"must be at most {MAX_MAKESPAN_S:.3g} s (292,000 "
                           "years, what a trace's microsecond clock holds); give smaller times or sizes, or faster "
                           "speeds")
 
@@ -336,7 +337,7 @@ def check_finite_memory(metrics: Metrics) -> None:
     Raises:
         ConfigError: naming the peak and what to make smaller.
     """
-    if not np.isfinite(metrics.peak_memory_bytes):
+    if not math.isfinite(metrics.peak_memory_bytes):
         raise ConfigError("peak_memory_bytes", metrics.peak_memory_bytes, "overflows a float: the run's byte counts "
                           "add up past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier")
 

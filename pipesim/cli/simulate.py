@@ -36,7 +36,6 @@ from pipesim.export.report import REPORT_FILES, metrics_dict
 from pipesim.export.strict_json import strict_dumps
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import SCHEDULES
-from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
 from pipesim.simulation import (
@@ -165,7 +164,7 @@ def simulate_command(
         plan = load_plan(plan_path)
         check_num_stages(profile, plan.num_stages, plan_path)
         topology = load_topology(topology_path) if topology_path else build_topology(
-            _devices_needed(plan), bandwidth, latency, speeds=speeds, shared=shared_nics)
+            plan.num_devices, bandwidth, latency, speeds=speeds, shared=shared_nics)
         result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)
     else:
         if schedule is not None and schedule_csv is not None:
@@ -273,12 +272,6 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
     print_comparison(runs, skipped)
     if written:
         click.echo(f"wrote {', '.join(str(path) for path in written)}")
-
-
-def _devices_needed(plan: Plan) -> int:
-    """Devices of the uniform topology a plan runs on without --topology: those it occupies (a
-    placement beyond them is refused, as on a topology file without them)."""
-    return plan.num_devices
 
 
 # Options that only some schedules read, and those schedules ("custom": a --schedule-csv file,
