@@ -215,7 +215,8 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             finish.
 
     Raises:
-        ConfigError: a count or sequence length below 1, more than ``MAX_GPUS`` GPUs, an unknown placement or an unreachable scheduler.
+        ConfigError: a count or sequence length below 1, more than ``MAX_GPUS`` GPUs, an unknown
+            placement or an unreachable scheduler.
     """
     config = preset(model) if isinstance(model, str) else model
     spec = device_preset(device) if isinstance(device, str) else device

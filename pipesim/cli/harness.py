@@ -186,7 +186,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
-@click.option("--partition", type=str, default=None, callback=non_empty, help="Layer ranges per stage (default: balance the profile).")
+@click.option("--partition", type=str, default=None, callback=non_empty,
+              help="Layer ranges per stage (default: balance the profile).")
 @click.option("--ranks", "num_ranks", type=int, default=0,
               help="Processes, for schedules with several stages per rank (default: one per stage).")
 @click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True)

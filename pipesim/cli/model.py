@@ -63,8 +63,8 @@ def build_model_profile(name: str, *, device: str | DeviceSpec, efficiency: floa
     if calibrate_path is not None:
         efficiency = calibrated_efficiency(load_profile(calibrate_path), name, device=device,
                                            microbatch_size=b, seq_len=seq_len)
-    return transformer_profile(name, device=device.lower() if isinstance(device, str) else device, microbatch_size=b, seq_len=seq_len,
-                               tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
+    return transformer_profile(name, device=device.lower() if isinstance(device, str) else device, microbatch_size=b,
+                               seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                efficiency=efficiency)
 
 
@@ -85,7 +85,8 @@ def model_command(name: str, device: str, efficiency: float | None, calibrate_pa
     profile = build_model_profile(config.name, device=device, efficiency=efficiency, calibrate_path=calibrate_path,
                                   microbatch_size=microbatch_size, seq_len=seq_len, tp=tp,
                                   sequence_parallel=sequence_parallel, recompute=recompute)
-    summary = model_summary(config, profile, tp=tp, recompute=recompute, seq_len=config.seq_len if seq_len is None else seq_len)
+    summary = model_summary(config, profile, tp=tp, recompute=recompute,
+                            seq_len=config.seq_len if seq_len is None else seq_len)
     if out_path is not None:
         with writing(out_path):
             save_model(profile, out_path)

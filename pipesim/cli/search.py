@@ -31,7 +31,8 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x PP x DP.")
 @click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
-@click.option("--memory", "memory", type=str, default=None, callback=non_empty, help="Memory budget per GPU, e.g. 80GB.")
+@click.option("--memory", "memory", type=str, default=None, callback=non_empty,
+              help="Memory budget per GPU, e.g. 80GB.")
 @click.option("--efficiency", type=float, default=None,
               help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
