@@ -19,7 +19,7 @@ from pipesim.spec.files import load_profile, load_topology, read_text
 from pipesim.spec.provenance import file_identity, text_identity
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
-from pipesim.spec.validation import FrozenModel, build
+from pipesim.spec.validation import Bool, FrozenModel, build
 from pipesim.sweep.where import Expression
 from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
@@ -202,7 +202,7 @@ class SweepSpec(FrozenModel):
     minibatches: Annotated[tuple[Annotated[int, Field(ge=1, strict=True)] | None, ...], BeforeValidator(_axis)] = (None,)
     schedule: Annotated[tuple[str, ...], BeforeValidator(_axis)]
     partition: Annotated[tuple[Literal["balanced", "even"], ...], BeforeValidator(_axis)] = ("balanced",)
-    recompute: Annotated[tuple[Annotated[bool, Field(strict=True)], ...], BeforeValidator(_axis)] = (False,)
+    recompute: Annotated[tuple[Bool, ...], BeforeValidator(_axis)] = (False,)
     memory_limit: Annotated[tuple[str | float | None, ...], BeforeValidator(_axis)] = (None,)
     optimizer_state: Annotated[tuple[Annotated[float, Field(ge=0)], ...], BeforeValidator(_axis)] = (1.0,)
     pipemare_update: Annotated[tuple[Literal["minibatch", "microbatch"], ...], BeforeValidator(_axis)] = ("minibatch",)

@@ -321,7 +321,7 @@ BASE_SPEC = "profile: {uniform: {layers: 8, forward_ms: 1, backward_ms: 2}}\nsta
         # A value listed twice in one axis: each of its points would be simulated twice.
         ("schedule: [1f1b, 1f1b]\n", "schedule[1]='1f1b': is listed twice"),
         ("schedule: [gpipe]\njitter: [1000]\n", "jitter[0]=1000: Input should be less than or equal to 100"),
-        ("schedule: [gpipe]\nrecompute: [\"yes\"]\n", "recompute[0]='yes': Input should be a valid boolean"),
+        ("schedule: [gpipe]\nrecompute: [\"yes\"]\n", "recompute[0]='yes': must be true or false, not a string"),
         ("schedule: [gpipe]\nbandwidth: [10GB/s, 10000MB/s]\n", "bandwidth[1]='10000MB/s': is listed twice"),
         ("schedule: [gpipe]\nseeds: [3, 3]\n", "seeds[1]=3: is listed twice"),
         # A bad uniform profile names its field, not the file name the union also tried.
