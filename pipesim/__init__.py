@@ -15,6 +15,8 @@ from pipesim.spec import (
     load_topology,
     uniform_profile,
 )
+from pipesim.spec.cluster import Cluster, load_cluster
+from pipesim.spec.device import Device, load_device
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
 
 __version__ = "0.1.0"
@@ -22,7 +24,9 @@ __version__ = "0.1.0"
 keep_freed_memory()  # before any run: a run's speed must not depend on what the process freed earlier
 
 __all__ = [
+    "Cluster",
     "ConfigError",
+    "Device",
     "Metrics",
     "Op",
     "OpKind",
@@ -39,6 +43,8 @@ __all__ = [
     "build_schedule",
     "calibrated_efficiency",
     "compute_metrics",
+    "load_cluster",
+    "load_device",
     "load_plan",
     "load_profile",
     "load_topology",

@@ -78,6 +78,8 @@ def cli() -> None:
 #: imports.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("pipesim.cli.check", "check_command"),
+    "cluster": ("pipesim.cli.device", "cluster_command"),
+    "device": ("pipesim.cli.device", "device_group"),
     "model": ("pipesim.cli.model", "model_command"),
     "plan": ("pipesim.cli.plan", "plan_command"),
     "schedule": ("pipesim.cli.schedule", "schedule_command"),

@@ -1,4 +1,4 @@
-"""Capacity options of ``simulate``: a model preset in place of a profile, TP/DP degrees, batch sizes, a memory budget."""
+"""Capacity options of ``simulate``: a model in place of a profile, TP/DP degrees, batch sizes, a memory budget."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from typing import Any
 
 import click
 
+from pipesim.cli.model import MODEL_OPTIONS, Hardware, build_model_profile, resolve_hardware, with_options
+from pipesim.cli.options import non_empty, parse_uniform
 from pipesim.errors import ConfigError
 from pipesim.export.report import verdict_text
 from pipesim.metrics import memory_verdict
-from pipesim.cli.model import MODEL_OPTIONS, build_model_profile, with_options
-from pipesim.cli.options import non_empty, parse_uniform
-from pipesim.spec.devices import PLACEMENTS, DeviceSpec, device_preset, placed_links
+from pipesim.spec.collectives import Group, group_path
 from pipesim.spec.files import load_profile
+from pipesim.spec.model_files import load_model
 from pipesim.spec.parallel import (
     data_parallel_profile,
     microbatches_per_pipeline,
@@ -21,40 +22,47 @@ from pipesim.spec.parallel import (
     zero_optimizer_multiplier,
 )
 from pipesim.spec.profile import Profile
-from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, forward_flops_per_token, preset
-from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
+from pipesim.spec.transformer import RECOMPUTE_MODES, forward_flops_per_token
+from pipesim.spec.transformer_profile import (
+    ADAM_STATE_MULTIPLIER,
+    PLACEMENTS,
+    Parallelism,
+    pipeline_bandwidth_bytes_per_s,
+    pipeline_latency_s,
+)
 from pipesim.spec.units import parse_size
-
 
 # ``--model`` with the model options, ``--placement``, ``--dp``, ``--dp-overlap``, ``--zero``,
 # ``--global-batch`` and ``--memory``.
 capacity_options = with_options([
-    click.option("--model", "model", type=click.Choice(list(PRESETS), case_sensitive=False), default=None,
-                 help="A published transformer (pipesim model) in place of --profile/--uniform; "
-                      "--recompute / --recompute-stages MODE set its recomputation."),
+    click.option("--model", "model", type=str, default=None, callback=non_empty,
+                 help="A transformer in place of --profile/--uniform: a preset (pipesim model), a Hugging Face "
+                      "config.json or pipesim's model JSON; --recompute / --recompute-stages MODE set its "
+                      "recomputation."),
     *MODEL_OPTIONS,
     click.option("--dp", "dp", type=int, default=1, show_default=True,
-                 help="Data-parallel pipelines D: each layer's update adds a ring all-reduce of its gradients "
-                      "over the device's inter-node link."),
+                 help="Data-parallel pipelines D: each layer's gradients are reduced over the DP group on the "
+                      "cluster tier it spans."),
     click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
-                 help="tp-in-node (Megatron's): TP over the node's NVLink, pipeline and DP over the NIC; "
-                      "pp-in-node: the pipeline's hops over NVLink, TP and DP over the NIC."),
+                 help="tp-in-node (Megatron's order: TP ranks neighbours, then DP, then PP); pp-in-node: a "
+                      "pipeline's stages neighbours, then TP, then DP."),
     click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
-                 help="Overlap each layer's gradient all-reduce with the minibatch's last backward (it starts "
-                      "when the layer's gradient is ready, one layer at a time on the NIC): the update waits "
-                      "only for what outlasts the backward."),
+                 help="Overlap each layer's gradient reduction with the minibatch's last backward (it starts "
+                      "when the layer's gradient is ready, one layer at a time): the update waits only for what "
+                      "outlasts the backward, and the communication takes its tier's share of the compute."),
     click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
-                 help="1: ZeRO stage 1, optimizer state sharded over --dp."),
+                 help="1: ZeRO stage 1 (Megatron's distributed optimizer): optimizer state and step sharded over "
+                      "--dp, gradients reduce-scattered and weights all-gathered."),
     click.option("--global-batch", "global_batch", type=int, default=None,
                  help="Samples per step over all D pipelines: M = global / (microbatch size x D)."),
     click.option("--memory", "memory", type=str, default=None, callback=non_empty,
-                 help="Memory budget per device (e.g. 80GB; default the --device preset's with --model): "
-                      "the output says per device whether it fits."),
+                 help="Memory budget per device (e.g. 80GB, 80GiB; default the device's memory as its driver "
+                      "reports it): the output says per device whether it fits."),
 ])
 
 
 # The model options that only shape a profile --model builds: refused with --profile or --uniform.
-MODEL_ONLY = ("seq_len", "efficiency", "calibrate_path", "sequence_parallel")
+MODEL_ONLY = ("seq_len", "efficiency", "calibrate_path", "sequence_parallel", "precision")
 
 
 @dataclass(frozen=True)
@@ -66,12 +74,12 @@ class Capacity:
         num_microbatches: M from ``--global-batch`` (or the one given).
         optimizer_state_multiplier: optimizer bytes per weight byte on one replica.
         recompute, recompute_stages: what is left for the plan (a model takes its mode itself).
-        bandwidth: the pipeline link's default bandwidth (with ``--model``, the placement's: the NIC for
-            tp-in-node, NVLink for pp-in-node).
+        bandwidth, latency: the pipeline link's defaults (with ``--model``, the pipeline tier's).
         memory_budget_bytes: per device, or None for no budget.
-        device: the device preset used for links and peak FLOP/s.
+        hardware: the device and cluster used for links and peak FLOP/s.
         tp, dp, seq_len: degrees, and tokens per sample (0 without a model).
         forward_flops_per_token: the model's, 0 without a model.
+        precision: the matrix precision MFU is counted against.
     """
 
     profile: Profile
@@ -80,12 +88,14 @@ class Capacity:
     recompute: bool
     recompute_stages: str | None
     bandwidth: str | None
+    latency: str | None
     memory_budget_bytes: float | None
-    device: DeviceSpec
+    hardware: Hardware
     tp: int
     dp: int
     seq_len: int
     forward_flops_per_token: float
+    precision: str
 
     @property
     def is_set(self) -> bool:
@@ -95,7 +105,8 @@ class Capacity:
 
 def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_path: str | None, uniform: str | None,
                    num_microbatches: int | None, recompute: bool, recompute_stages: str | None,
-                   optimizer_state_multiplier: float, bandwidth: str | None) -> Capacity:
+                   optimizer_state_multiplier: float, bandwidth: str | None, latency: str | None,
+                   num_ranks: int | None) -> Capacity:
     """Resolve the capacity options against simulate's own.
 
     Raises:
@@ -107,32 +118,39 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
     given = [flag for flag, value in (("--profile", profile_path), ("--uniform", uniform), ("--model", model)) if value]
     if len(given) != 1:
         raise ConfigError("profile", ", ".join(given) or None, "give exactly one of --profile FILE, --uniform ... "
-                          "or --model NAME")
+                          "or --model NAME|FILE")
     tp, dp = options["tp"], options["dp"]
     if dp == 1:
         for name, rule in (("zero", "ZeRO-1 shards the optimizer state over the data-parallel pipelines"),
-                           ("dp_overlap", "it overlaps the data-parallel all-reduce with the last backward")):
+                           ("dp_overlap", "it overlaps the data-parallel reduction with the last backward")):
             if options[name]:
                 raise ConfigError(name, options[name], f"needs --dp D > 1 ({rule})")
-    links = placed_links(device_preset(options["device"]), options["placement"], tp=tp)
-    device = links.device
+    hardware = resolve_hardware(options)
+    layout = Parallelism(tp=tp, pp=max(1, num_ranks or 1), dp=dp, placement=options["placement"])
+    tp_stride, _, dp_stride = layout.strides
     seq_len, flops = 0, 0.0
+    precision = options["precision"] or hardware.device.default_precision
     if model is not None:
-        config = preset(model)
+        config = load_model(model)
         mode = "full" if recompute else (recompute_stages or "none")
         if mode not in RECOMPUTE_MODES:
             raise ConfigError("recompute_stages", mode, "with --model give one mode for every layer: "
                               f"{', '.join(RECOMPUTE_MODES)}")
-        profile = build_model_profile(config.name, device=device, efficiency=options["efficiency"],
+        profile = build_model_profile(config, hardware, efficiency=options["efficiency"],
                                       calibrate_path=options["calibrate_path"],
                                       microbatch_size=options["microbatch_size"], seq_len=options["seq_len"], tp=tp,
-                                      sequence_parallel=options["sequence_parallel"], recompute=mode)
+                                      sequence_parallel=options["sequence_parallel"], recompute=mode,
+                                      precision=options["precision"], attention=options["attention"],
+                                      pp=layout.pp, dp=dp, zero=options["zero"], dp_overlap=options["dp_overlap"],
+                                      placement=options["placement"])
         recompute, recompute_stages = False, None
         seq_len = options["seq_len"] or config.seq_len
         flops = forward_flops_per_token(config, seq_len)
         if context.get_parameter_source("optimizer_state_multiplier") is not click.core.ParameterSource.COMMANDLINE:
             optimizer_state_multiplier = ADAM_STATE_MULTIPLIER
-        bandwidth = bandwidth or f"{links.pipeline_bytes_per_s}B/s"
+        sp = options["sequence_parallel"]
+        bandwidth = bandwidth or f"{pipeline_bandwidth_bytes_per_s(hardware.cluster, layout, sequence_parallel=sp)}B/s"
+        latency = latency or f"{pipeline_latency_s(hardware.cluster, layout)}s"
     else:
         profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
         if options["microbatch_size"] is not None and options["microbatch_size"] != profile.microbatch_size:
@@ -142,8 +160,12 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
             if options[name] not in (None, False):
                 raise ConfigError(name.removesuffix("_path"), options[name], "applies to --model only (it builds "
                                   "the profile); --profile and --uniform give their own times")
-        profile = tensor_parallel_profile(profile, tp, links.tensor_parallel_bytes_per_s)
-    profile = data_parallel_profile(profile, dp, links.data_parallel_bytes_per_s, overlap=options["dp_overlap"])
+        if tp > 1:
+            bus = group_path(hardware.cluster, Group(tp, tp_stride)).bus_bytes_per_s
+            profile = tensor_parallel_profile(profile, tp, bus)
+        if dp > 1:
+            bus = group_path(hardware.cluster, Group(dp, dp_stride)).bus_bytes_per_s
+            profile = data_parallel_profile(profile, dp, bus, overlap=options["dp_overlap"])
     if options["global_batch"] is not None:
         derived = microbatches_per_pipeline(options["global_batch"], profile.microbatch_size, dp)
         if num_microbatches is not None and num_microbatches != derived:
@@ -151,22 +173,22 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
                               f"{options['global_batch']} / ({profile.microbatch_size} x {dp}) = {derived}")
         num_microbatches = derived
     budget = parse_size(options["memory"], "memory") if options["memory"] else (
-        device.memory_bytes if model is not None else None)
+        hardware.device.memory_bytes if model is not None else None)
     return Capacity(profile=profile, num_microbatches=num_microbatches,
                     optimizer_state_multiplier=zero_optimizer_multiplier(optimizer_state_multiplier, dp,
                                                                          options["zero"]),
-                    recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth,
-                    memory_budget_bytes=budget, device=device, tp=tp, dp=dp, seq_len=seq_len,
-                    forward_flops_per_token=flops)
+                    recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth, latency=latency,
+                    memory_budget_bytes=budget, hardware=hardware, tp=tp, dp=dp, seq_len=seq_len,
+                    forward_flops_per_token=flops, precision=precision)
 
 
 def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
     """The keys the capacity options add to a ``simulate --json`` object (none without them).
 
     ``fits`` and ``device_memory_headroom_bytes`` (budget minus each device's peak, negative
-    where over) with a budget; degrees, global throughput and, with a model, tokens/s and
-    model FLOP utilisation (3 x forward FLOPs per token, Narayanan et al.'s count, over the
-    peak of all P x T x D GPUs).
+    where over) with a budget; degrees, global throughput and, with a model, tokens/s, model FLOP
+    utilisation (3 x forward FLOPs per token, Narayanan et al.'s count, over the peak of all
+    P x T x D GPUs) and model TFLOP/s per GPU (the same FLOPs per step / step time / GPUs).
     """
     if not capacity.is_set:
         return {}
@@ -178,21 +200,25 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
         from pipesim.search import model_throughput  # noqa: PLC0415 - the search module only where a model is named
 
+        peak = capacity.hardware.device.peak(capacity.precision)
         tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,
                                        forward_flops_per_token=capacity.forward_flops_per_token, num_gpus=gpus,
-                                       peak_flops=capacity.device.peak_flops)
-        fields.update(num_gpus=gpus, tokens_per_s=tokens, mfu=mfu)
+                                       peak_flops=peak)
+        fields.update(num_gpus=gpus, tokens_per_s=tokens, mfu=mfu, model_tflops_per_gpu=mfu * peak / 1e12,
+                      device=capacity.hardware.device.name, cluster=capacity.hardware.cluster.name,
+                      precision=capacity.precision)
     return fields
 
 
 def capacity_headline(data: dict[str, Any]) -> str:
-    """One line: the memory verdict and, with a model, tokens/s and MFU ("" without capacity keys)."""
+    """One line: the memory verdict and, with a model, tokens/s, MFU and TFLOP/s per GPU ("" without capacity keys)."""
     parts = []
     if "fits" in data:
         parts.append(verdict_text(data))
     if "tokens_per_s" in data:
         parts.append(f"{data['num_gpus']} GPUs (tp={data['tp']}, dp={data['dp']}): "
-                     f"{data['tokens_per_s']:.0f} tokens/s, MFU {data['mfu']:.1%}")
+                     f"{data['tokens_per_s']:.0f} tokens/s, MFU {data['mfu']:.1%}, "
+                     f"{data['model_tflops_per_gpu']:.1f} model TFLOP/s per GPU")
     elif data.get("dp", 1) > 1:
         parts.append(f"dp={data['dp']}: {data['global_throughput_samples_per_s']:.2f} samples/s in all")
     return "; ".join(parts)

@@ -15,8 +15,10 @@ from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import ProgressBar, out_folder, writing
 from pipesim.errors import ConfigError
 from pipesim.search import Outcome, search
-from pipesim.spec.devices import DEVICES, PLACEMENTS, Placement, device_preset
-from pipesim.spec.transformer import PRESETS
+from pipesim.spec.cluster import load_cluster
+from pipesim.spec.device import load_device
+from pipesim.spec.model_files import load_model
+from pipesim.spec.transformer_profile import PLACEMENTS
 from pipesim.spec.units import parse_size
 
 BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute", "tokens_per_s", "mfu",
@@ -24,17 +26,19 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 
 
 @click.command("search")
-@click.option("--model", "model", required=True, type=click.Choice(list(PRESETS), case_sensitive=False),
-              help="A published transformer (see pipesim model).")
-@click.option("--device", "device", required=True, type=click.Choice(list(DEVICES), case_sensitive=False),
-              help="Device preset; its memory is the budget unless --memory says otherwise.")
+@click.option("--model", "model", required=True, type=str, callback=non_empty,
+              help="A transformer: a preset (see pipesim model), a Hugging Face config.json or pipesim's model JSON.")
+@click.option("--device", "device", required=True, type=str, callback=non_empty,
+              help="A shipped device or a device file; its memory is the budget unless --memory says otherwise.")
+@click.option("--cluster", "cluster", type=str, default=None, callback=non_empty,
+              help="A shipped cluster or a cluster file (default the device's usual system).")
 @click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x PP x DP.")
 @click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
 @click.option("--memory", "memory", type=str, default=None, callback=non_empty,
               help="Memory budget per GPU, e.g. 80GB.")
 @click.option("--efficiency", type=float, default=None,
-              help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
+              help="What-if: the device's sustained matrix share of peak in place of its file's."),
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="1: ZeRO stage 1, optimizer state sharded over DP.")
 @click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
@@ -55,8 +59,8 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
 @click.option("--out", "out_dir", type=str, default=None,
               help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
-def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
-                   memory: str | None, efficiency: float | None, zero: int, placement: Placement,
+def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
+                   seq_len: int | None, memory: str | None, efficiency: float | None, zero: int, placement: str,
                    dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
                    as_json: bool, out_dir: str | None) -> None:
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
@@ -65,11 +69,17 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
         raise ConfigError("workers", workers, "give either --workers (embedded cluster) or --scheduler, not both")
     out = out_folder(out_dir) if out_dir is not None else None
     budget = parse_size(memory, "memory") if memory else None
-    spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
+    spec = load_device(device)
+    if efficiency is not None:
+        if not 0 < efficiency <= 1:
+            raise ConfigError("efficiency", efficiency, "must be in (0, 1]")
+        spec = spec.model_copy(update={"matmul": spec.matmul.model_copy(update={"max_efficiency": efficiency})})
+    config = load_model(model)
+    wiring = load_cluster(cluster) if cluster else None
     bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="search", unit="candidates")
     try:
-        outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
-                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap,
+        outcomes = search(config, device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
+                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap, cluster=wiring,
                           workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()

@@ -144,8 +144,10 @@ def simulate_command(
                           "--recompute-stages, not both")
     capacity = capacity_setup(click.get_current_context(), capacity_flags, profile_path=profile_path, uniform=uniform,
                               num_microbatches=num_microbatches, recompute=recompute, recompute_stages=recompute_stages,
-                              optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth)
+                              optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth,
+                              latency=latency, num_ranks=num_stages if num_ranks is None else num_ranks)
     profile, num_microbatches, bandwidth = capacity.profile, capacity.num_microbatches, capacity.bandwidth
+    latency = capacity.latency
     recompute, recompute_stages = capacity.recompute, capacity.recompute_stages
     optimizer_state_multiplier = capacity.optimizer_state_multiplier
     if topology_path and (bandwidth or latency or speeds or shared_nics):

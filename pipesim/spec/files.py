@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError
+from pipesim.spec.cluster import Cluster
+from pipesim.spec.device import Device
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
 from pipesim.spec.topology import Topology
@@ -109,6 +111,20 @@ def load_profile(path: str | Path) -> Profile:
 def load_topology(path: str | Path) -> Topology:
     """Load a topology JSON file (``pipesim.topology/1``)."""
     return build(Topology, read_json(path, "topology"), source=str(path))
+
+
+def load_device_file(*, path: str | Path | None = None, text: str | None = None, source: str | None = None) -> Device:
+    """A device file (``pipesim.device/1``) from ``path``, or from ``text`` read elsewhere (``source`` names it)."""
+    where = str(path) if path is not None else source or "device"
+    data = read_json(path, "device") if path is not None else parse_json(text or "", where, "device")
+    return build(Device, data, source=where)
+
+
+def load_cluster_file(*, path: str | Path | None = None, text: str | None = None, source: str | None = None) -> Cluster:
+    """A cluster file (``pipesim.cluster/1``) from ``path``, or from ``text`` read elsewhere (``source`` names it)."""
+    where = str(path) if path is not None else source or "cluster"
+    data = read_json(path, "cluster") if path is not None else parse_json(text or "", where, "cluster")
+    return build(Cluster, data, source=where)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -201,8 +201,12 @@ def layer_activation_bytes(
     tp: int = 1,
     sequence_parallel: bool = False,
     recompute: Recompute = "none",
+    attention: str = "unfused",
 ) -> float:
     """Bytes one layer stashes for its backward, 16-bit activations (Korthikanti et al., 2022).
+
+    Their count is for an unfused attention, which keeps its scores; a fused (``flash``) one
+    keeps none (it re-computes them in its backward), as selective recomputation would drop them.
 
     Raises:
         ConfigError: an unknown recompute mode or a degree below 1.
@@ -222,7 +226,7 @@ def layer_activation_bytes(
     # softmax output (2 bytes), dropout mask (1) and dropout output (2) per score; without dropout
     # the softmax output alone feeds both backwards.
     scores = (5 if config.has_dropout else 2) * config.num_heads * s * s * b
-    core = 0 if recompute == "selective" else scores / tp
+    core = 0 if recompute == "selective" or attention == "flash" else scores / tp
     if sequence_parallel:
         return (whole + sharded) / tp + core
     return whole + sharded / tp + core

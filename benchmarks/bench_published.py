@@ -1,0 +1,212 @@
+"""Published training runs against pipesim's prediction, with the shipped device and cluster files.
+
+For every run of a published-runs file (default ``../shared/reference/published_runs.json``) this
+builds the model, the layout and the training setup the run states, simulates one global step with
+``pipesim.training.simulate_training`` and compares the per-GPU throughput with the published
+figure, counted the way the paper counts it (Megatron's equation 3 counts the recomputed
+forward; ``tflops_per_gpu`` and ``hfu`` are compared in the paper's own FLOPs, an iteration time
+or tokens/s directly). It prints each row's error, the mean, median and worst, and whether every
+step along a scaling series moves in the published direction; ``--write`` puts the table into
+benchmarks/RESULTS.md.
+
+What a run leaves unsaid is taken from ``NOTES`` (each entry names where it comes from) and
+otherwise from the defaults below; nothing is tuned to the published figures, which are a check,
+not a fitting set.
+
+    python benchmarks/bench_published.py [--runs FILE] [--write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from results_file import machine, write_section
+
+from pipesim.errors import PipesimError
+from pipesim.spec.device import load_device
+from pipesim.spec.transformer import TransformerConfig
+from pipesim.training import simulate_training
+
+DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published_runs.json"
+
+_SC21 = "Megatron-LM examples/sc21/run_table_1.sh and CONFIG.sh (NVIDIA/Megatron-LM on GitHub): "
+_MEGATRON_2021 = ("Megatron-LM of 2021 (the paper's code): --fp16, attention as batched products with a fused "
+                  "scale-mask-softmax and dropout (FlashAttention came in 2022), hidden and attention dropout 0.1")
+# What the published runs leave unsaid, by run id: microbatch size and interleaving from the
+# scripts that ran Table 1, the DDP implementation (torch's DDP overlaps the gradient all-reduce
+# with the backward; Megatron's "local" DDP all-reduces after it), and the software of the time.
+NOTES: dict[str, dict[str, Any]] = {
+    run_id: {"microbatch_size": mbs, "virtual_stages": v, "dp_overlap": ddp == "torch", "precision": "fp16",
+             "attention": "unfused", "has_dropout": True,
+             "source": _SC21 + f"MBS={mbs}, --DDP-impl {ddp}"
+                       + (f", {v} virtual stages (--num-layers-per-virtual-pipeline-stage)" if v > 1 else "")
+                       + "; " + _MEGATRON_2021}
+    for run_id, mbs, v, ddp in (
+        ("megatron-sc21-t1-1.7b", 16, 1, "torch"), ("megatron-sc21-t1-3.6b", 16, 1, "torch"),
+        ("megatron-sc21-t1-7.5b", 16, 1, "torch"), ("megatron-sc21-t1-18.4b", 8, 1, "torch"),
+        ("megatron-sc21-t1-39.1b", 4, 1, "local"), ("megatron-sc21-t1-76.1b", 2, 3, "local"),
+        ("megatron-sc21-t1-145.6b", 2, 2, "local"), ("megatron-sc21-t1-310.1b", 1, 2, "local"),
+        ("megatron-sc21-t1-529.6b", 1, 3, "local"), ("megatron-sc21-t1-1008.0b", 1, 1, "local"))
+}
+# Defaults where neither the run nor NOTES say: what a Megatron-Core user of today runs.
+DEFAULTS: dict[str, Any] = {"microbatch_size": 1, "virtual_stages": 1, "dp_overlap": True, "precision": None,
+                            "attention": "flash", "has_dropout": False, "source": "defaults"}
+
+
+def config_of(model: dict[str, Any]) -> TransformerConfig:
+    """A TransformerConfig from a run's ``model`` block."""
+    gated = model.get("activation", "gelu") in ("swiglu", "geglu")
+    rmsnorm = model.get("norm", "layernorm" if model.get("family") == "gpt" else "rmsnorm") == "rmsnorm"
+    return TransformerConfig(
+        name=model.get("name", "model"), num_layers=model["num_layers"], hidden_size=model["hidden_size"],
+        ffn_hidden_size=model.get("ffn_hidden_size") or 4 * model["hidden_size"],
+        num_heads=model["num_attention_heads"], num_kv_heads=model.get("num_kv_heads") or model["num_attention_heads"],
+        vocab_size=model["vocab_size"], seq_len=model["seq_len"], is_gated_ffn=gated,
+        has_tied_embeddings=bool(model.get("tied_embeddings", False)), has_bias=model.get("family") == "gpt",
+        norm="rmsnorm" if rmsnorm else "layernorm",
+        num_positions=model["seq_len"] if model.get("position") == "learned" else 0,
+        published_parameters=float(model.get("parameters_reported") or 0.0))
+
+
+def eq3_flops(config: TransformerConfig, *, global_batch: int, seq_len: int, recompute: str) -> float:
+    """Narayanan et al.'s equation 3 generalised to any recomputation: 24 (3 + r) B s L h^2 (1 + s/6h) + 6 B s h V,
+    r = 1 with full recomputation (their 96 B s L h^2 (1 + s/6h + V/16Lh)), else 0."""
+    b, s, layers, h, v = global_batch, seq_len, config.num_layers, config.hidden_size, config.vocab_size
+    passes = 4 if recompute == "full" else 3
+    return 24 * passes * b * s * layers * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v
+
+
+def predict(run: dict[str, Any]) -> dict[str, Any]:
+    """One run's prediction and its comparison with the published figure."""
+    note = {**DEFAULTS, **NOTES.get(run["id"], {})}
+    parallel = run["parallelism"]
+    for key in ("microbatch_size", "virtual_stages"):
+        if parallel.get(key) is not None:
+            note[key] = parallel[key]
+    model = run["model"]
+    config = config_of(model)
+    if note["has_dropout"] != config.has_dropout:
+        from dataclasses import replace
+
+        config = replace(config, has_dropout=note["has_dropout"])
+    for degree in ("cp", "ep"):
+        if (parallel.get(degree) or 1) > 1:
+            raise PipesimError(f"{degree}={parallel[degree]} is not modelled yet (issue 32)")
+    tp, pp, dp = parallel["tp"], parallel["pp"], parallel["dp"]
+    v = note["virtual_stages"] if pp > 1 else 1
+    recompute = parallel.get("recompute") or "none"
+    device = load_device(run["hardware"]["gpu"])
+    precision = run.get("precision") or note["precision"]
+    began = time.perf_counter()
+    predicted = simulate_training(
+        config, device=device, global_batch=parallel["global_batch_size"], tp=tp, pp=pp, dp=dp, stages_per_rank=v,
+        schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=note["microbatch_size"],
+        seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")), recompute=recompute,
+        precision=precision, attention=note["attention"], zero=min(1, parallel.get("zero_stage") or 0),
+        dp_overlap=note["dp_overlap"])
+    seconds = time.perf_counter() - began
+    reported = run["reported"]
+    gpus = tp * pp * dp
+    if reported.get("tflops_per_gpu"):
+        flops = eq3_flops(config, global_batch=parallel["global_batch_size"], seq_len=model["seq_len"],
+                          recompute=recompute)
+        metric, published = "TFLOP/s per GPU (eq. 3)", float(reported["tflops_per_gpu"])
+        value = flops / predicted.iteration_time_s / gpus / 1e12
+    elif reported.get("iteration_time_s"):
+        metric, published = "iteration time s (inverted)", 1.0 / float(reported["iteration_time_s"])
+        value = 1.0 / predicted.iteration_time_s
+    elif reported.get("tokens_per_s"):
+        metric, published, value = "tokens/s", float(reported["tokens_per_s"]), predicted.tokens_per_s
+    elif reported.get("mfu"):
+        metric, published, value = "MFU", float(reported["mfu"]), predicted.mfu
+    else:
+        raise PipesimError("the run reports no figure pipesim can compare")
+    return {"id": run["id"], "metric": metric, "published": published, "predicted": value,
+            "ratio": value / published, "iteration_time_s": predicted.iteration_time_s, "gpus": gpus,
+            "tp": tp, "pp": pp, "dp": dp, "v": v, "microbatch_size": note["microbatch_size"],
+            "fits": predicted.fits, "peak_memory_gb": predicted.peak_memory_bytes / 1e9,
+            "series": run.get("series") or run["id"].rsplit("-", 1)[0], "order": float(
+                model.get("parameters_reported") or 0.0), "simulate_s": seconds, "notes": note["source"]}
+
+
+def directions(rows: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """Each step along each series (runs sharing a series key, in model-size order): published and
+    predicted move the same way?"""
+    steps = []
+    series: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        series.setdefault(row["series"], []).append(row)
+    for members in series.values():
+        members.sort(key=lambda row: row["order"])
+        for before, after in zip(members, members[1:]):
+            published = after["published"] - before["published"]
+            predicted = after["predicted"] - before["predicted"]
+            same = (published > 0) == (predicted > 0) if published != 0 else abs(predicted) / before["predicted"] < 0.01
+            steps.append((before["id"], after["id"], same))
+    return steps
+
+
+def report(rows: list[dict[str, Any]], failed: list[tuple[str, str]], source: Path) -> str:
+    errors = [row["ratio"] - 1 for row in rows]
+    absolute = [abs(error) for error in errors]
+    steps = directions(rows)
+    lines = [f"## Published runs (`make bench-published`, issue 31)", "",
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}; runs from "
+             f"`{source.name}`; shipped device and cluster files, nothing tuned to these rows.", "",
+             "| run | GPUs | tp x pp x dp (V, b) | published | predicted | error |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['id']} | {row['gpus']} | {row['tp']}x{row['pp']}x{row['dp']} ({row['v']}, "
+                     f"{row['microbatch_size']}) | {row['published']:.4g} | {row['predicted']:.4g} | "
+                     f"{row['ratio'] - 1:+.1%} |")
+    if rows:
+        lines += ["", f"{len(rows)} runs: mean |error| {statistics.fmean(absolute):.1%}, median |error| "
+                  f"{statistics.median(absolute):.1%}, worst {max(errors, key=abs):+.1%}; mean error "
+                  f"{statistics.fmean(errors):+.1%}."]
+    if steps:
+        wrong = [f"{a} -> {b}" for a, b, same in steps if not same]
+        lines.append(f"Scaling steps in the published direction: {len(steps) - len(wrong)} of {len(steps)}"
+                     + (f" (against: {', '.join(wrong)})" if wrong else "") + ".")
+    for run_id, reason in failed:
+        lines.append(f"- {run_id}: not predicted ({reason})")
+    notes = sorted({row["notes"] for row in rows})
+    lines += ["", "What the runs leave unsaid was set from:"] + [f"- {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=DEFAULT_RUNS, help="a published-runs JSON file")
+    parser.add_argument("--write", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    if not args.runs.exists():
+        print(f"bench_published: {args.runs} does not exist (give --runs FILE)", file=sys.stderr)
+        return 2
+    runs = json.loads(args.runs.read_text(encoding="utf-8"))["runs"]
+    rows, failed = [], []
+    for run in runs:
+        try:
+            row = predict(run)
+        except PipesimError as error:
+            failed.append((run.get("id", "?"), str(error)))
+            print(f"{run.get('id')}: not predicted: {error}", file=sys.stderr)
+            continue
+        rows.append(row)
+        print(f"{row['id']}: published {row['published']:.4g}, predicted {row['predicted']:.4g} "
+              f"({row['ratio'] - 1:+.1%}), step {row['iteration_time_s']:.3f} s, peak {row['peak_memory_gb']:.1f} GB, "
+              f"simulated in {row['simulate_s']:.2f} s", flush=True)
+    text = report(rows, failed, args.runs)
+    print(text)
+    if args.write:
+        write_section("published-runs", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""A transformer layer as its ops, each priced on a device and a cluster: forward, input gradient, weight gradient.
+
+Per tensor-parallel rank, for a microbatch of b sequences of s tokens (T = b s), hidden h,
+heads a (KV heads g, head size d), FFN size f, TP degree t, 2-byte activations (e):
+
+    norm -> [SP all-gather] -> QKV (T x h x (h + 2gd)/t) -> [rotary] -> attention core
+    -> projection (T x h/t x h) -> TP all-reduce [SP reduce-scatter] -> bias-dropout-add
+    -> norm -> [SP all-gather] -> FC1 (T x h x f/t, 2f/t gated) -> GELU | SwiGLU
+    -> FC2 (T x f/t x h) -> TP all-reduce [SP reduce-scatter] -> bias-dropout-add
+
+A product Y = X W (X: M x K, W: K x N) costs ``matmul(M, N, K)`` forward, ``matmul(M, K, N)``
+for dX (input gradient, I) and ``matmul(K, N, M)`` for dW (weight gradient, W). The attention
+core is fused (FlashAttention: causal FLOPs 2 b s^2 h / t forward, 2.5x that backward, at the
+device's attention efficiency) or unfused as Megatron-LM ran it before FlashAttention (two
+batched products per head, a fused scale-mask-softmax, dropout; 2 b s^2 h / t FLOPs... each
+batched product 2 b s^2 h / t, the causal half not skipped). Element-wise ops are priced by the
+bytes they read and write (the counts are in each op's comment) at the device's memory rate
+for their kind. Tensor parallelism's collectives run on the TP group's tier, not overlapped with
+compute: forward one all-reduce of T h e after each block (with sequence parallelism a
+reduce-scatter, and an all-gather before it), backward the same at the block's input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pipesim.errors import ConfigError
+from pipesim.spec.cluster import Cluster
+from pipesim.spec.collectives import Group, allgather_s, allreduce_s, reduce_scatter_s
+from pipesim.spec.device import Device
+from pipesim.spec.transformer import TransformerConfig
+
+Attention = Literal["flash", "unfused"]
+ATTENTION_KINDS: tuple[Attention, ...] = ("flash", "unfused")
+FLASH_BACKWARD_FLOPS = 2.5  # FlashAttention's backward: five products of the forward's two (Dao, 2023)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One op's seconds: forward, input gradient (I), weight gradient (W)."""
+
+    name: str
+    kind: str
+    forward_s: float
+    input_grad_s: float = 0.0
+    weight_grad_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every op of one rank's profile shares.
+
+    Attributes:
+        device, cluster: where it runs; ``precision`` the matrix precision (bf16, fp16, fp8).
+        microbatch_size, seq_len: b and s.
+        tp, sequence_parallel: tensor-parallel degree and Megatron's sequence parallelism.
+        attention: ``flash`` or ``unfused``.
+        tp_stride: GPUs between neighbouring TP ranks (1 under Megatron's placement).
+    """
+
+    device: Device
+    cluster: Cluster
+    precision: str
+    microbatch_size: int
+    seq_len: int
+    tp: int = 1
+    sequence_parallel: bool = False
+    attention: Attention = "flash"
+    tp_stride: int = 1
+
+    @property
+    def tokens(self) -> int:
+        return self.microbatch_size * self.seq_len
+
+    @property
+    def element_bytes(self) -> float:
+        return 4.0 if self.precision in ("fp32", "tf32") else 2.0
+
+    @property
+    def tp_group(self) -> Group:
+        return Group(self.tp, self.tp_stride)
+
+
+def _matmul(setting: Setting, name: str, m: float, n: float, k: float, *, has_weight: bool = True,
+            batch: float = 1.0) -> OpCost:
+    """Y (m x n) = X (m x k) W (k x n): forward, dX, and dW (a weight's gradient, else a second input's)."""
+    device, precision = setting.device, setting.precision
+    forward = device.matmul_s(m, n, k, precision=precision, batch=batch)
+    input_grad = device.matmul_s(m, k, n, precision=precision, batch=batch)
+    other = device.matmul_s(k, n, m, precision=precision, batch=batch)
+    if has_weight:
+        return OpCost(name, "matmul", forward, input_grad, other)
+    return OpCost(name, "matmul", forward, input_grad + other)
+
+
+def _memory(setting: Setting, name: str, forward_bytes: float, backward_bytes: float, kind: str) -> OpCost:
+    device = setting.device
+    launch = device.launch_s
+    return OpCost(name, "memory", launch + device.stream_s(forward_bytes, kind),
+                  launch + device.stream_s(backward_bytes, kind) if backward_bytes > 0 else 0.0)
+
+
+def _attention_core(setting: Setting, config: TransformerConfig, has_dropout: bool) -> list[OpCost]:
+    """The attention between QKV and the projection, per TP rank."""
+    b, s, t, e = setting.microbatch_size, setting.seq_len, setting.tp, setting.element_bytes
+    heads = config.num_heads // t
+    d = config.hidden_size // config.num_heads
+    device = setting.device
+    if setting.attention == "flash":
+        flops = 2.0 * b * s * s * heads * d  # causal: half of QK^T and PV, 2 b s^2 (a d) / t
+        peak = device.peak(setting.precision)
+        forward = device.launch_s + flops / (peak * device.attention_efficiency(s, d, backward=False))
+        backward = device.launch_s + FLASH_BACKWARD_FLOPS * flops / (peak * device.attention_efficiency(s, d,
+                                                                                                      backward=True))
+        return [OpCost("attention", "attention", forward, backward)]
+    scores = b * heads * s * s
+    ops = [_matmul(setting, "scores", s, s, d, has_weight=False, batch=b * heads),
+           # Megatron's fused scale-mask-softmax: reads the scores, writes the probabilities; its
+           # backward reads the probabilities and their gradient and writes the scores' gradient.
+           _memory(setting, "softmax", 2 * scores * e, 3 * scores * e, "softmax")]
+    if has_dropout:  # reads and writes the probabilities, writes a byte mask; backward reads both, writes one
+        ops.append(_memory(setting, "attention-dropout", scores * (2 * e + 1), scores * (2 * e + 1), "dropout"))
+    ops.append(_matmul(setting, "context", s, d, s, has_weight=False, batch=b * heads))
+    return ops
+
+
+def layer_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
+    """The ops of one transformer layer on one TP rank, in forward order (module docstring)."""
+    t, e = setting.tp, setting.element_bytes
+    tokens = setting.tokens
+    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
+    local = tokens / t if setting.sequence_parallel else tokens  # tokens the norms and residuals see
+    activations = local * h * e
+    dropout = config.has_dropout
+    norm = _memory(setting, "norm", 2 * activations, 3 * activations, "norm")  # x -> y; x, dy -> dx
+    # bias + dropout + residual add: x, residual -> out (+ a byte mask); backward dy, mask -> dx.
+    residual = _memory(setting, "residual", 3 * activations + (local * h if dropout else 0),
+                       2 * activations + (local * h if dropout else 0), "dropout" if dropout else "elementwise")
+    ops = [norm, *_gather(setting, config), _matmul(setting, "qkv", tokens, (h + 2 * kv) / t, h)]
+    if getattr(config, "has_rotary", False):  # q and k rotated: read and write each, both ways
+        ops.append(_memory(setting, "rotary", 2 * tokens * (h + kv) / t * e, 2 * tokens * (h + kv) / t * e,
+                           "elementwise"))
+    ops += _attention_core(setting, config, dropout)
+    ops += [_matmul(setting, "projection", tokens, h, h / t), *_reduce(setting, config), residual,
+            norm, *_gather(setting, config)]
+    inner = tokens * f / t * e
+    if config.is_gated_ffn:  # gate, up -> silu(gate) * up; backward dy, gate, up -> dgate, dup
+        ops += [_matmul(setting, "fc1", tokens, 2 * f / t, h), _memory(setting, "swiglu", 3 * inner, 5 * inner,
+                                                                        "elementwise")]
+    else:  # bias + GELU fused: x -> y; backward dy, x -> dx
+        ops += [_matmul(setting, "fc1", tokens, f / t, h), _memory(setting, "gelu", 2 * inner, 3 * inner,
+                                                                    "elementwise")]
+    ops += [_matmul(setting, "fc2", tokens, h, f / t), *_reduce(setting, config), residual]
+    return ops
+
+
+def _gather(setting: Setting, config: TransformerConfig) -> list[OpCost]:
+    """Sequence parallelism's all-gather before a block (its backward: a reduce-scatter)."""
+    if not setting.sequence_parallel or setting.tp == 1:
+        return []
+    size = setting.tokens * config.hidden_size * setting.element_bytes
+    gather = allgather_s(setting.cluster, setting.tp_group, size)
+    scatter = reduce_scatter_s(setting.cluster, setting.tp_group, size)
+    return [OpCost("tp-all-gather", "collective", setting.device.launch_s + gather, setting.device.launch_s + scatter)]
+
+
+def _reduce(setting: Setting, config: TransformerConfig) -> list[OpCost]:
+    """A block's output reduction over TP: an all-reduce (sequence parallelism: a reduce-scatter,
+    backward an all-gather). Without SP the backward all-reduce is at the block's input (Megatron's
+    f), counted here: the same bytes."""
+    if setting.tp == 1:
+        return []
+    size = setting.tokens * config.hidden_size * setting.element_bytes
+    launch = setting.device.launch_s
+    if setting.sequence_parallel:
+        return [OpCost("tp-reduce-scatter", "collective",
+                       launch + reduce_scatter_s(setting.cluster, setting.tp_group, size),
+                       launch + allgather_s(setting.cluster, setting.tp_group, size))]
+    reduce = launch + allreduce_s(setting.cluster, setting.tp_group, size)
+    return [OpCost("tp-all-reduce", "collective", reduce, reduce)]
+
+
+def embedding_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
+    """The input embedding on the first stage: a vocabulary-parallel lookup, its TP reduction,
+    learned positions and dropout. The lookup reads and writes T h e (its backward scatters the
+    gradient into the table: reads T h e, adds into T h fp32 rows)."""
+    tokens, h, e = setting.tokens, config.hidden_size, setting.element_bytes
+    activations = tokens * h * e
+    ops = [_memory(setting, "lookup", 2 * activations, activations + 2 * tokens * h * 4, "elementwise")]
+    if setting.tp > 1:
+        size = activations
+        launch = setting.device.launch_s
+        forward = reduce_scatter_s(setting.cluster, setting.tp_group, size) if setting.sequence_parallel else \
+            allreduce_s(setting.cluster, setting.tp_group, size)
+        ops.append(OpCost("tp-reduce", "collective", launch + forward))
+    local = activations / setting.tp if setting.sequence_parallel else activations
+    if config.num_positions:
+        ops.append(_memory(setting, "positions", 3 * local, 2 * local, "elementwise"))
+    if config.has_dropout:
+        ops.append(_memory(setting, "dropout", 2 * local + local / e, 2 * local + local / e, "dropout"))
+    return ops
+
+
+def head_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
+    """The last stage's final norm, logits (T x h x V/t) and vocabulary-parallel cross-entropy.
+
+    The loss reads the logits (e), writes and reads them back as fp32 softmax (4 + 4), with two
+    small all-reduces over TP (max and sum per token); its backward reads the softmax and writes
+    the logits' gradient (4 + e).
+    """
+    tokens, h, e, t = setting.tokens, config.hidden_size, setting.element_bytes, setting.tp
+    local = tokens / t if setting.sequence_parallel else tokens
+    vocab = config.vocab_size / t
+    ops = [_memory(setting, "final-norm", 2 * local * h * e, 3 * local * h * e, "norm"), *_gather(setting, config),
+           _matmul(setting, "logits", tokens, vocab, h),
+           _memory(setting, "cross-entropy", tokens * vocab * (e + 8), tokens * vocab * (4 + e), "softmax")]
+    if t > 1:
+        small = 2 * allreduce_s(setting.cluster, setting.tp_group, tokens * 4.0)
+        ops.append(OpCost("loss-all-reduce", "collective", 2 * setting.device.launch_s + small))
+    return ops
+
+
+def totals(ops: list[OpCost]) -> tuple[float, float, float]:
+    """(forward, input gradient, weight gradient) seconds of ``ops``."""
+    return (sum(op.forward_s for op in ops), sum(op.input_grad_s for op in ops), sum(op.weight_grad_s for op in ops))
+
+
+def check_attention(attention: str) -> None:
+    """Raises ConfigError for an attention kind other than flash or unfused."""
+    if attention not in ATTENTION_KINDS:
+        raise ConfigError("attention", attention, f"must be one of {', '.join(ATTENTION_KINDS)}")
