@@ -36,25 +36,10 @@ from pipesim.training import simulate_training
 
 DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published_runs.json"
 
-_SC21 = "Megatron-LM examples/sc21/run_table_1.sh and CONFIG.sh (NVIDIA/Megatron-LM on GitHub): "
-_MEGATRON_2021 = ("Megatron-LM of 2021 (the paper's code): --fp16, attention as batched products with a fused "
-                  "scale-mask-softmax and dropout (FlashAttention came in 2022), hidden and attention dropout 0.1")
-# What the published runs leave unsaid, by run id: microbatch size and interleaving from the
-# scripts that ran Table 1, the DDP implementation (torch's DDP overlaps the gradient all-reduce
-# with the backward; Megatron's "local" DDP all-reduces after it), and the software of the time.
-NOTES: dict[str, dict[str, Any]] = {
-    run_id: {"microbatch_size": mbs, "virtual_stages": v, "dp_overlap": ddp == "torch", "precision": "fp16",
-             "attention": "unfused", "has_dropout": True,
-             "source": _SC21 + f"MBS={mbs}, --DDP-impl {ddp}"
-                       + (f", {v} virtual stages (--num-layers-per-virtual-pipeline-stage)" if v > 1 else "")
-                       + "; " + _MEGATRON_2021}
-    for run_id, mbs, v, ddp in (
-        ("megatron-sc21-t1-1.7b", 16, 1, "torch"), ("megatron-sc21-t1-3.6b", 16, 1, "torch"),
-        ("megatron-sc21-t1-7.5b", 16, 1, "torch"), ("megatron-sc21-t1-18.4b", 8, 1, "torch"),
-        ("megatron-sc21-t1-39.1b", 4, 1, "local"), ("megatron-sc21-t1-76.1b", 2, 3, "local"),
-        ("megatron-sc21-t1-145.6b", 2, 2, "local"), ("megatron-sc21-t1-310.1b", 1, 2, "local"),
-        ("megatron-sc21-t1-529.6b", 1, 3, "local"), ("megatron-sc21-t1-1008.0b", 1, 1, "local"))
-}
+# What the published runs leave unsaid (microbatch size, interleaving, DDP overlap, precision, the
+# attention kernels and dropout of the software of the time), by run id, each with its source.
+SETTINGS = Path(__file__).resolve().parent / "data" / "published_run_settings.json"
+NOTES: dict[str, dict[str, Any]] = json.loads(SETTINGS.read_text(encoding="utf-8"))["runs"]
 # Defaults where neither the run nor NOTES say: what a Megatron-Core user of today runs.
 DEFAULTS: dict[str, Any] = {"microbatch_size": 1, "virtual_stages": 1, "dp_overlap": True, "precision": None,
                             "attention": "flash", "has_dropout": False, "source": "defaults"}

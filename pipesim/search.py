@@ -27,6 +27,7 @@ from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
 from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token
+from pipesim.training import model_throughput
 from pipesim.spec.transformer_profile import (
     ADAM_STATE_MULTIPLIER,
     PLACEMENTS,
@@ -47,14 +48,6 @@ MAX_GPUS = 1_000_000
 DASK_MIN_CANDIDATES = 1000
 # Least stash first: a peak over budget rules out the modes after it (see ``search``).
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
-
-
-def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
-                     num_gpus: int, peak_flops: float) -> tuple[float, float]:
-    """``(tokens/s, MFU)`` of D pipelines each at ``samples_per_s``: MFU counts 3 x forward FLOPs per
-    token (Narayanan et al.'s model FLOPs, recomputation not counted) over all GPUs' peak."""
-    tokens = samples_per_s * dp * seq_len
-    return tokens, 3 * forward_flops_per_token * tokens / (num_gpus * peak_flops)
 
 
 @dataclass(frozen=True)
@@ -164,7 +157,7 @@ class _GroupRunner:
     def __init__(self, setting: _Setting) -> None:
         self.setting = setting
         self.reuse = Reuse()
-        self.profiles: dict[tuple[int, int, str, int], Profile] = {}
+        self.profiles: dict[tuple[int, int, str, int, int], Profile] = {}
 
     def profile_of(self, item: Candidate, recompute: Recompute) -> Profile:
         key = (item.tp, item.microbatch_size, recompute, item.dp, item.pp)

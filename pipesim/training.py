@@ -57,6 +57,14 @@ class TrainingResult:
     peak_memory_bytes: float
 
 
+def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
+                     num_gpus: int, peak_flops: float) -> tuple[float, float]:
+    """``(tokens/s, MFU)`` of D pipelines each at ``samples_per_s``: MFU counts 3 x forward FLOPs per
+    token (Narayanan et al.'s model FLOPs, recomputation not counted) over all GPUs' peak."""
+    tokens = samples_per_s * dp * seq_len
+    return tokens, 3 * forward_flops_per_token * tokens / (num_gpus * peak_flops)
+
+
 def megatron_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...] | None:
     """Equal transformer layers per stage, the embedding (profile layer 0) on the first and the head
     (layer L + 1) on the last; None when the stages do not divide the layers."""
@@ -133,8 +141,6 @@ def simulate_training(
         latency=pipeline_latency_s(wiring, layout))
     result = simulate_plan(profile, topology, plan, engine="auto")
     metrics = result.metrics
-    from pipesim.search import model_throughput  # noqa: PLC0415 - search imports this module's neighbours
-
     peak = spec.peak(precision or spec.default_precision)
     gpus = tp * pp * dp
     tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=dp, seq_len=s,

@@ -198,7 +198,7 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
         fields.update(memory_verdict(data["device_peak_memory_bytes"], capacity.memory_budget_bytes))
     if capacity.seq_len:
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
-        from pipesim.search import model_throughput  # noqa: PLC0415 - the search module only where a model is named
+        from pipesim.training import model_throughput  # noqa: PLC0415 - only where a model is named
 
         peak = capacity.hardware.device.peak(capacity.precision)
         tokens, mfu = model_throughput(data["throughput_samples_per_s"], dp=capacity.dp, seq_len=capacity.seq_len,

@@ -82,7 +82,7 @@ def show_command(name: str, as_json: bool) -> None:
                    "device whose description matches the GPU's name).")
 @click.option("--name", "name", type=str, default=None, callback=non_empty, help="The written device's name.")
 @click.option("--measurements", "measurements_path", type=str, default=None, callback=non_empty,
-              help="Fit a measurement file written earlier (python -m pipesim.harness.device_calibration) instead "
+              help="Fit a measurement file written earlier (python -m pipesim.harness.rank.device_calibration) instead "
                    "of measuring: no GPU needed.")
 @click.option("--save-measurements", "save_path", type=str, default=None, callback=out_file_option(None),
               help="Also write the raw measurements here.")
@@ -100,7 +100,7 @@ def calibrate_command(out_path: str, base: str | None, name: str | None, measure
         from pipesim.harness import require_torch
 
         require_torch()
-        from pipesim.harness.device_calibration import cuda_available, measure_device
+        from pipesim.harness.rank.device_calibration import cuda_available, measure_device
 
         if not cuda_available():
             raise ConfigError("device", "cuda", "calibrate measures a CUDA GPU and torch sees none here; "

@@ -38,7 +38,7 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--memory", "memory", type=str, default=None, callback=non_empty,
               help="Memory budget per GPU, e.g. 80GB.")
 @click.option("--efficiency", type=float, default=None,
-              help="What-if: the device's sustained matrix share of peak in place of its file's."),
+              help="What-if: the device's sustained matrix share of peak in place of its file's.")
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="1: ZeRO stage 1, optimizer state sharded over DP.")
 @click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,

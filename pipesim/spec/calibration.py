@@ -1,6 +1,6 @@
 """Fitting a device's efficiency curves to measurements (``pipesim device calibrate``), without torch.
 
-``fit_device(measurements, base)`` takes what ``pipesim.harness.device_calibration`` measured on
+``fit_device(measurements, base)`` takes what ``pipesim.harness.rank.device_calibration`` measured on
 a card and the card's datasheet file (``base``: peaks, bandwidth, memory, SMs) and returns the
 base with its curves replaced by the fitted ones, the raw measurements kept under ``measured``:
 

@@ -9,7 +9,7 @@ The result is a plain JSON-ready dict of measurements; ``pipesim.spec.calibratio
 device's efficiency curves to it. Runs on CPU too (a smoke test of the code path: its numbers
 describe nothing).
 
-    python -m pipesim.harness.device_calibration --out raw.json [--quick]
+    python -m pipesim.harness.rank.device_calibration --out raw.json [--quick]
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Timer:
 
     def _time(self, function: Callable[[], Any], calls: int) -> float:
         if self.device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             start.record()
             for _ in range(calls):
                 function()
@@ -118,7 +119,7 @@ def _attention(timer: Timer, dtype: torch.dtype, tokens: int,
             return functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         def both() -> None:
-            forward().backward(grad)
+            forward().backward(grad)  # type: ignore[no-untyped-call]
 
         with torch.no_grad():
             forward_s = timer(forward, max_calls=50)
@@ -156,7 +157,7 @@ def _elementwise(timer: Timer, dtype: torch.dtype, tokens: int) -> list[dict[str
             "softmax": (lambda: torch.softmax(x, dim=-1), 2 * size),
             "add": (lambda: x + y, 3 * size),
         }
-        for name, (function, moved) in cases.items():
+        for name, (function, moved) in cases.items():  # noqa: B023 - each case runs before the next is built
             rows.append({"op": name, "tokens": tokens, "hidden": hidden, "bytes": moved, "seconds": timer(function)})
         del x, y
     return rows
@@ -197,7 +198,8 @@ def machine(device: torch.device) -> dict[str, Any]:
         free, total = torch.cuda.mem_get_info(device)
         info.update(gpu=props.name, multiprocessors=props.multi_processor_count, memory_total_bytes=total,
                     memory_free_bytes=free, cuda=torch.version.cuda,
-                    cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None)
+                    cudnn=torch.backends.cudnn.version()  # type: ignore[no-untyped-call]
+                    if torch.backends.cudnn.is_available() else None)  # type: ignore[no-untyped-call]
     else:
         info.update(gpu=None, multiprocessors=0, memory_total_bytes=0)
     return info
@@ -240,8 +242,8 @@ def measure_device(*, device: str = "cuda", quick: bool = False, sustained_s: fl
 
 
 def _fp8(timer: Timer) -> list[dict[str, Any]]:
-    """``torch._scaled_mm`` in float8_e4m3fn where the card has it (an empty list where it has not)."""
-    rows = []
+    """``torch._scaled_mm`` in float8_e4m3fn where the card has it (an error row where it has not)."""
+    rows: list[dict[str, Any]] = []
     try:
         for size in (4096, 8192, 16384):
             a = torch.randn(size, size, device=timer.device).to(torch.float8_e4m3fn)
@@ -255,7 +257,7 @@ def _fp8(timer: Timer) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m pipesim.harness.device_calibration --out FILE [--quick] [--device cpu]``."""
+    """``python -m pipesim.harness.rank.device_calibration --out FILE [--quick] [--device cpu]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda")
