@@ -56,7 +56,23 @@ bench-engines: $(STAMP)
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
 bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare \
-	bench-variance bench-validate bench-search bench-op-cost bench-memory
+	bench-variance bench-validate bench-search bench-op-cost bench-memory bench-published
+
+.PHONY: bench-published
+# Published training runs (../shared/reference/published_runs.json, or RUNS=FILE) against the op cost
+# model's prediction with the shipped device and cluster files: error per row, mean, median, worst and
+# the direction of each scaling step, into benchmarks/RESULTS.md (a few seconds).
+bench-published: $(CORE_STAMP)
+	$(PY) benchmarks/bench_published.py $(if $(RUNS),--runs $(RUNS)) --write
+
+.PHONY: bench-device-step
+# A whole training step of three small transformers on one GPU against the op cost model: MEASURE=1
+# on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the measurement kept in
+# benchmarks/data is priced and the table goes into benchmarks/RESULTS.md.
+STEP ?= benchmarks/data/h200-step-2026-11-28.json
+bench-device-step: $(CORE_STAMP)
+	$(if $(MEASURE),$(PY) benchmarks/bench_device_step.py --measure --out $(STEP),\
+	$(PY) benchmarks/bench_device_step.py --predict $(STEP) --device $(or $(DEVICE),h200) --write)
 
 .PHONY: bench-gpu
 # Needs a CUDA GPU, so not part of bench: CUDA-event layer profiles against a whole stage's step
