@@ -15,6 +15,7 @@ from pipesim.spec import (
     load_topology,
     uniform_profile,
 )
+from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
 
 __version__ = "0.1.0"
@@ -39,6 +40,7 @@ __all__ = [
     "build_schedule",
     "calibrated_efficiency",
     "compute_metrics",
+    "load_model",
     "load_plan",
     "load_profile",
     "load_topology",
