@@ -17,6 +17,7 @@ from pipesim.spec import (
 )
 from pipesim.spec.cluster import Cluster, load_cluster
 from pipesim.spec.device import Device, load_device
+from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
 
 __version__ = "0.1.0"
@@ -45,6 +46,7 @@ __all__ = [
     "compute_metrics",
     "load_cluster",
     "load_device",
+    "load_model",
     "load_plan",
     "load_profile",
     "load_topology",

@@ -105,7 +105,7 @@ def _attention_core(setting: Setting, config: TransformerConfig, has_dropout: bo
     """The attention between QKV and the projection, per TP rank."""
     b, s, t, e = setting.microbatch_size, setting.seq_len, setting.tp, setting.element_bytes
     heads = config.num_heads // t
-    d = config.hidden_size // config.num_heads
+    d = config.head_dim
     device = setting.device
     if setting.attention == "flash":
         flops = 2.0 * b * s * s * heads * d  # causal: half of QK^T and PV, 2 b s^2 (a d) / t
@@ -129,7 +129,7 @@ def layer_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     """The ops of one transformer layer on one TP rank, in forward order (module docstring)."""
     t, e = setting.tp, setting.element_bytes
     tokens = setting.tokens
-    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
+    h, f, q, kv = config.hidden_size, config.ffn_hidden_size, config.q_size, config.kv_size
     local = tokens / t if setting.sequence_parallel else tokens  # tokens the norms and residuals see
     activations = local * h * e
     dropout = config.has_dropout
@@ -137,12 +137,12 @@ def layer_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     # bias + dropout + residual add: x, residual -> out (+ a byte mask); backward dy, mask -> dx.
     residual = _memory(setting, "residual", 3 * activations + (local * h if dropout else 0),
                        2 * activations + (local * h if dropout else 0), "dropout" if dropout else "elementwise")
-    ops = [norm, *_gather(setting, config), _matmul(setting, "qkv", tokens, (h + 2 * kv) / t, h)]
-    if getattr(config, "has_rotary", False):  # q and k rotated: read and write each, both ways
-        ops.append(_memory(setting, "rotary", 2 * tokens * (h + kv) / t * e, 2 * tokens * (h + kv) / t * e,
+    ops = [norm, *_gather(setting, config), _matmul(setting, "qkv", tokens, (q + 2 * kv) / t, h)]
+    if config.has_rotary:  # q and k rotated: read and write each, both ways
+        ops.append(_memory(setting, "rotary", 2 * tokens * (q + kv) / t * e, 2 * tokens * (q + kv) / t * e,
                            "elementwise"))
     ops += _attention_core(setting, config, dropout)
-    ops += [_matmul(setting, "projection", tokens, h, h / t), *_reduce(setting, config), residual,
+    ops += [_matmul(setting, "projection", tokens, h, q / t), *_reduce(setting, config), residual,
             norm, *_gather(setting, config)]
     inner = tokens * f / t * e
     if config.is_gated_ffn:  # gate, up -> silu(gate) * up; backward dy, gate, up -> dgate, dup

@@ -28,6 +28,8 @@ from pipesim.spec.presets import lookup
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = ("none", "selective", "full")
+FfnActivation = Literal["gelu", "relu", "swiglu", "geglu"]
+FFN_ACTIVATIONS: tuple[FfnActivation, ...] = ("gelu", "relu", "swiglu", "geglu")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,18 @@ class TransformerConfig:
         is_encoder: a BERT encoder: token-type embeddings, embedding norm, pooler and MLM head.
         published_parameters: the size its authors state, for the tests.
         source: where the shape and the size come from.
+        has_rotary: rotary position embeddings (Llama, GPT-NeoX, Falcon, Qwen2, Phi-3, Gemma):
+            no position parameters (ALiBi, as in BLOOM, has none either and leaves this False).
+        has_qkv_bias, has_mlp_bias: biases on Q, K, V (Qwen2: on these alone) and on the FFN's
+            matrices; None means as ``has_bias``, which then covers the output projection.
+        ffn_activation: ``gelu``, ``relu``, ``swiglu`` or ``geglu``; informational, the third
+            matrix is ``is_gated_ffn``'s.
+        has_parallel_layers: attention and MLP read the same input and add into one residual
+            (GPT-NeoX, Falcon) instead of one after the other.
+        has_embedding_norm: a norm after the token embedding (BLOOM).
+        num_layer_norms: norms per layer: 2 (before attention and MLP), 1 (Falcon-7B's shared
+            one), 4 (Gemma 2 also norms both outputs).
+        head_size: d when it is not h / a (Gemma: 256); None means h / a.
     """
 
     name: str
@@ -67,20 +81,44 @@ class TransformerConfig:
     is_encoder: bool = False
     published_parameters: float = 0.0
     source: str = ""
+    has_rotary: bool = False
+    has_qkv_bias: bool | None = None
+    has_mlp_bias: bool | None = None
+    ffn_activation: FfnActivation = "gelu"
+    has_parallel_layers: bool = False
+    has_embedding_norm: bool = False
+    num_layer_norms: int = 2
+    head_size: int | None = None
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "ffn_hidden_size", "num_heads", "num_kv_heads", "seq_len"):
             if getattr(self, field) < 1:
                 raise ConfigError(field, getattr(self, field), "must be >= 1")
-        if self.hidden_size % self.num_heads:
+        if self.head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError("num_heads", self.num_heads, f"must divide hidden_size ({self.hidden_size})")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError("num_kv_heads", self.num_kv_heads, f"must divide num_heads ({self.num_heads})")
+        if self.head_size is not None and self.head_size < 1:
+            raise ConfigError("head_size", self.head_size, "must be >= 1 (or null for hidden_size / num_heads)")
+        if self.num_layer_norms < 0:
+            raise ConfigError("num_layer_norms", self.num_layer_norms, "must be >= 0")
+        if self.ffn_activation not in FFN_ACTIVATIONS:
+            raise ConfigError("ffn_activation", self.ffn_activation, f"must be one of {', '.join(FFN_ACTIVATIONS)}")
+
+    @property
+    def head_dim(self) -> int:
+        """d: ``head_size`` where given, else h / a."""
+        return self.head_size if self.head_size is not None else self.hidden_size // self.num_heads
+
+    @property
+    def q_size(self) -> int:
+        """a d: the width of Q (and the output projection's input); h unless ``head_size`` says otherwise."""
+        return self.num_heads * self.head_dim
 
     @property
     def kv_size(self) -> int:
         """g d: the width of K (and of V)."""
-        return self.num_kv_heads * (self.hidden_size // self.num_heads)
+        return self.num_kv_heads * self.head_dim
 
     @property
     def norm_parameters(self) -> int:
@@ -99,7 +137,8 @@ def _llama(name: str, layers: int, hidden: int, ffn: int, heads: int, kv_heads: 
            published: float, source: str) -> TransformerConfig:
     return TransformerConfig(name=name, num_layers=layers, hidden_size=hidden, ffn_hidden_size=ffn, num_heads=heads,
                              num_kv_heads=kv_heads, vocab_size=vocab, seq_len=seq, is_gated_ffn=True,
-                             norm="rmsnorm", has_dropout=False, published_parameters=published, source=source)
+                             norm="rmsnorm", has_dropout=False, published_parameters=published, source=source,
+                             has_rotary=True, ffn_activation="swiglu")
 
 
 # Shapes and sizes as their papers and model cards state them (recalled in this session).
@@ -136,23 +175,29 @@ def preset(name: str) -> TransformerConfig:
 
 
 def layer_linear_parameters(config: TransformerConfig) -> int:
-    """Weights and biases of one layer's matrices: QKV, output projection and FFN."""
-    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
-    weights = h * (h + 2 * kv) + h * h + (3 if config.is_gated_ffn else 2) * h * f
-    biases = (h + 2 * kv) + h + f + h if config.has_bias else 0
+    """Weights and biases of one layer's matrices: QKV, output projection and FFN (up and down,
+    and the gate of a gated FFN)."""
+    h, f, q, kv = config.hidden_size, config.ffn_hidden_size, config.q_size, config.kv_size
+    matrices = 3 if config.is_gated_ffn else 2
+    weights = h * (q + 2 * kv) + q * h + matrices * h * f
+    has_qkv_bias = config.has_bias if config.has_qkv_bias is None else config.has_qkv_bias
+    has_mlp_bias = config.has_bias if config.has_mlp_bias is None else config.has_mlp_bias
+    biases = ((q + 2 * kv if has_qkv_bias else 0) + (h if config.has_bias else 0)
+              + ((matrices - 1) * f + h if has_mlp_bias else 0))
     return weights + biases
 
 
 def layer_parameters(config: TransformerConfig) -> int:
-    """Parameters of one layer: its matrices and its two norms (12h^2 + 13h for GPT)."""
-    return layer_linear_parameters(config) + 2 * config.norm_parameters
+    """Parameters of one layer: its matrices and its norms (12h^2 + 13h for GPT)."""
+    return layer_linear_parameters(config) + config.num_layer_norms * config.norm_parameters
 
 
 def embedding_parameters(config: TransformerConfig) -> int:
-    """Token and position embeddings (and BERT's token types and embedding norm)."""
+    """Token and position embeddings (and BERT's token types and embedding norm, BLOOM's embedding norm)."""
     h = config.hidden_size
     encoder = 2 * h + config.norm_parameters if config.is_encoder else 0
-    return config.vocab_size * h + config.num_positions * h + encoder
+    norm = config.norm_parameters if config.has_embedding_norm else 0
+    return config.vocab_size * h + config.num_positions * h + encoder + norm
 
 
 def head_parameters(config: TransformerConfig) -> int:

@@ -164,7 +164,8 @@ def transformer_profile(
                                            attention=attention) for mode in (recompute, "none"))
     block = _layer("layer", forward=forward, backward_input=input_grad + redo, backward_weight=weight_grad,
                    sent=sent, stash=stash,
-                   params=(layer_linear_parameters(config) / t + 2 * config.norm_parameters) * BYTES_PER_VALUE)
+                   params=(layer_linear_parameters(config) / t + config.num_layer_norms * config.norm_parameters)
+                   * BYTES_PER_VALUE)
     if whole != stash:
         block["recomputed_bytes"] = whole - stash
     layers = [dict(block, name=f"layer{index}") for index in range(config.num_layers)]
