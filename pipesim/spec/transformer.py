@@ -220,9 +220,9 @@ def layer_forward_flops(config: TransformerConfig, *, tokens: int, seq_len: int)
     ``matmul``: the weight matrices, 2 FLOPs per weight and token; ``attention``: QK^T and
     attention over V, 2 b s^2 h each (no saving for the causal mask, as Narayanan et al. count).
     """
-    h, f, kv = config.hidden_size, config.ffn_hidden_size, config.kv_size
-    weights = h * (h + 2 * kv) + h * h + (3 if config.is_gated_ffn else 2) * h * f
-    return 2.0 * tokens * weights, 4.0 * tokens * seq_len * h
+    h, f, q, kv = config.hidden_size, config.ffn_hidden_size, config.q_size, config.kv_size
+    weights = h * (q + 2 * kv) + q * h + (3 if config.is_gated_ffn else 2) * h * f
+    return 2.0 * tokens * weights, 4.0 * tokens * seq_len * q
 
 
 def head_forward_flops(config: TransformerConfig, *, tokens: int) -> float:
