@@ -85,18 +85,17 @@ def model_from_json(data: Mapping[str, Any], *, source: str) -> TransformerConfi
     """
     if data.get("schema") != SCHEMA:
         raise ConfigError("schema", data.get("schema"), f"must be {SCHEMA!r}", source=source)
-    fields, hints = _FIELDS, _FIELD_TYPES
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key == "schema":
             continue
-        if key not in fields:
-            raise ConfigError(key, value, f"is not a field of {SCHEMA} (known: {', '.join(fields)})", source=source)
-        broken = _broken_rule(value, hints[key])
+        if key not in _FIELDS:
+            raise ConfigError(key, value, f"is not a field of {SCHEMA} (known: {', '.join(_FIELDS)})", source=source)
+        broken = _broken_rule(value, _FIELD_TYPES[key])
         if broken:
             raise ConfigError(key, value, broken, source=source)
         values[key] = value
-    for name, field in fields.items():
+    for name, field in _FIELDS.items():
         if name not in values and field.default is dataclasses.MISSING:
             raise ConfigError(name, None, f"is required in {SCHEMA}", source=source)
     for name, minimum in (("vocab_size", 1), ("num_positions", 0), ("published_parameters", 0)):
