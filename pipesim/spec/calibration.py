@@ -49,6 +49,8 @@ def fit_memory(copies: list[dict[str, Any]], bandwidth: float) -> tuple[float, f
     if len(points) < 2:
         raise ConfigError("copy", len(points), "needs at least two copies longer than 80 us to fit the memory rate")
     intercept, slope = fit_line([row["bytes"] for row in points], [row["seconds"] for row in points])
+    if slope <= 0:  # times that do not grow with the bytes (a noisy host): the best rate seen, no intercept
+        return 0.0, min(1.0, max(row["bytes"] / row["seconds"] for row in points) / bandwidth)
     return max(0.0, intercept), min(1.0, 1.0 / slope / bandwidth)
 
 
@@ -84,13 +86,13 @@ def fit_matmul(rows: list[dict[str, Any]], *, peak: float, num_sms: int, launch_
     best: tuple[float, str, float, float] = (math.inf, "", 0.0, 0.0)
     for (name, tiles), overhead in itertools.product(TILE_SETS.items(), K_OVERHEADS):
         compute = _compute_seconds(m, n, k, batch, tiles, overhead, peak / num_sms, num_sms)
-        for share in np.arange(0.40, 1.0001, 0.005):
+        for share in np.arange(0.01, 1.0001, 0.005):
             predicted = launch_s + np.maximum(compute / share, memory)
             error = float(np.mean((np.log(predicted) - target) ** 2))
             if error < best[0]:
                 best = (error, name, overhead, float(share))
     error, name, overhead, share = best
-    curve = {"max_efficiency": round(share, 4), "k_overhead": overhead,
+    curve = {"max_efficiency": float(f"{share:.4g}"), "k_overhead": overhead,
              "tiles": [{"m": tm, "n": tn, "efficiency": rate} for tm, tn, rate in TILE_SETS[name]]}
     return curve, math.sqrt(error)
 
@@ -114,7 +116,7 @@ def fit_attention(rows: list[dict[str, Any]], *, peak: float, launch_s: float) -
                 if error < direction_best[0]:
                     direction_best = (error, share, seq_half)
             total += direction_best[0]
-            curve[f"{direction}_max_efficiency"] = round(direction_best[1], 4)
+            curve[f"{direction}_max_efficiency"] = float(f"{direction_best[1]:.4g}")
             curve[f"{direction}_seq_half"] = direction_best[2]
         if total < best[0]:
             best = (total, curve)
@@ -128,7 +130,7 @@ def fit_kinds(rows: list[dict[str, Any]], *, launch_s: float, copy_rate: float) 
         ratios = [row["bytes"] / max(row["seconds"] - launch_s, 1e-9) / copy_rate for row in rows
                   if row["op"] in names and row["seconds"] >= MIN_SECONDS]
         if ratios:
-            shares[kind] = round(min(1.0, float(np.mean(ratios))), 3)
+            shares[kind] = float(f"{min(1.0, float(np.mean(ratios))):.3g}")
     return shares
 
 
@@ -162,8 +164,8 @@ def fit_device(measurements: dict[str, Any], base: Device, *, name: str | None =
     fitted = base.model_copy(update={
         "name": name or base.name,
         "launch_s": round(launch, 9),
-        "sustained_share": round(min(1.0, share), 4),
-        "memory": base.memory.model_copy(update={"max_efficiency": round(copy_share, 4), "half_bytes": 0.0,
+        "sustained_share": float(f"{min(1.0, share):.4g}"),
+        "memory": base.memory.model_copy(update={"max_efficiency": float(f"{copy_share:.4g}"), "half_bytes": 0.0,
                                                  "kind_efficiency": kinds}),
         "matmul": base.matmul.model_validate(matmul),
         "attention": base.attention.model_validate(attention),

@@ -137,13 +137,17 @@ def layer_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     # bias + dropout + residual add: x, residual -> out (+ a byte mask); backward dy, mask -> dx.
     residual = _memory(setting, "residual", 3 * activations + (local * h if dropout else 0),
                        2 * activations + (local * h if dropout else 0), "dropout" if dropout else "elementwise")
-    ops = [norm, *_gather(setting, config), _matmul(setting, "qkv", tokens, (q + 2 * kv) / t, h)]
+    # A pre-norm layer norms before attention and before the MLP; one norm serves both where the
+    # layer has one (Falcon-7B), and further norms (Gemma 2's on each output) come on top.
+    extra_norms = [norm] * max(0, config.num_layer_norms - 2)
+    ops = [*([norm] if config.num_layer_norms else []), *_gather(setting, config),
+           _matmul(setting, "qkv", tokens, (q + 2 * kv) / t, h)]
     if config.has_rotary:  # q and k rotated: read and write each, both ways
         ops.append(_memory(setting, "rotary", 2 * tokens * (q + kv) / t * e, 2 * tokens * (q + kv) / t * e,
                            "elementwise"))
     ops += _attention_core(setting, config, dropout)
     ops += [_matmul(setting, "projection", tokens, h, q / t), *_reduce(setting, config), residual,
-            norm, *_gather(setting, config)]
+            *([norm] if config.num_layer_norms >= 2 else []), *_gather(setting, config), *extra_norms]
     inner = tokens * f / t * e
     if config.is_gated_ffn:  # gate, up -> silu(gate) * up; backward dy, gate, up -> dgate, dup
         ops += [_matmul(setting, "fc1", tokens, 2 * f / t, h), _memory(setting, "swiglu", 3 * inner, 5 * inner,

@@ -265,7 +265,7 @@ def layer_activation_bytes(
     if recompute == "full":
         return 2 * sbh / (tp if sequence_parallel else 1)
     masks = 2 * sbh if config.has_dropout else 0  # attention and MLP dropout masks, a byte each
-    whole = 4 * sbh + 2 * sbh + 2 * sbh + masks  # two norm inputs, QKV input, MLP input
+    whole = 2 * config.num_layer_norms * sbh + 2 * sbh + 2 * sbh + masks  # norm inputs (two), QKV and MLP inputs
     inner = 3 if config.is_gated_ffn else 2  # gate and up outputs and their product, or GeLU in and out
     sharded = 2 * sbh + 4 * s * b * config.kv_size + 2 * sbh + inner * 2 * s * b * f  # Q; K, V; proj in; MLP
     # softmax output (2 bytes), dropout mask (1) and dropout output (2) per score; without dropout
