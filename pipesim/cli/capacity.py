@@ -22,9 +22,11 @@ from pipesim.spec.parallel import (
     zero_optimizer_multiplier,
 )
 from pipesim.spec.profile import Profile
-from pipesim.spec.transformer import RECOMPUTE_MODES, forward_flops_per_token
+from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, forward_flops_per_token
 from pipesim.spec.transformer_profile import (
+    ADAM_BYTES_PER_PARAMETER,
     ADAM_STATE_MULTIPLIER,
+    FP16_EXTRA_BYTES_PER_PARAMETER,
     PLACEMENTS,
     Parallelism,
     pipeline_bandwidth_bytes_per_s,
@@ -80,6 +82,7 @@ class Capacity:
         tp, dp, seq_len: degrees, and tokens per sample (0 without a model).
         forward_flops_per_token: the model's, 0 without a model.
         precision: the matrix precision MFU is counted against.
+        record: with a model, what the run's outputs record of its inputs (``capacity_record``).
     """
 
     profile: Profile
@@ -96,6 +99,7 @@ class Capacity:
     seq_len: int
     forward_flops_per_token: float
     precision: str
+    record: dict[str, Any] | None = None
 
     @property
     def is_set(self) -> bool:
@@ -128,7 +132,7 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
     hardware = resolve_hardware(options)
     layout = Parallelism(tp=tp, pp=max(1, num_ranks or 1), dp=dp, placement=options["placement"])
     tp_stride, _, dp_stride = layout.strides
-    seq_len, flops = 0, 0.0
+    seq_len, flops, config, mode = 0, 0.0, None, "none"
     precision = options["precision"] or hardware.device.default_precision
     if model is not None:
         config = load_model(model)
@@ -174,12 +178,47 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         num_microbatches = derived
     budget = parse_size(options["memory"], "memory") if options["memory"] else (
         hardware.device.memory_bytes if model is not None else None)
+    record = None if model is None else capacity_record(options, model=model, config=config, hardware=hardware,
+                                                        layout=layout, seq_len=seq_len, precision=precision,
+                                                        recompute=mode, budget=budget, num_microbatches=num_microbatches)
     return Capacity(profile=profile, num_microbatches=num_microbatches,
                     optimizer_state_multiplier=zero_optimizer_multiplier(optimizer_state_multiplier, dp,
                                                                          options["zero"]),
                     recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth, latency=latency,
                     memory_budget_bytes=budget, hardware=hardware, tp=tp, dp=dp, seq_len=seq_len,
-                    forward_flops_per_token=flops, precision=precision)
+                    forward_flops_per_token=flops, precision=precision, record=record)
+
+
+def capacity_record(options: dict[str, Any], *, model: str, config: Any, hardware: Hardware, layout: Parallelism,
+                    seq_len: int, precision: str, recompute: str, budget: float | None,
+                    num_microbatches: int | None) -> dict[str, Any]:
+    """What a ``--model`` run's outputs record of its inputs: the model, device and cluster (name or
+    file, with the SHA-256 of the file behind each), the layout, batch and the cost model's settings."""
+    from pipesim.spec.model_files import model_to_json
+    from pipesim.spec.provenance import named_identity, text_identity
+
+    if model.strip().lower() in PRESETS:
+        model_identity = text_identity(f"{config.name} (preset)", model_to_json(config))
+    else:
+        model_identity = named_identity("models", model)
+    links = ("gpus_per_node", "intra_node_bandwidth", "inter_node_bandwidth", "inter_node_latency")
+    return {
+        "model": model_identity,
+        "device": named_identity("devices", hardware.device_name),
+        "cluster": text_identity("from the link flags", hardware.cluster.model_dump_json())
+        if any(options.get(flag) is not None for flag in links) else named_identity("clusters", hardware.cluster_name),
+        "cluster_flags": {flag: options[flag] for flag in links if options.get(flag) is not None} or None,
+        "seq_len": seq_len, "microbatch_size": options["microbatch_size"] or 1,
+        "global_batch": options["global_batch"], "num_microbatches": num_microbatches,
+        "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "placement": layout.placement,
+        "sequence_parallel": bool(options["sequence_parallel"]), "recompute": recompute,
+        "zero": options["zero"], "dp_overlap": bool(options["dp_overlap"]),
+        "optimizer_state_bytes_per_parameter": 2 * ADAM_STATE_MULTIPLIER / (layout.dp if options["zero"] else 1),
+        "optimizer_step_bytes_per_parameter": ADAM_BYTES_PER_PARAMETER
+        + (FP16_EXTRA_BYTES_PER_PARAMETER if precision == "fp16" else 0.0),
+        "precision": precision, "attention": options["attention"], "efficiency": options["efficiency"],
+        "calibrate": options["calibrate_path"], "memory_budget_bytes": budget,
+    }
 
 
 def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:

@@ -58,7 +58,7 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
 @click.option("--out", "out_dir", type=str, default=None,
-              help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
+              help="Write candidates.csv, run.json (its inputs) and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
                    seq_len: int | None, memory: str | None, efficiency: float | None, zero: int, placement: str,
                    dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
@@ -85,15 +85,32 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
         bar.stop()
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
+    run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
+                      seq_len=seq_len or config.seq_len, budget=spec.memory_bytes if budget is None else budget,
+                      zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency)
     if out is not None:
         with writing(out):
-            _write(rows, out)
+            _write(rows, out, run)
     if as_json:
-        click.echo(json.dumps({"best": best, "candidates": rows}, sort_keys=True))
+        click.echo(json.dumps({"best": best, "candidates": rows, "run": run}, sort_keys=True))
         return
     _print(outcomes, top)
     if best is None:
         click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
+
+
+def _run_record(model: str, config: Any, device: str, cluster: str | None, spec: Any, **settings: Any) -> dict[str, Any]:
+    """The search's inputs, as simulate --model records them: model, device and cluster by name or
+    file with the SHA-256 behind each, and the settings."""
+    from pipesim.spec.model_files import model_to_json
+    from pipesim.spec.provenance import command_line, named_identity, text_identity
+    from pipesim.spec.transformer import PRESETS
+
+    wiring = cluster or spec.default_cluster
+    return {"command": command_line(),
+            "model": text_identity(f"{config.name} (preset)", model_to_json(config))
+            if model.strip().lower() in PRESETS else named_identity("models", model),
+            "device": named_identity("devices", device), "cluster": named_identity("clusters", wiring), **settings}
 
 
 def _print(outcomes: list[Outcome], top: int) -> None:
@@ -114,7 +131,7 @@ def _print(outcomes: list[Outcome], top: int) -> None:
                   f"{fitting} fit")
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
+def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any]) -> None:
     import pandas as pd
 
     from pipesim.plots import pareto, save_figure, use_headless_backend
@@ -122,6 +139,7 @@ def _write(rows: list[dict[str, Any]], out: Path) -> None:
 
     frame = pd.DataFrame(rows)
     write_text_atomic(out / "candidates.csv", frame.to_csv(index=False))
+    write_text_atomic(out / "run.json", json.dumps(run, indent=2, sort_keys=True) + "\n")  # what candidates.csv came from
     simulated = frame[frame["status"] == "simulated"]
     if not simulated.empty:
         use_headless_backend()

@@ -230,14 +230,15 @@ def simulate_command(
     if compared is not None:
         _report_comparison(
             *compared, capacity_of=lambda data: capacity_fields(data, capacity), as_json=as_json, out=out,
-            run_of=lambda result: simulation_run(result, profile_path, uniform, topology, topology_path))
+            run_of=lambda result: simulation_run(result, profile_path, uniform, topology, topology_path,
+                                                 capacity.record))
         return
     summary = None
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
     warn_without_memory(profile)
-    provenance = simulation_run(result, profile_path, uniform, topology, topology_path)
+    provenance = simulation_run(result, profile_path, uniform, topology, topology_path, capacity.record)
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
     if out is not None:
@@ -329,14 +330,21 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
 
 
 def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
-                   topology_path: str | None) -> dict[str, Any]:
-    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command."""
+                   topology_path: str | None, model_record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command;
+    with ``--model``, the model is the profile and ``model_run`` holds the capacity study's inputs."""
     from pipesim.export.provenance import run_record
     from pipesim.spec.provenance import file_identity, text_identity
 
-    profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
-    return run_record(result, profile=profile, topology=topology,
-                      topology_file=file_identity(topology_path) if topology_path else None)
+    if model_record is not None:
+        profile = model_record["model"]
+    else:
+        profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
+    record = run_record(result, profile=profile, topology=topology,
+                        topology_file=file_identity(topology_path) if topology_path else None)
+    if model_record is not None:
+        record["model_run"] = model_record
+    return record
 
 
 def warn_without_memory(profile: Profile) -> None:

@@ -23,3 +23,15 @@ def file_identity(path: str | Path) -> dict[str, str]:
 def text_identity(name: str, text: str) -> dict[str, str]:
     """The identity of an input given as text rather than a file (``--uniform``, a spec's uniform profile)."""
     return {"name": name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+
+
+def named_identity(kind: str, name_or_path: str) -> dict[str, str]:
+    """A device, cluster or model named on the command line: a shipped one (``kind`` says which
+    package folder) by its name and the SHA-256 of the shipped file, else the file's identity."""
+    from importlib import resources
+
+    key = name_or_path.strip().lower()
+    shipped = resources.files("pipesim.data").joinpath(kind, f"{key}.json")
+    if shipped.is_file():
+        return text_identity(f"{key} (shipped)", shipped.read_text(encoding="utf-8"))
+    return file_identity(name_or_path)

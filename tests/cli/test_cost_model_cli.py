@@ -108,3 +108,35 @@ def test_model_takes_a_name_through_model_and_lists_a_layers_ops() -> None:
         assert name in done.stdout
     data = json.loads(pipesim("model", "--model", "llama3-8b", "--json").stdout)
     assert {op["name"] for op in data["layer_ops"]} >= {"qkv", "attention", "projection", "fc1", "fc2"}
+
+
+def test_a_model_runs_outputs_name_the_model_device_and_cluster_with_their_hashes(tmp_path: Path) -> None:
+    """Issue 36 item 1: the run record of a --model run names its inputs, not "uniform:None"."""
+    import hashlib
+
+    from pipesim.spec.model_files import model_to_json
+
+    done = pipesim("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "2", "--global-batch", "8",
+                   "--seq-len", "1024", "--schedule", "1f1b", "--json")
+    run = json.loads(done.stdout)["run"]
+    preset_json = model_to_json(preset("llama3-8b"))
+    assert run["profile"] == {"name": "llama3-8b (preset)",
+                              "sha256": hashlib.sha256(preset_json.encode()).hexdigest()}
+    shipped = (ROOT / "pipesim" / "data" / "devices" / "h100.json").read_bytes()
+    assert run["model_run"]["device"] == {"name": "h100 (shipped)", "sha256": hashlib.sha256(shipped).hexdigest()}
+    assert run["model_run"]["cluster"]["name"] == "dgx-h100 (shipped)"
+    for key, value in (("seq_len", 1024), ("microbatch_size", 1), ("global_batch", 8), ("tp", 1), ("pp", 2),
+                       ("dp", 1), ("recompute", "none"), ("sequence_parallel", False), ("precision", "bf16"),
+                       ("optimizer_step_bytes_per_parameter", 34.0), ("optimizer_state_bytes_per_parameter", 12.0)):
+        assert run["model_run"][key] == value, key
+    model_file = tmp_path / "model.json"
+    model_file.write_text(preset_json)
+    again = json.loads(pipesim("simulate", "--model", str(model_file), "--stages", "2", "--global-batch", "8",
+                               "--seq-len", "1024", "--schedule", "1f1b", "--json").stdout)["run"]
+    assert again["profile"] == {"name": "model.json", "sha256": hashlib.sha256(preset_json.encode()).hexdigest()}
+    searched = json.loads(pipesim("search", "--model", str(model_file), "--device", "a100-80gb", "--gpus", "2",
+                                  "--global-batch", "4", "--seq-len", "1024", "--json", "--out",
+                                  str(tmp_path / "s")).stdout)
+    assert searched["run"]["model"]["name"] == "model.json"
+    assert searched["run"]["device"]["name"] == "a100-80gb (shipped)" and searched["run"]["global_batch"] == 4
+    assert json.loads((tmp_path / "s" / "run.json").read_text()) == searched["run"]
