@@ -65,6 +65,12 @@ bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules 
 bench-published: $(CORE_STAMP)
 	$(PY) benchmarks/bench_published.py $(if $(RUNS),--runs $(RUNS)) --write
 
+.PHONY: bench-model-cost
+# What the op cost model costs: simulate --model and search per candidate against BASELINE=TREE (e.g.
+# mkdir /tmp/base && git archive main | tar -x -C /tmp/base), alternated, into benchmarks/RESULTS.md.
+bench-model-cost: $(STAMP)
+	$(PY) benchmarks/bench_model_cost.py --baseline $(BASELINE) --write
+
 .PHONY: bench-device-step
 # A whole training step of three small transformers on one GPU against the op cost model: MEASURE=1
 # on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the measurement kept in

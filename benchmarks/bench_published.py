@@ -30,7 +30,8 @@ from typing import Any
 from results_file import machine, write_section
 
 from pipesim.errors import PipesimError
-from pipesim.spec.device import load_device
+from pipesim.spec.cluster import Cluster, cluster_from_flags, load_cluster
+from pipesim.spec.device import Device, load_device
 from pipesim.spec.transformer import TransformerConfig
 from pipesim.training import simulate_training
 
@@ -43,6 +44,34 @@ NOTES: dict[str, dict[str, Any]] = json.loads(SETTINGS.read_text(encoding="utf-8
 # Defaults where neither the run nor NOTES say: what a Megatron-Core user of today runs.
 DEFAULTS: dict[str, Any] = {"microbatch_size": 1, "virtual_stages": 1, "dp_overlap": True, "precision": None,
                             "attention": "flash", "has_dropout": False, "source": "defaults"}
+
+
+# GPU names a runs file may use, by the shipped device file they mean.
+DEVICE_ALIASES = {"a100": "a100-80gb", "a100-sxm4-80gb": "a100-80gb", "a100-80g": "a100-80gb",
+                  "a100-40g": "a100-40gb", "a100-sxm4-40gb": "a100-40gb", "h100-80gb": "h100", "h100-sxm": "h100",
+                  "h100-sxm5": "h100", "h200-141gb": "h200", "h200-sxm": "h200", "v100-32gb": "v100",
+                  "v100-sxm2": "v100", "v100-16gb": "v100"}
+
+
+def device_of(hardware: dict[str, Any]) -> Device:
+    """The shipped device a run's GPU names (a 16 GB V100 keeps the V100 file with its memory)."""
+    name = str(hardware["gpu"]).strip().lower()
+    device = load_device(DEVICE_ALIASES.get(name, name))
+    if "16gb" in name:
+        device = device.model_copy(update={"memory_bytes": 16 * 2**30})
+    return device
+
+
+def cluster_of(hardware: dict[str, Any], device: Device) -> Cluster:
+    """The device's usual cluster, its node size the run's where the run says another."""
+    cluster = load_cluster(device.default_cluster or "dgx-h100")
+    per_node = hardware.get("gpus_per_node")
+    if per_node and per_node != cluster.gpus_per_node:
+        inner, outer = cluster.tiers[0], cluster.tiers[-1]
+        cluster = cluster_from_flags(gpus_per_node=int(per_node), intra_node_bandwidth_bytes_per_s=inner.bandwidth_bytes_per_s,
+                                     inter_node_bandwidth_bytes_per_s=outer.bandwidth_bytes_per_s,
+                                     inter_node_latency_s=outer.latency_s, base=cluster)
+    return cluster
 
 
 def config_of(model: dict[str, Any]) -> TransformerConfig:
@@ -84,14 +113,18 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
     for degree in ("cp", "ep"):
         if (parallel.get(degree) or 1) > 1:
             raise PipesimError(f"{degree}={parallel[degree]} is not modelled yet (issue 32)")
+    if (parallel.get("zero_stage") or 0) > 1:
+        raise PipesimError(f"ZeRO stage {parallel['zero_stage']} is not modelled yet (issue 32)")
     tp, pp, dp = parallel["tp"], parallel["pp"], parallel["dp"]
     v = note["virtual_stages"] if pp > 1 else 1
     recompute = parallel.get("recompute") or "none"
-    device = load_device(run["hardware"]["gpu"])
+    device = device_of(run["hardware"])
+    cluster = cluster_of(run["hardware"], device)
     precision = run.get("precision") or note["precision"]
     began = time.perf_counter()
     predicted = simulate_training(
-        config, device=device, global_batch=parallel["global_batch_size"], tp=tp, pp=pp, dp=dp, stages_per_rank=v,
+        config, device=device, cluster=cluster, global_batch=parallel["global_batch_size"], tp=tp, pp=pp, dp=dp,
+        stages_per_rank=v,
         schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=note["microbatch_size"],
         seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")), recompute=recompute,
         precision=precision, attention=note["attention"], zero=min(1, parallel.get("zero_stage") or 0),
@@ -104,6 +137,12 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
                           recompute=recompute)
         metric, published = "TFLOP/s per GPU (eq. 3)", float(reported["tflops_per_gpu"])
         value = flops / predicted.iteration_time_s / gpus / 1e12
+    elif reported.get("hfu"):
+        flops = eq3_flops(config, global_batch=parallel["global_batch_size"], seq_len=model["seq_len"],
+                          recompute=recompute)
+        peak = device.peak(precision or device.default_precision)
+        metric, published = "hardware FLOP utilisation (eq. 3)", float(reported["hfu"])
+        value = flops / predicted.iteration_time_s / gpus / peak
     elif reported.get("iteration_time_s"):
         metric, published = "iteration time s (inverted)", 1.0 / float(reported["iteration_time_s"])
         value = 1.0 / predicted.iteration_time_s
