@@ -14,11 +14,11 @@ two-tier one from ``--gpus-per-node``, ``--intra-node-bandwidth``, ``--inter-nod
 
 from __future__ import annotations
 
-from importlib import resources
 
 from pydantic import Field, model_validator
 
 from pipesim.errors import ConfigError
+from pipesim.spec.shipped import shipped_names, shipped_text
 from pipesim.spec.validation import Float, FrozenModel, Int
 
 CLUSTER_SCHEMA = "pipesim.cluster/1"
@@ -120,23 +120,20 @@ def cluster_from_flags(*, gpus_per_node: int, intra_node_bandwidth_bytes_per_s: 
 
 def shipped_clusters() -> tuple[str, ...]:
     """The names of the cluster files shipped in the package."""
-    folder = resources.files("pipesim.data").joinpath("clusters")
-    return tuple(sorted(entry.name.removesuffix(".json") for entry in folder.iterdir()
-                        if entry.name.endswith(".json")))
+    return shipped_names("clusters")
 
 
 def load_cluster(name_or_path: str) -> Cluster:
-    """A shipped cluster by name, or a cluster file by path.
+    """A shipped cluster by name (case-insensitive), or a cluster file by path.
 
     Raises:
         ConfigError: neither a shipped name nor a readable, valid cluster file.
     """
     from pipesim.spec.files import load_cluster_file  # noqa: PLC0415 - files imports this module
 
-    key = name_or_path.strip().lower()
-    if key in shipped_clusters():
-        text = resources.files("pipesim.data").joinpath("clusters", f"{key}.json").read_text(encoding="utf-8")
-        return load_cluster_file(text=text, source=f"pipesim/data/clusters/{key}.json")
-    if key.endswith(".json") or "/" in name_or_path:
+    shipped = shipped_text("clusters", name_or_path)
+    if shipped is not None:
+        return load_cluster_file(text=shipped[0], source=shipped[1])
+    if name_or_path.strip().lower().endswith(".json") or "/" in name_or_path:
         return load_cluster_file(path=name_or_path)
     raise ConfigError("cluster", name_or_path, f"must be a cluster file or one of {', '.join(shipped_clusters())}")

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from importlib import resources
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from pipesim.errors import ConfigError
+from pipesim.spec.shipped import shipped_names, shipped_text
 from pipesim.spec.validation import Float, FrozenModel, Int
 
 DEVICE_SCHEMA = "pipesim.device/1"
@@ -195,9 +195,7 @@ class Device(FrozenModel):
 
 def shipped_devices() -> tuple[str, ...]:
     """The names of the device files shipped in the package."""
-    folder = resources.files("pipesim.data").joinpath("devices")
-    return tuple(sorted(entry.name.removesuffix(".json") for entry in folder.iterdir()
-                        if entry.name.endswith(".json")))
+    return shipped_names("devices")
 
 
 def load_device(name_or_path: str) -> Device:
@@ -208,10 +206,9 @@ def load_device(name_or_path: str) -> Device:
     """
     from pipesim.spec.files import load_device_file  # noqa: PLC0415 - files imports this module
 
-    key = name_or_path.strip().lower()
-    if key in shipped_devices():
-        text = resources.files("pipesim.data").joinpath("devices", f"{key}.json").read_text(encoding="utf-8")
-        return load_device_file(text=text, source=f"pipesim/data/devices/{key}.json")
-    if key.endswith(".json") or "/" in name_or_path:
+    shipped = shipped_text("devices", name_or_path)
+    if shipped is not None:
+        return load_device_file(text=shipped[0], source=shipped[1])
+    if name_or_path.strip().lower().endswith(".json") or "/" in name_or_path:
         return load_device_file(path=name_or_path)
     raise ConfigError("device", name_or_path, f"must be a device file or one of {', '.join(shipped_devices())}")

@@ -26,12 +26,11 @@ def text_identity(name: str, text: str) -> dict[str, str]:
 
 
 def named_identity(kind: str, name_or_path: str) -> dict[str, str]:
-    """A device, cluster or model named on the command line: a shipped one (``kind`` says which
+    """A device, cluster or model named on the command line: a shipped one (``kind`` names its
     package folder) by its name and the SHA-256 of the shipped file, else the file's identity."""
-    from importlib import resources
+    from pipesim.spec.shipped import shipped_text
 
-    key = name_or_path.strip().lower()
-    shipped = resources.files("pipesim.data").joinpath(kind, f"{key}.json")
-    if shipped.is_file():
-        return text_identity(f"{key} (shipped)", shipped.read_text(encoding="utf-8"))
+    shipped = shipped_text(kind, name_or_path)
+    if shipped is not None:
+        return text_identity(f"{name_or_path.strip().lower()} (shipped)", shipped[0])
     return file_identity(name_or_path)
