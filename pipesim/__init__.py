@@ -19,6 +19,7 @@ from pipesim.spec.cluster import Cluster, load_cluster
 from pipesim.spec.device import Device, load_device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
+from pipesim.training import TrainingResult, simulate_training
 
 __version__ = "0.1.0"
 
@@ -39,6 +40,7 @@ __all__ = [
     "ScheduleError",
     "StageMetrics",
     "Topology",
+    "TrainingResult",
     "Trace",
     "__version__",
     "build_schedule",
@@ -53,6 +55,7 @@ __all__ = [
     "make_plan",
     "simulate",
     "simulate_plan",
+    "simulate_training",
     "transformer_profile",
     "uniform_profile",
     "validate",

@@ -56,6 +56,12 @@ class TrainingResult:
     fits: bool
     peak_memory_bytes: float
 
+    def __repr__(self) -> str:
+        verdict = "fits" if self.fits else "over budget"
+        return (f"<TrainingResult {self.num_gpus} GPUs, step {self.iteration_time_s:.3g} s: {self.tokens_per_s:,.0f} "
+                f"tokens/s, MFU {self.mfu:.1%}, {self.model_tflops_per_gpu:.1f} model TFLOP/s per GPU, peak "
+                f"{self.peak_memory_bytes / 1e9:.1f} GB ({verdict})>")
+
 
 def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
                      num_gpus: int, peak_flops: float) -> tuple[float, float]:

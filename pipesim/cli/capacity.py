@@ -100,6 +100,16 @@ class Capacity:
     forward_flops_per_token: float
     precision: str
     record: dict[str, Any] | None = None
+    num_model_layers: int = 0
+
+    def default_partition(self, num_stages: int) -> tuple[tuple[int, int], ...] | None:
+        """With a model, Megatron's cut (equal transformer layers per stage, the embedding first and the
+        head last) where the stages divide the layers; else None (simulate balances the stages)."""
+        if not self.num_model_layers:
+            return None
+        from pipesim.training import megatron_partition  # noqa: PLC0415 - only where a model is named
+
+        return megatron_partition(self.num_model_layers, num_stages)
 
     @property
     def is_set(self) -> bool:
@@ -186,7 +196,8 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
                                                                          options["zero"]),
                     recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth, latency=latency,
                     memory_budget_bytes=budget, hardware=hardware, tp=tp, dp=dp, seq_len=seq_len,
-                    forward_flops_per_token=flops, precision=precision, record=record)
+                    forward_flops_per_token=flops, precision=precision, record=record,
+                    num_model_layers=config.num_layers if config is not None else 0)
 
 
 def capacity_record(options: dict[str, Any], *, model: str, config: Any, hardware: Hardware, layout: Parallelism,

@@ -206,10 +206,11 @@ def simulate_command(
         def run(name: str, per_rank_of: int) -> Result:
             if recompute_stages is not None:
                 options["recompute_stages"] = parse_recompute_stages(recompute_stages, ranks * per_rank_of)
+            cut = {"partition": ranges or capacity.default_partition(ranks * per_rank_of)}
             return simulate(
                 profile, topology, schedule=name, num_stages=ranks * per_rank_of,
                 num_microbatches=num_microbatches or 0, num_minibatches=num_minibatches, stages_per_rank=per_rank_of,
-                engine=chosen, jitter=jitter, seed=seed, max_ops=max_ops, **options,
+                engine=chosen, jitter=jitter, seed=seed, max_ops=max_ops, **{**options, **cut},
             )
 
         if given is not None:

@@ -140,3 +140,25 @@ def test_a_model_runs_outputs_name_the_model_device_and_cluster_with_their_hashe
     assert searched["run"]["model"]["name"] == "model.json"
     assert searched["run"]["device"]["name"] == "a100-80gb (shipped)" and searched["run"]["global_batch"] == 4
     assert json.loads((tmp_path / "s" / "run.json").read_text()) == searched["run"]
+
+
+def test_the_python_capacity_study_gives_what_simulate_gives() -> None:
+    """Issue 36 item 9: the capacity study from Python (model, device, degrees, budget) is the CLI's."""
+    import pipesim
+
+    result = pipesim.simulate_training("llama3-8b", device="h100", tp=2, pp=2, dp=2, global_batch=16, seq_len=1024,
+                                       memory_bytes=40e9)
+    data = json.loads(pipesim_cli := pipesim_json("--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2",
+                                                   "--stages", "2", "--global-batch", "16", "--seq-len", "1024",
+                                                   "--memory", "40GB", "--schedule", "1f1b"))
+    assert pipesim_cli
+    assert result.tokens_per_s == pytest.approx(data["tokens_per_s"], rel=1e-12)
+    assert result.model_tflops_per_gpu == pytest.approx(data["model_tflops_per_gpu"], rel=1e-12)
+    assert result.fits is data["fits"] and result.num_gpus == data["num_gpus"] == 8
+    assert repr(result).startswith("<TrainingResult 8 GPUs") and "\n" not in repr(result)
+
+
+def pipesim_json(*args: str) -> str:
+    done = pipesim("simulate", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
