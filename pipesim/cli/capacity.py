@@ -32,7 +32,7 @@ from pipesim.spec.transformer_profile import (
     pipeline_bandwidth_bytes_per_s,
     pipeline_latency_s,
 )
-from pipesim.spec.units import parse_size
+from pipesim.spec.units import format_size, parse_size, size_unit
 
 # ``--model`` with the model options, ``--placement``, ``--dp``, ``--dp-overlap``, ``--zero``,
 # ``--global-batch`` and ``--memory``.
@@ -101,6 +101,8 @@ class Capacity:
     precision: str
     record: dict[str, Any] | None = None
     num_model_layers: int = 0
+    memory_budget_text: str | None = None
+    memory_budget_unit: str = "GB"
 
     def default_partition(self, num_stages: int) -> tuple[tuple[int, int], ...] | None:
         """With a model, Megatron's cut (equal transformer layers per stage, the embedding first and the
@@ -188,6 +190,11 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         num_microbatches = derived
     budget = parse_size(options["memory"], "memory") if options["memory"] else (
         hardware.device.memory_bytes if model is not None else None)
+    if options["memory"]:
+        budget_text, budget_unit = options["memory"].strip(), size_unit(options["memory"])
+    else:
+        budget_unit = "MiB"
+        budget_text = f"{format_size(budget, 'MiB')} ({hardware.device.name}'s memory)" if budget else None
     record = None if model is None else capacity_record(options, model=model, config=config, hardware=hardware,
                                                         layout=layout, seq_len=seq_len, precision=precision,
                                                         recompute=mode, budget=budget, num_microbatches=num_microbatches)
@@ -197,7 +204,8 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
                     recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth, latency=latency,
                     memory_budget_bytes=budget, hardware=hardware, tp=tp, dp=dp, seq_len=seq_len,
                     forward_flops_per_token=flops, precision=precision, record=record,
-                    num_model_layers=config.num_layers if config is not None else 0)
+                    num_model_layers=config.num_layers if config is not None else 0,
+                    memory_budget_text=budget_text, memory_budget_unit=budget_unit)
 
 
 def capacity_record(options: dict[str, Any], *, model: str, config: Any, hardware: Hardware, layout: Parallelism,
@@ -246,6 +254,7 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
                               "global_throughput_samples_per_s": data["throughput_samples_per_s"] * capacity.dp}
     if capacity.memory_budget_bytes is not None:
         fields.update(memory_verdict(data["device_peak_memory_bytes"], capacity.memory_budget_bytes))
+        fields.update(memory_budget=capacity.memory_budget_text, memory_budget_unit=capacity.memory_budget_unit)
     if capacity.seq_len:
         gpus = data["num_ranks"] * capacity.tp * capacity.dp
         from pipesim.training import model_throughput  # noqa: PLC0415 - only where a model is named

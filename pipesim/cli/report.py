@@ -13,7 +13,7 @@ from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file, writing
 from pipesim.errors import ConfigError
 from pipesim.spec.files import read_json, write_text_atomic
-from pipesim.spec.units import parse_size
+from pipesim.spec.units import parse_size, size_unit
 
 TABLE_SUFFIXES = (".parquet", ".pq", ".csv")
 # The columns a sweep's report reads: its tables and figures.
@@ -67,6 +67,7 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
         data["microbatch_size"] = trace.info.microbatch_size
         saved = Path(source) / "metrics.json" if Path(source).is_dir() else Path(source).with_name("metrics.json")
         notes = []
+        shown: dict[str, str] = {}
         run = saved_run(source)
         if saved.is_file():
             saved_metrics = read_object(saved, "metrics")
@@ -77,9 +78,15 @@ def report_command(source: str, out: str, fmt: str, title: str | None, memory: s
                         or not math.isfinite(saved_budget) or saved_budget <= 0:
                     raise ConfigError("memory_budget_bytes", saved_budget, "must be a finite number > 0",
                                       source=str(saved))
-                budget = float(saved_budget) if budget is None else budget
+                if budget is None:  # the saved budget, as simulate was given it
+                    budget = float(saved_budget)
+                    shown = {key: saved_metrics[key] for key in ("memory_budget", "memory_budget_unit")
+                             if isinstance(saved_metrics.get(key), str)}
+        if memory is not None:
+            shown = {"memory_budget": memory.strip(), "memory_budget_unit": size_unit(memory)}
         if budget is not None:
             data.update(memory_verdict(metrics.device_peak_memory_bytes, budget))
+            data.update(shown)
         perfetto = saved.with_name("trace.perfetto.json")
         if perfetto.is_file():
             notes.append(f"The timeline opens in ui.perfetto.dev from {perfetto.name} beside this report.")

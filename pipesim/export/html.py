@@ -124,7 +124,8 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
         links = dict(describe(run))
         heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
     if "fits" in m and not title:
-        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {m['memory_budget_bytes'] / 1e9:.1f} GB"
+        budget = m.get("memory_budget") or f"{m['memory_budget_bytes'] / 1e9:.1f} GB"
+        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {budget}"
     return page(heading, sections, version=version)
 
 

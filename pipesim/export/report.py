@@ -29,11 +29,15 @@ def metrics_dict(result: Result, run: dict[str, Any] | None) -> dict[str, Any]:
 def verdict_text(data: dict[str, Any]) -> str:
     """The memory verdict of a ``simulate --json`` object that has one (``fits``): fits or not in
     the budget per device, the least headroom or the worst overshoot, and the device it is on."""
+    from pipesim.spec.units import format_size
+
     headroom = data["device_memory_headroom_bytes"]
     worst = min(headroom)
     verdict = "fits" if data["fits"] else "does NOT fit"
-    return (f"{verdict} in {data['memory_budget_bytes'] / 1e9:.1f} GB per device "
-            f"({'least headroom' if data['fits'] else 'worst overshoot'} {abs(worst) / 1e9:.2f} GB, "
+    unit = data.get("memory_budget_unit", "GB")  # the unit the budget was given in
+    budget = data.get("memory_budget") or format_size(data["memory_budget_bytes"], unit)
+    return (f"{verdict} in {budget} per device "
+            f"({'least headroom' if data['fits'] else 'worst overshoot'} {format_size(abs(worst), unit)}, "
             f"device {headroom.index(worst)})")
 
 

@@ -73,3 +73,18 @@ def parse_duration(text: str, field: str = "latency") -> float:
 def parse_size(text: str, field: str = "memory") -> float:
     """Parse a byte size such as ``"16GB"`` or ``"80GiB"``; returns bytes."""
     return _parse(text, SIZE_UNITS, field)
+
+
+def size_unit(text: str) -> str:
+    """The unit a size was written in (``"80GiB"`` -> ``"GiB"``), ``"GB"`` when none is recognised."""
+    stripped = text.strip()
+    for unit in sorted(SIZE_UNITS, key=len, reverse=True):
+        if stripped.endswith(unit):
+            return unit
+    return "GB"
+
+
+def format_size(num_bytes: float, unit: str) -> str:
+    """``num_bytes`` in ``unit`` (one of SIZE_UNITS), e.g. ``"80 GiB"``, ``"81,559 MiB"``."""
+    value = num_bytes / SIZE_UNITS[unit]
+    return f"{value:,.0f} {unit}" if value >= 1000 or value == int(value) else f"{value:,.2f} {unit}"

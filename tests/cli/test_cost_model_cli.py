@@ -162,3 +162,24 @@ def pipesim_json(*args: str) -> str:
     done = pipesim("simulate", *args, "--json")
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+@pytest.mark.parametrize(("memory", "budget_bytes", "shown"), [
+    (None, 81559 * 2**20, "fits in 81,559 MiB (h100's memory) per device"),  # what the H100's driver reports
+    ("80GB", 80e9, "fits in 80GB per device"),
+    ("80GiB", 80 * 2**30, "fits in 80GiB per device"),
+])
+def test_the_budget_is_the_devices_real_memory_and_verdicts_keep_the_unit_given(
+        memory: str | None, budget_bytes: float, shown: str) -> None:
+    """Issue 36 item 4."""
+    args = ("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "2", "--global-batch", "8",
+            "--seq-len", "1024", "--schedule", "1f1b", *(("--memory", memory) if memory else ()))
+    data = json.loads(pipesim(*args, "--json").stdout)
+    assert data["memory_budget_bytes"] == budget_bytes
+    printed = pipesim(*args).stdout
+    assert shown in printed
+    headroom = min(data["device_memory_headroom_bytes"])
+    unit = {"80GB": ("GB", 1e9), "80GiB": ("GiB", 2**30)}.get(memory or "", ("MiB", 2**20))
+    value = headroom / unit[1]
+    assert (f"least headroom {value:,.0f} {unit[0]}" if value >= 1000 else f"least headroom {value:,.2f} {unit[0]}") \
+        in printed
