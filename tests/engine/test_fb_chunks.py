@@ -102,6 +102,34 @@ def test_chunks_are_torch_overlap_pairs() -> None:
     assert pairs == [("0F3", "3B1"), ("3F2", "0B0"), ("3F3", "0B1"), ("2F2", "1B0"), ("1F3", "2B1"), ("2F3", "1B1")]
 
 
+# R = 2, m = 4, F = 1, B = 3, I = 2, W = 1 (ms), no overlap (a chunk takes F + B = 4), free links;
+# [xFi+yBj] is a chunk. Worked by hand, each op at max(its rank free, its inputs' ends):
+#   rank 1: 1F0 1-2, 2F0 2-3, 1F1 3-4, 2F1 4-5, 1F2 5-6, 2B0 6-9 (not a chunk: the last rank's
+#           first pair), [2F2+1B0] 9-13, [1F3+2B1] 13-17, [2F3+1B1] 17-21, 2B2 21-24, 1B2 24-27,
+#           2I3 28-30, 1I3 30-32, 2W3 32-33, 1W3 33-34
+#   rank 0: 0F0 0-1, 0F1 1-2, 0F2 2-3, 3F0 3-4, 3I0 4-6, 3W0 6-7, 3F1 7-8, [0F3+3B1] 8-12,
+#           [3F2+0B0] 13-17, 3B2 17-20, [3F3+0B1] 21-25, 3B3 25-28, 0I2 28-30, 0W2 30-31,
+#           0I3 32-34, 0W3 34-35
+# One minibatch takes 35. DualPipe's step() runs each minibatch apart, so minibatch k is that
+# table shifted by 35 k: rank 0 starts it at its own end, and rank 1 (done at 34) waits for 0F0.
+DUALPIPEV_MINIBATCH_MS = 35.0
+
+
+@pytest.mark.parametrize("num_minibatches", [1, 2, 3])
+def test_each_minibatch_runs_apart_as_dualpipes_step(num_minibatches: int) -> None:
+    profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=3e-3, backward_input_s=2e-3,
+                              backward_weight_s=1e-3)
+    result = simulate(profile, Topology.uniform(num_devices=2), schedule="dualpipev", num_stages=4,
+                      num_microbatches=4, num_minibatches=num_minibatches, stages_per_rank=2)
+    assert result.metrics.makespan_s == pytest.approx(num_minibatches * DUALPIPEV_MINIBATCH_MS * 1e-3, rel=1e-12)
+    # Every minibatch leaves the last rank's first pair as two chunks, not only the first one.
+    flat = [str(op) for ops in result.schedule.ranks for op in ops]
+    last_rank = [(flat[g], flat[g + 1]) for g in chunk_starts(result.schedule).tolist()
+                 if result.schedule.table.rank[g] == 1]
+    expected = [(f"2F{2 + 4 * k}", f"1B{4 * k}") for k in range(num_minibatches)]
+    assert last_rank[::3] == expected and ("1F6", "2B4") not in last_rank
+
+
 def test_overlap_outside_its_range_names_the_field() -> None:
     with pytest.raises((ConfigError, ValueError), match="fb_overlap"):
         run(2, 4, f=1.0, b=2.0, w=1.0, overlap=1.5, chunks="dualpipe")
