@@ -29,3 +29,21 @@ def test_a_layer_missing_a_field_names_the_layer_and_the_field_only(tmp_path: Pa
     done = in_process("simulate", "--profile", str(path), "--stages", "2", "--microbatches", "4", "--schedule", "1f1b")
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: {path}: layers[3].forward_s: is required "
                                                  "(in 'layer3')\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("simulate", "--uniform", UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b"),
+        ("simulate", "--uniform", UNIFORM, "--stages", "2", "--microbatches", "4", "--schedule", "1f1b,gpipe"),
+        ("plan", "--profile", str(ROOT / "traces" / "vgg16.json"), "--devices", "2", "--bandwidth", "10Gbit/s"),
+        ("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "8", "--global-batch", "16"),
+    ],
+)
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_out_is_refused_and_nothing_is_written(args: tuple[str, ...], out: str, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    done = in_process(*args, "--out", out)
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: out={out!r}: must not be empty\n")
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
