@@ -53,7 +53,7 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Configurations shown in the table.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
-@click.option("--out", "out_dir", type=str, default=None,
+@click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
               help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
                    memory: str | None, efficiency: float | None, zero: int, placement: Placement,
@@ -73,6 +73,8 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
                           workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()
+    if outcomes and not any(outcome.partition for outcome in outcomes):
+        raise ConfigError("gpus", num_gpus, _no_split(outcomes, num_gpus, global_batch))
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
     if out is not None:
@@ -84,6 +86,26 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     _print(outcomes, top)
     if best is None:
         click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
+
+
+def _no_split(outcomes: list[Outcome], num_gpus: int, global_batch: int) -> str:
+    """Why no candidate could be cut into stages (each failed the arithmetic: a DP that does not
+    divide the global batch, or more stages than layers), as the rule of a ConfigError."""
+    degrees = sorted({outcome.candidate.dp for outcome in outcomes})
+    dividing = [dp for dp in degrees if global_batch % dp == 0]
+    rule = f"no TP x PP x DP split of {num_gpus} GPUs suits --global-batch {global_batch}: "
+    if not dividing:
+        return rule + f"none of its DP degrees ({_listed(degrees)}) divides the batch"
+    fewest = min(outcome.candidate.pp * outcome.candidate.stages_per_rank for outcome in outcomes
+                 if global_batch % outcome.candidate.dp == 0)
+    return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave {fewest} or more pipeline "
+                   "stages, more than the model has layers")
+
+
+def _listed(numbers: list[int], most: int = 8) -> str:
+    """``1, 2, 4`` or, past ``most``, ``1, 2, ..., 500``."""
+    shown = [str(n) for n in numbers]
+    return ", ".join(shown if len(shown) <= most else [*shown[: most - 1], "...", shown[-1]])
 
 
 def _print(outcomes: list[Outcome], top: int) -> None:

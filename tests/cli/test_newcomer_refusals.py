@@ -47,3 +47,22 @@ def test_an_empty_out_is_refused_and_nothing_is_written(args: tuple[str, ...], o
     done = in_process(*args, "--out", out)
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: out={out!r}: must not be empty\n")
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_gpu_count_with_no_split_for_the_batch_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # 500 = 2^2 x 5^3 and 1024 = 2^10: only DP 1, 2 and 4 divide the batch, and TP <= 8 (one
+    # node) leaves TP x PP = 500, 250 or 125 for them: at least 125 stages, and llama3-8b has
+    # 32 blocks plus embedding and head. Every candidate fails before it is cut into stages.
+    args = ("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "500", "--global-batch", "1024")
+    for extra in ((), ("--json",), ("--out", str(tmp_path / "out"))):
+        done = in_process(*args, *extra)
+        assert (done.returncode, done.stderr) == (
+            2, "pipesim: error: gpus=500: no TP x PP x DP split of 500 GPUs suits --global-batch 1024: the DP "
+               "degrees that divide the batch (1, 2, 4) leave 125 or more pipeline stages, more than the model "
+               "has layers\n"), extra
+        assert done.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+    # A search that cuts stages and finds nothing within the budget still prints its table, exit 0.
+    tight = in_process("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "8", "--global-batch", "64",
+                       "--memory", "1GB")
+    assert tight.returncode == 0 and "no configuration fits" in tight.stdout
