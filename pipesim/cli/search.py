@@ -79,7 +79,7 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
     if out is not None:
         with writing(out):
-            _write(rows, out)
+            _write(rows, out, spec.memory_bytes if budget is None else budget)
     if as_json:
         click.echo(json.dumps({"best": best, "candidates": rows}, sort_keys=True))
         return
@@ -126,7 +126,7 @@ def _print(outcomes: list[Outcome], top: int) -> None:
                   f"{fitting} fit")
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
+def _write(rows: list[dict[str, Any]], out: Path, budget: float) -> None:
     import pandas as pd
 
     from pipesim.plots import pareto, save_figure, use_headless_backend
@@ -137,4 +137,43 @@ def _write(rows: list[dict[str, Any]], out: Path) -> None:
     simulated = frame[frame["status"] == "simulated"]
     if not simulated.empty:
         use_headless_backend()
-        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule"), out / "pareto.png")
+        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule", budget=budget,
+                           fits="fits"), out / "pareto.png")
+
+
+# candidates.csv (``--out``) as ``pipesim report`` reads it back: its columns, those that hold numbers.
+CANDIDATE_NUMBERS = ("tp", "pp", "dp", "microbatch_size", "num_microbatches", "stages_per_rank", "tokens_per_s",
+                     "mfu", "iteration_time_s", "peak_memory_bytes")
+CANDIDATE_COLUMNS = (*CANDIDATE_NUMBERS, "schedule", "recompute", "status", "reason", "fits", "partition")
+
+
+def read_candidates(path: Path) -> Any:
+    """A search's candidates.csv: every column of ``CANDIDATE_COLUMNS``, numbers as numbers and
+    ``fits`` true or false (extra columns are kept).
+
+    Raises:
+        ConfigError: an unreadable file, a missing column or a value of the wrong kind, naming
+            the file, the column, the value and its row.
+    """
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ConfigError("table", str(path), f"is not a readable CSV table ({str(error).splitlines()[0]})") from None
+    missing = [column for column in CANDIDATE_COLUMNS if column not in frame.columns]
+    if missing:
+        raise ConfigError("table", str(path), f"lacks the column {missing[0]!r} of a search's candidates.csv")
+    for column in CANDIDATE_NUMBERS:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if numbers.isna().any():
+            row = int(numbers.isna().to_numpy().argmax())
+            raise ConfigError(column, frame[column].iloc[row], f"must be a number (row {row + 1})", source=str(path))
+        frame[column] = numbers
+    truth = frame["fits"].map({"True": True, "False": False})
+    if truth.isna().any():
+        row = int(truth.isna().to_numpy().argmax())
+        raise ConfigError("fits", frame["fits"].iloc[row], f"must be True or False (row {row + 1})", source=str(path))
+    frame["fits"] = truth.astype(bool)
+    return frame
+
