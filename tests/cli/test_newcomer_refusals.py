@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import ROOT
-from test_cli_outputs import in_process
+from cli_runner import ROOT, in_process
 
 from pipesim.errors import ConfigError
 from pipesim.spec.files import load_profile

@@ -4,11 +4,8 @@ folder pipesim writes (schedules side by side, a search), and the figures say wh
 
 from __future__ import annotations
 
-import contextlib
 import html.parser
-import io
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +18,12 @@ matplotlib.use("Agg")
 import pipesim  # noqa: E402
 from pipesim import plots  # noqa: E402
 from pipesim.cli import main  # noqa: E402
+from cli_runner import in_process  # noqa: E402
 
 # Llama-3 8B on 32 H100s: TP 2, a pipeline of 4, DP 4. Its sequence is 8,192 tokens.
 MODEL_RUN = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "4", "--stages", "4",
              "--microbatches", "8")
 SEARCH = ("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "8", "--global-batch", "16")
-
-
-def in_process(*args: str) -> subprocess.CompletedProcess[str]:
-    """``pipesim ARGS`` through the CLI's entry point in this process: its exit status and output."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return subprocess.CompletedProcess(["pipesim", *args], code, out.getvalue(), err.getvalue())
 
 
 class _Page(html.parser.HTMLParser):
