@@ -11,11 +11,10 @@ import numpy.typing as npt
 
 from pipesim import jit
 
-from pipesim.engine.trace import CATEGORIES, KINDS, STREAMS, Trace
+from pipesim.engine.trace import CATEGORIES, STREAMS, Trace
 from pipesim.metrics import kernels
 
 _COMPUTE = STREAMS.index("compute")
-_FORWARD = KINDS.index("F")
 
 
 @dataclass(frozen=True)
@@ -135,36 +134,17 @@ def steady_window(trace: Trace, *, compiled: bool | None = None) -> Window:
 def window_of(spans: Mapping[str, npt.NDArray[Any]], end_s: npt.NDArray[np.float64], num_minibatches: int, *,
               compiled: bool) -> Window:
     """``steady_window`` from span columns (``spans``: stream, minibatch, kind, device) and ends:
-    the first minibatch's end to the end of the last one before the drain (``first_drained``)."""
+    the first minibatch's end to the end of the last one before the drain (``kernels.first_drained``)."""
     stream, minibatch = spans["stream"], spans["minibatch"]
     ends = kernels.minibatch_ends(stream, minibatch, end_s, num_minibatches, compiled=compiled)
     k = len(ends)
     if k >= 3:
-        last = min(k - 2, max(1, first_drained(spans, end_s, k) - 1))
+        drained = kernels.first_drained(stream, spans["device"], spans["kind"], minibatch, end_s, k, compiled=compiled)
+        last = min(k - 2, max(1, drained - 1))
         return float(ends[0]), float(ends[last]), 1, k - 1 - last
     if k == 2:
         return float(ends[0]), float(ends[1]), 1, 0
     return 0.0, float(end_s.max()) if end_s.size else 0.0, 0, 0
-
-
-def first_drained(spans: Mapping[str, npt.NDArray[Any]], end_s: npt.NDArray[np.float64], num_minibatches: int) -> int:
-    """The first minibatch with a compute op that ends after the last forward of its device has
-    ended (``num_minibatches`` if none): from there on, the devices drain.
-
-    In the drain a device runs backwards alone; where it ran them beside forwards (PipeMare's
-    paper pipeline, a step of max(F, B)) they go faster than in the steady state, and where the
-    warm-up is deeper than a minibatch, the drain takes more than the last minibatch.
-    """
-    compute = spans["stream"] == _COMPUTE
-    device = spans["device"][compute]
-    if device.size == 0:
-        return num_minibatches
-    end = end_s[compute]
-    forward = spans["kind"][compute] == _FORWARD
-    last_forward = np.full(int(device.max()) + 1, -np.inf)
-    np.maximum.at(last_forward, device[forward], end[forward])
-    drained = spans["minibatch"][compute][end > last_forward[device]]
-    return int(drained.min()) if drained.size else num_minibatches
 
 
 def iteration_time(trace: Trace, *, compiled: bool | None = None, window: Window | None = None) -> float:
