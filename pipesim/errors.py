@@ -9,12 +9,23 @@ class PipesimError(Exception):
     """Base class of every error pipesim raises on purpose; its message is one line."""
 
 
+class _Missing:
+    """The value of a field the input left out (``MISSING``)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+#: ConfigError's value for a field that was not given: the message names the field alone.
+MISSING: Any = _Missing()
+
+
 class ConfigError(PipesimError, ValueError):
     """An input value breaks a rule.
 
     Args:
         field: dotted name of the offending field, e.g. ``"layers[3].forward_s"``.
-        value: the value that was given.
+        value: the value that was given, or ``MISSING`` for a field left out.
         rule: what the value must satisfy, e.g. ``"must be >= 0"``.
         source: optional file the value came from.
     """
@@ -25,8 +36,8 @@ class ConfigError(PipesimError, ValueError):
         self.rule = rule
         self.source = source
         where = f"{_printable(source)}: " if source else ""
-        shown = _short_repr(value)
-        super().__init__(f"{where}{_printable(field)}={shown}: {_printable(rule)}")
+        shown = "" if value is MISSING else f"={_short_repr(value)}"
+        super().__init__(f"{where}{_printable(field)}{shown}: {_printable(rule)}")
 
 
 class ScheduleError(PipesimError):

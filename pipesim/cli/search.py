@@ -57,7 +57,7 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Configurations shown in the table.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
-@click.option("--out", "out_dir", type=str, default=None,
+@click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
               help="Write candidates.csv, run.json (its inputs) and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
                    seq_len: int | None, memory: str | None, efficiency: float | None, zero: int, placement: str,
@@ -83,6 +83,8 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
                           workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()
+    if outcomes and not any(outcome.partition for outcome in outcomes):
+        raise ConfigError("gpus", num_gpus, _no_split(outcomes, num_gpus, global_batch))
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
     run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
@@ -90,7 +92,7 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
                       zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency)
     if out is not None:
         with writing(out):
-            _write(rows, out, run)
+            _write(rows, out, run, spec.memory_bytes if budget is None else budget)
     if as_json:
         click.echo(json.dumps({"best": best, "candidates": rows, "run": run}, sort_keys=True))
         return
@@ -113,6 +115,26 @@ def _run_record(model: str, config: Any, device: str, cluster: str | None, spec:
             "device": named_identity("devices", device), "cluster": named_identity("clusters", wiring), **settings}
 
 
+def _no_split(outcomes: list[Outcome], num_gpus: int, global_batch: int) -> str:
+    """Why no candidate could be cut into stages (each failed the arithmetic: a DP that does not
+    divide the global batch, or more stages than layers), as the rule of a ConfigError."""
+    degrees = sorted({outcome.candidate.dp for outcome in outcomes})
+    dividing = [dp for dp in degrees if global_batch % dp == 0]
+    rule = f"no TP x PP x DP split of {num_gpus} GPUs suits --global-batch {global_batch}: "
+    if not dividing:
+        return rule + f"none of its DP degrees ({_listed(degrees)}) divides the batch"
+    fewest = min(outcome.candidate.pp * outcome.candidate.stages_per_rank for outcome in outcomes
+                 if global_batch % outcome.candidate.dp == 0)
+    return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave {fewest} or more pipeline "
+                   "stages, more than the model has layers")
+
+
+def _listed(numbers: list[int], most: int = 8) -> str:
+    """``1, 2, 4`` or, past ``most``, ``1, 2, ..., 500``."""
+    shown = [str(n) for n in numbers]
+    return ", ".join(shown if len(shown) <= most else [*shown[: most - 1], "...", shown[-1]])
+
+
 def _print(outcomes: list[Outcome], top: int) -> None:
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
     table = Table(show_edge=False)
@@ -131,7 +153,7 @@ def _print(outcomes: list[Outcome], top: int) -> None:
                   f"{fitting} fit")
 
 
-def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any]) -> None:
+def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any], budget: float) -> None:
     import pandas as pd
 
     from pipesim.plots import pareto, save_figure, use_headless_backend
@@ -143,4 +165,43 @@ def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any]) -> None:
     simulated = frame[frame["status"] == "simulated"]
     if not simulated.empty:
         use_headless_backend()
-        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule"), out / "pareto.png")
+        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule", budget=budget,
+                           fits="fits"), out / "pareto.png")
+
+
+# candidates.csv (``--out``) as ``pipesim report`` reads it back: its columns, those that hold numbers.
+CANDIDATE_NUMBERS = ("tp", "pp", "dp", "microbatch_size", "num_microbatches", "stages_per_rank", "tokens_per_s",
+                     "mfu", "iteration_time_s", "peak_memory_bytes")
+CANDIDATE_COLUMNS = (*CANDIDATE_NUMBERS, "schedule", "recompute", "status", "reason", "fits", "partition")
+
+
+def read_candidates(path: Path) -> Any:
+    """A search's candidates.csv: every column of ``CANDIDATE_COLUMNS``, numbers as numbers and
+    ``fits`` true or false (extra columns are kept).
+
+    Raises:
+        ConfigError: an unreadable file, a missing column or a value of the wrong kind, naming
+            the file, the column, the value and its row.
+    """
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ConfigError("table", str(path), f"is not a readable CSV table ({str(error).splitlines()[0]})") from None
+    missing = [column for column in CANDIDATE_COLUMNS if column not in frame.columns]
+    if missing:
+        raise ConfigError("table", str(path), f"lacks the column {missing[0]!r} of a search's candidates.csv")
+    for column in CANDIDATE_NUMBERS:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if numbers.isna().any():
+            row = int(numbers.isna().to_numpy().argmax())
+            raise ConfigError(column, frame[column].iloc[row], f"must be a number (row {row + 1})", source=str(path))
+        frame[column] = numbers
+    truth = frame["fits"].map({"True": True, "False": False})
+    if truth.isna().any():
+        row = int(truth.isna().to_numpy().argmax())
+        raise ConfigError("fits", frame["fits"].iloc[row], f"must be True or False (row {row + 1})", source=str(path))
+    frame["fits"] = truth.astype(bool)
+    return frame
+

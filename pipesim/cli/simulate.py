@@ -123,7 +123,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
               help="Refuse runs estimated to have more ops than this (about 0.5 KiB of memory each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
-@click.option("--out", "out_dir", type=str, default=None,
+@click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
 @capacity_options
 def simulate_command(

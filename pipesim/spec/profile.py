@@ -170,6 +170,17 @@ class Profile(FrozenModel):
                                       f"a layer reads only earlier layers ({earlier})")
         return self
 
+    def __repr__(self) -> str:
+        # The default (every field of every layer) runs to tens of kilobytes for a real model.
+        forward = sum(layer.forward_s for layer in self.layers)
+        backward = sum(layer.backward_s for layer in self.layers)
+        params = sum(layer.param_bytes for layer in self.layers)
+        return (f"<Profile {self.name!r}: {self.num_layers} layers, microbatch {self.microbatch_size}, forward "
+                f"{forward * 1e3:.4g} ms + backward {backward * 1e3:.4g} ms, parameters {params / 1e9:.4g} GB, "
+                f"{self.dtype} on {self.device!r}>")
+
+    __str__ = __repr__
+
     @property
     def is_dag(self) -> bool:
         """True when some layer names its inputs (a DAG profile rather than a chain)."""
