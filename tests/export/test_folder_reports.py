@@ -90,8 +90,9 @@ def test_a_model_runs_report_shows_the_whole_job_beside_one_pipeline(model_run: 
     assert page.value("throughput, all DP pipelines") == f"{4 * per_pipeline:.2f} samples/s"
     assert page.value("tokens/s, all GPUs") == f"{4 * 8192 * per_pipeline:,.0f}"
     assert page.value("MFU") == f"{saved['mfu']:.1%}"
-    # The memory verdict against the device's budget, as simulate printed it.
-    assert page.value("memory budget").startswith("does NOT fit in 80.0 GB per device")
+    # The memory verdict against the device's budget (the H100's 81,559 MiB), as simulate printed it.
+    verdict = "fits" if saved["fits"] else "does NOT fit"
+    assert page.value("memory budget").startswith(f"{verdict} in 81,559 MiB (h100's memory) per device")
     assert "throughput" not in [row[0] for row in page.rows if row]  # no unlabelled samples/s
 
 
@@ -112,7 +113,8 @@ def test_the_comparison_table_shows_the_jobs_tokens_and_mfu(tmp_path: Path) -> N
     for run in runs:
         row = next(row for row in page.rows if row[:1] == [run["schedule"]] and len(row) > 2)
         assert f"{run['tokens_per_s']:,.0f}" in row and f"{run['mfu']:.1%}" in row
-        assert page.value(run["schedule"]).startswith("does NOT fit in 80.0 GB")
+        verdict = "fits" if run["fits"] else "does NOT fit"
+        assert page.value(run["schedule"]).startswith(f"{verdict} in 81,559 MiB (h100's memory)")
     assert page.captions == ["Timelines of the schedules on one time axis; grey is idle (the bubbles)"]
 
 
