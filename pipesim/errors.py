@@ -29,6 +29,11 @@ class ConfigError(PipesimError, ValueError):
         super().__init__(f"{where}{_printable(field)}={shown}: {_printable(rule)}")
 
 
+class WriteFailedError(PipesimError):
+    """The disk refused an output (full, a file-size limit, an I/O error): not the input's fault,
+    so the command exits 1; the message names what could not be written and what was kept."""
+
+
 class ScheduleError(PipesimError):
     """A schedule is malformed or cannot run; the message carries the grid with the failing op marked.
 

@@ -68,12 +68,22 @@ def test_a_spec_that_holds_itself_or_nests_past_the_parser_is_one_line(tmp_path:
     one_line(pipesim("sweep", str(spec), "--out", str(tmp_path / "t.csv"), timeout_s=60), rule)
 
 
+BOUNDED_REPR = """
+from pipesim.errors import ConfigError
+value = ["x"] * 9
+for _ in range(12):
+    value = [value] * 9
+print(ConfigError("stages", value, "must be a list of integers"))
+"""
+
+
 def test_an_error_shows_a_bounded_repr_of_a_huge_shared_value() -> None:
-    """The value of 9**13 items (shared, as YAML aliases make it) is shown cut at 80 characters."""
-    value: object = ["x"] * 9
-    for _ in range(12):
-        value = [value] * 9
-    message = str(ConfigError("stages", value, "must be a list of integers"))
+    """The value of 9**13 items (shared, as YAML aliases make it) is shown cut at 80 characters
+    (in a child process with bounded memory: its whole repr would take terabytes)."""
+    done = subprocess.run([sys.executable, "-c", BOUNDED_REPR], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                          preexec_fn=_limited)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message = done.stdout.strip()
     assert message.startswith("stages=[[[[[[[[[[[[['x', 'x'") and message.endswith("...: must be a list of integers")
     assert len(message) < 200
     # Small values read exactly as repr() shows them.
