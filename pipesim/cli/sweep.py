@@ -44,7 +44,8 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
                       started=started)
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
-                            batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)
+                            batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s,
+                            warn=lambda line: click.echo(f"pipesim: warning: {line}", err=True))
     except SweepFailedError as error:  # the cluster or the disk failed, not the input: exit 1
         bar.stop()
         click.echo(f"pipesim: error: {error}", err=True)
