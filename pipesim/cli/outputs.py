@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from pipesim.errors import ConfigError, WriteFailedError
+from pipesim.sweep.cluster import blocked_in_thread
 
 # Suffixes that name a file, not a folder: ``--out result.json`` for a report folder is a mistake.
 FILE_SUFFIXES = (".json", ".html", ".htm", ".png", ".svg", ".pdf", ".csv", ".parquet", ".pq", ".txt", ".yaml")
@@ -217,7 +218,8 @@ class ProgressBar:
     def __call__(self, done: int, total: int, where: str = "", work: float | None = None) -> None:
         place = f" {where}" if where else ""
         if self.task is None:
-            self.progress.start()
+            with blocked_in_thread():  # a live bar's refresher thread must not take a Ctrl-C
+                self.progress.start()
             self.start_done, self.start_work = done, work
             if not self.from_start:
                 self.started = time.perf_counter()

@@ -15,6 +15,7 @@ from typing import Any
 from pipesim import allocator
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
+from pipesim.sweep.cluster import CONNECT_TIMEOUT_S, CtrlCHeld, check_answers
 from pipesim.sweep.local import HERE, ON_DASK, Progress, WorkDone, point_cost, run_here
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
@@ -88,9 +89,10 @@ def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]]) -> list[dic
 
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
-    """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
-    single-threaded processes listening on 127.0.0.1 (closed on exit). Dask's own loggers are
-    set to CRITICAL.
+    """A Dask client: to ``scheduler`` when given (``cluster.check_answers`` first), else to an
+    embedded LocalCluster of ``workers`` single-threaded processes listening on 127.0.0.1 (closed
+    on exit; Ctrl-C held back while it starts, ``cluster.CtrlCHeld``). Dask's own loggers are set
+    to CRITICAL.
 
     Raises:
         ConfigError: the scheduler cannot be reached, or ``workers < 1``.
@@ -104,8 +106,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
         if name.split(".")[0] in ("distributed", "tornado"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if scheduler is not None:
+        check_answers(scheduler, CONNECT_TIMEOUT_S)
         try:
-            client = Client(scheduler, timeout="10s")  # type: ignore[no-untyped-call]
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError("scheduler", scheduler, f"cannot connect: {exc}") from None
         try:
@@ -120,7 +123,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # columns a point frees would go back to the OS and be faulted in again by the next point
     # (benchmarks/RESULTS.md, sweeps): workers start with pipesim's thresholds (pipesim.allocator).
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **allocator.ENVIRONMENT}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), CtrlCHeld() as held:
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
             # another cluster holds that port, so let the OS choose one.
@@ -129,14 +132,15 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
             # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
             dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
         )
-    try:
-        client = Client(cluster)  # type: ignore[no-untyped-call]
         try:
-            yield client
+            client = Client(cluster)  # type: ignore[no-untyped-call]
+            try:
+                held.release()  # a Ctrl-C held back while the cluster started is raised here
+                yield client
+            finally:
+                client.close()  # type: ignore[no-untyped-call]
         finally:
-            client.close()  # type: ignore[no-untyped-call]
-    finally:
-        cluster.close()
+            cluster.close()
 
 
 def run_sweep(
