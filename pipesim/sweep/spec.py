@@ -15,12 +15,13 @@ from pydantic import BeforeValidator, Field, ValidatorFunctionWrapHandler, WrapV
 from pipesim.engine.noise import MAX_CV
 from pipesim.errors import ConfigError
 from pipesim.schedule.registry import SCHEDULES, default_num_minibatches, unknown_schedule_rule
-from pipesim.spec.files import MAX_INT_DIGITS, load_profile, load_topology, read_text
+from pipesim.spec.files import load_profile, load_topology, read_text
 from pipesim.spec.provenance import file_identity, text_identity
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import Bool, FrozenModel, build
 from pipesim.sweep.where import Expression
+from pipesim.sweep.yaml_bounds import check_expanded_size, construct_int
 from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
 MAX_POINTS = 2_000_000
@@ -289,7 +290,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     text = read_text(path, "spec")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader refusing repeated keys
-        _check_expanded_size(data)
+        check_expanded_size(data)
     except RecursionError:
         raise ConfigError("spec", str(path), "is nested too deeply") from None
     except yaml.YAMLError as exc:
@@ -300,56 +301,6 @@ def load_spec(path: str | Path) -> SweepSpec:
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.value, exc.rule, source=str(path)) from None
     return parse_spec(data, source=str(path))
-
-
-# Items (values, keys and containers) a spec may hold once its YAML aliases are expanded: far past a
-# real spec (a list of 10,000 seeds), far below the billions a few hundred bytes of aliases nesting
-# aliases expand to, which every later step (validation, an error's value) would walk.
-MAX_SPEC_ITEMS = 1_000_000
-
-
-def _check_expanded_size(data: Any) -> None:
-    """Count the items of ``data`` as if its shared parts (YAML aliases) were copies, each shared
-    container once, and refuse past ``MAX_SPEC_ITEMS`` or a container that holds itself.
-
-    Raises:
-        ConfigError: the spec expands too far, or refers to itself.
-    """
-    sizes: dict[int, int] = {}  # per container (by id): its expanded size, -1 while being counted
-
-    def size(node: Any) -> int:
-        if not isinstance(node, list | dict | set):
-            return 1
-        known = sizes.get(id(node))
-        if known == -1:
-            raise ConfigError("spec", _short(node), "holds itself through a YAML alias")
-        if known is not None:
-            return known
-        sizes[id(node)] = -1
-        total = 1
-        for child in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
-            total += size(child)
-            if total > MAX_SPEC_ITEMS:
-                raise ConfigError("spec", _short(node), f"expands to more than {MAX_SPEC_ITEMS:,} items through "
-                                  "its YAML aliases")
-        sizes[id(node)] = total
-        return total
-
-    size(data)
-
-
-def _short(node: Any) -> str:
-    """A container named by its kind and length (its repr could be the very size refused)."""
-    return f"<a {type(node).__name__} of {len(node):,} items>"
-
-
-def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
-    """YAML's int, refusing more digits than Python converts (a traceback otherwise)."""
-    digits = str(node.value).replace("_", "").lstrip("+-")
-    if len(digits) > MAX_INT_DIGITS and digits.isdigit():
-        raise ConfigError("integer", digits[:20] + "...", f"has {len(digits):,} digits at line "
-                          f"{node.start_mark.line + 1}; pipesim reads at most {MAX_INT_DIGITS:,}")
-    return int(yaml.SafeLoader.construct_yaml_int(loader, node))
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -374,7 +325,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", construct_int)  # at most 4,300 digits, as int()
 
 
 def where_fields() -> tuple[str, ...]:
