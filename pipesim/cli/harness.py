@@ -208,7 +208,9 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
               help="Rendezvous port on 127.0.0.1 (default: one the OS reports free); the ranks' gloo and NCCL "
                    "sockets listen on the loopback interface too.")
 @click.option("--weights-out", type=str, default="", help="Folder for each stage's final weights (stageS.pt).")
-@click.option("--run-dir", type=str, default=None, help="Keep the ranks' logs and records in this folder.")
+@click.option("--run-dir", type=str, default=None,
+              help="Keep the ranks' logs and records in this folder: a new or empty one, or one an earlier run wrote "
+                   "(only that run's files are replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
 @click.option("--out", "out_path", required=True, callback=out_file_option(None),
               help="Trace JSON to write (partial if the run fails).")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from sweep_specs import HEAVY_SPEC
+
 psutil = pytest.importorskip("psutil")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,16 +27,6 @@ profile: {uniform: {layers: 8, forward_ms: 1.0, backward_ms: 2.0, activation_byt
 stages: [2, 4]
 microbatches: [4]
 schedule: [gpipe]
-"""
-# Heavy enough that the sweep starts its embedded cluster after its first points (pipesim.sweep.local).
-HEAVY = """\
-profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
-bandwidth: [10GB/s, 20GB/s, 40GB/s]
-stages: [2, 4, 8]
-microbatches: [64, 128, 256, 512]
-minibatches: [16]
-schedule: [gpipe, 1f1b, pipedream, 2bw]
-engine: des
 """
 
 
@@ -57,7 +49,7 @@ def test_a_scheduler_port_that_never_answers_is_one_line_within_the_connect_time
 
 def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path) -> None:
     spec = tmp_path / "heavy.yaml"
-    spec.write_text(HEAVY)
+    spec.write_text(HEAVY_SPEC)
     out = tmp_path / "results.csv"
     command = [sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(out), "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,

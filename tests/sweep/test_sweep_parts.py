@@ -23,6 +23,7 @@ import pytest
 
 from pipesim.errors import ConfigError
 from pipesim.sweep import run_sweep
+from sweep_specs import HEAVY_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -134,22 +135,11 @@ def test_the_cli_warns_of_a_dropped_chunk_and_completes(spec: Path, reference: b
     assert out.read_bytes() == reference
 
 
-BIG_SPEC = """\
-profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
-bandwidth: [10GB/s, 20GB/s, 40GB/s]
-stages: [2, 4, 8]
-microbatches: [64, 128, 256, 512]
-minibatches: [16]
-schedule: [gpipe, 1f1b, pipedream, 2bw]
-engine: des
-"""
-
-
 def test_a_second_sweep_onto_the_same_out_is_refused_naming_the_first(tmp_path: Path) -> None:
     """Sweep A runs in its own process; B, started once A has made its parts folder, stops at once
     with one line naming A's pid; A finishes with the whole table, as if B had never run."""
     spec = tmp_path / "big.yaml"
-    spec.write_text(BIG_SPEC)
+    spec.write_text(HEAVY_SPEC)
     out, parts = tmp_path / "results.csv", tmp_path / "results.csv.parts"
     command = [sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(out), "--workers", "1",
                "--batch-size", "1"]
