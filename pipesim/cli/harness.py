@@ -214,8 +214,8 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
 @click.option("--out", "out_path", required=True, callback=out_file_option(None),
               help="Trace JSON to write (partial if the run fails).")
-def run_command(profile_path: str, model: str | None, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
-                partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
+def run_command(profile_path: str, model: str | None, schedule: str, num_stages: int, num_microbatches: int,
+                num_minibatches: int | None, partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
                 realtime_priority: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
                 pipemare_correction_decay: float, op_timeout_s: float, master_port: int | None, weights_out: str,

@@ -1,10 +1,10 @@
 """Spawning the ranks on this machine and watching them: any failure, hang or death ends the whole run.
 
 The launcher starts one worker process per rank (as torchrun would: RANK, WORLD_SIZE,
-MASTER_ADDR=127.0.0.1 and a free MASTER_PORT; gloo and NCCL on the loopback interface), then polls. A rank that exits non-zero, is killed,
-or makes no progress for ``op_timeout_s`` ends the run: the others are stopped (SIGTERM, then
-SIGKILL), the records every rank left are merged into a partial trace, and RunFailedError names
-the rank and the op. Workers die with the launcher (PR_SET_PDEATHSIG), so nothing is orphaned.
+MASTER_ADDR=127.0.0.1 and a free MASTER_PORT; gloo and NCCL on the loopback interface), then
+polls. A rank that exits non-zero, is killed, or makes no progress for ``op_timeout_s`` ends the
+run: the others are stopped (SIGTERM, then SIGKILL), the records every rank left are merged into
+a partial trace, and RunFailedError names the rank and the op. Workers die with the launcher (PR_SET_PDEATHSIG), so nothing is orphaned.
 """
 
 from __future__ import annotations

@@ -75,24 +75,25 @@ def read_manifest(manifest: Path) -> dict[str, Any]:
     return data
 
 
-def check_chunks(chunks: Sequence[Path], columns: Sequence[str], num_points: int) -> tuple[set[int], list[str]]:
-    """The points the whole, sound ``chunks`` hold, and a line for each chunk that is not.
+def check_chunks(chunks: Sequence[Path], columns: Sequence[str],
+                 num_points: int) -> tuple[set[int], list[tuple[Path, str]]]:
+    """The points the whole, sound ``chunks`` hold, and each chunk that is not with the reason.
 
     A chunk is sound when it reads as Parquet, holds exactly ``columns`` in order, each column of
     its kind (``points.COLUMN_KINDS``: what the final table's merge and readers need), and points
     that are integers in ``0..num_points-1`` that no earlier chunk (by name) holds.
     """
     done: set[int] = set()
-    bad: list[str] = []
+    bad: list[tuple[Path, str]] = []
     for chunk in chunks:
         try:
             points = _chunk_points(chunk, columns, num_points)
         except ValueError as reason:
-            bad.append(f"{chunk}: {reason}")
+            bad.append((chunk, str(reason)))
             continue
         repeated = done.intersection(points)
         if repeated:
-            bad.append(f"{chunk}: repeats point {min(repeated)} of an earlier chunk")
+            bad.append((chunk, f"repeats point {min(repeated)} of an earlier chunk"))
             continue
         done.update(points)
     return done, bad

@@ -17,9 +17,9 @@ from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
 from pipesim.sweep.cluster import CONNECT_TIMEOUT_S, CtrlCHeld, check_answers
 from pipesim.sweep.local import HERE, ON_DASK, Progress, WorkDone, point_cost, run_here
+from pipesim.sweep.parts import has_chunks
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
-from pipesim.sweep.parts import has_chunks
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 
 BATCHES_PER_WORKER = 32

@@ -4,9 +4,10 @@ While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one ``chunk-FIRST
 per finished batch, each written to a temporary name and renamed, so a killed sweep leaves only
 whole chunks; one sweep at a time writes there (``parts``). ``--resume`` checks the chunks and
 skips their points. When every point is done, the chunks are merged, sorted by point, written
-atomically to OUT (Parquet, or CSV by suffix) and what pipesim wrote in the folder is removed. A finished CSV table gets ``OUT.digest`` beside it (the
-spec's digest and the hash of the CSV's bytes), so that ``--resume`` on a finished CSV, as on
-a finished Parquet table (which holds the digest in its metadata), does nothing.
+atomically to OUT (Parquet, or CSV by suffix) and what pipesim wrote in the folder is removed.
+A finished CSV table gets ``OUT.digest`` beside it (the spec's digest and the hash of the CSV's
+bytes), so that ``--resume`` on a finished CSV, as on a finished Parquet table (which holds the
+digest in its metadata), does nothing.
 """
 
 from __future__ import annotations
@@ -321,9 +322,10 @@ class ResultStore:
                     "resume", str(self.parts), "holds results of a different spec, profile or pipesim version; "
                     "delete it to start over",
                 )
-            self.done, self.dropped = check_chunks(chunks, self.columns, self.num_points)
-            for line in self.dropped:  # pipesim's own chunk, damaged: its points run again
-                Path(line.split(": ", 1)[0]).unlink(missing_ok=True)
+            self.done, bad = check_chunks(chunks, self.columns, self.num_points)
+            for chunk, reason in bad:  # pipesim's own chunk, damaged: its points run again
+                chunk.unlink(missing_ok=True)
+                self.dropped.append(f"{chunk}: {reason}")
         for stray in self.parts.glob(".*.tmp"):
             stray.unlink()
         with writing(manifest, self.parts, len(self.done)):
