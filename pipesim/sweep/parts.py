@@ -114,7 +114,8 @@ def _chunk_points(chunk: Path, columns: Sequence[str], num_points: int) -> list[
         frame = pd.read_parquet(chunk)
     except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"is not a readable Parquet file ({text.rsplit(chr(39) + ': ', 1)[-1]})") from None
+        reason = text.rsplit("': ", 1)[-1]  # pyarrow's follows the path it quotes: "... source '...': REASON"
+        raise ValueError(f"is not a readable Parquet file ({reason})") from None
     if list(frame.columns) != list(columns):
         missing = [column for column in columns if column not in frame.columns]
         extra = [column for column in frame.columns if column not in columns]
