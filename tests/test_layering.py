@@ -85,7 +85,8 @@ def test_importing_pipesim_loads_neither_matplotlib_nor_torch() -> None:
 
 HARNESS = PACKAGE / "harness"
 # Shared by the launcher side and the rank side of the harness.
-HARNESS_COMMON = {"pipesim.harness", "pipesim.harness.config", "pipesim.harness.recorder", "pipesim.harness.lifetime"}
+HARNESS_COMMON = {"pipesim.harness", "pipesim.harness.config", "pipesim.harness.recorder", "pipesim.harness.lifetime",
+                  "pipesim.harness.loopback"}
 
 
 # The trace and the run it records are data the harness writes; everything else of the engine it

@@ -27,7 +27,7 @@ from pipesim.cli.options import (
     parse_uniform,
     resolve_stages,
 )
-from pipesim.cli.outputs import check_out_files, out_folder, writing
+from pipesim.cli.outputs import check_out_files, out_folder, write_together
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.engine.trace import CATEGORIES
 from pipesim.errors import ConfigError
@@ -244,8 +244,7 @@ def simulate_command(
     data.update(capacity_fields(data, capacity))
     if out is not None:
         check_out_files(out, OUTPUT_FILES)
-        with writing(out):
-            written = write_outputs(result, out, provenance, data)
+        written = write_together(out, lambda folder: write_outputs(result, folder, provenance, data))
     if as_json:
         if summary is not None:
             data["samples"] = summary.to_dict()
@@ -268,8 +267,7 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
     written: list[Path] = []
     if out is not None:
         check_out_files(out, comparison_files(results))
-        with writing(out):
-            written = write_comparison(results, runs, out)
+        written = write_together(out, lambda folder: write_comparison(results, runs, folder))
     if as_json:
         click.echo(strict_dumps({"runs": runs, "skipped": skipped}, indent=None))
         return

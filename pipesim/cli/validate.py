@@ -115,7 +115,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
 
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
-    from pipesim.harness.config import check_processes, default_microbatch_size, spec_of
+    from pipesim.harness.config import check_processes, default_microbatch_size, model_to_rebuild, spec_of
     from pipesim.harness.launch import check_backend, check_op_timeout
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
@@ -141,6 +141,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = spec_of(profile, profile_path)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
+        named = click.get_current_context().get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE
+        spec = model_to_rebuild(spec, model if named else None, profile_path)
     else:
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
         microbatch_size = microbatch_size or default_microbatch_size(model)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 
 from pipesim.errors import ConfigError
 
@@ -48,6 +50,8 @@ def _parse(text: str, units: dict[str, float], field: str) -> float:
     if unit not in units:
         raise ConfigError(field, text, f"unknown unit {unit!r}; accepted: {accepted}")
     value = float(number) * units[unit]
+    if not math.isfinite(value):  # 1e400GB/s would read as free links, 1e400GB as no memory limit
+        raise ConfigError(field, text, f"is too large: must be below {sys.float_info.max / units[unit]:.2g}{unit}")
     if value <= 0 and units is not DURATION_UNITS:
         raise ConfigError(field, text, "must be > 0")
     return value
@@ -60,7 +64,8 @@ def parse_bandwidth(text: str, field: str = "bandwidth") -> float:
         bytes per second.
 
     Raises:
-        ConfigError: no unit, an unknown unit, or a value that is not positive.
+        ConfigError: no unit, an unknown unit, a value that is not positive, or one too large for
+            a float (which would read as unlimited).
     """
     return _parse(text, BANDWIDTH_UNITS, field)
 

@@ -21,6 +21,7 @@ from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import Bool, FrozenModel, build
 from pipesim.sweep.where import Expression
+from pipesim.sweep.yaml_bounds import check_expanded_size, construct_int
 from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
 MAX_POINTS = 2_000_000
@@ -289,6 +290,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     text = read_text(path, "spec")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader refusing repeated keys
+        check_expanded_size(data)
+    except RecursionError:
+        raise ConfigError("spec", str(path), "is nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -319,6 +323,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                                   f"is given twice in one mapping ({lines_text})")
             lines[key] = line
         return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", construct_int)  # at most 4,300 digits, as int()
 
 
 def where_fields() -> tuple[str, ...]:
