@@ -61,17 +61,19 @@ def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
 
 
 def add_update(layers: list[dict[str, Any]], experts: list[float], config: TransformerConfig, setting: Setting,
-               layout: Parallelism, *, zero: int, overlap: bool, has_embeddings: bool) -> None:
+               layout: Parallelism, *, zero: int, overlap: bool, has_embeddings: bool,
+               layer_state: bool = False) -> None:
     """Each layer's optimizer step and gradient reduction, and ZeRO-2/3's per-layer collectives
     and sharded memory (module docstring), in place; ``experts[i]``: layer i's routed-expert
-    parameters on this rank (0 for none)."""
+    parameters on this rank (0 for none); ``layer_state``: state every layer's gradient and
+    optimizer bytes even where the plan's multiplier could (``holds_state_per_layer``)."""
     device, cluster = setting.device, setting.cluster
     grad_bytes = 4.0 if setting.precision == "bf16" else 2.0
     step_bytes = ADAM_BYTES_PER_PARAMETER + (FP16_EXTRA_BYTES_PER_PARAMETER if setting.precision == "fp16" else 0.0)
     group, expert_group = layout.data_group, layout.expert_data_group
     share = cluster.tiers[group_path(cluster, group).tier_index].compute_share if group.size > 1 else 0.0
     dense_shard, expert_shard = (group.size, expert_group.size) if zero >= 1 else (1, 1)
-    per_layer = holds_state_per_layer(config, layout, zero)
+    per_layer = layer_state or holds_state_per_layer(config, layout, zero)
     for layer, expert in zip(layers, experts, strict=True):
         parameters = layer["param_bytes"] / BYTES_PER_VALUE
         split = expert > 0 and layout.ep > 1  # the experts reduce and shard over their own group

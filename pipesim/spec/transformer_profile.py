@@ -96,6 +96,7 @@ def transformer_profile(
     placement: str = "tp-in-node",
     cp: int = 1,
     ep: int = 1,
+    layer_state: bool = False,
 ) -> Profile:
     """The per-layer profile of ``model`` on one rank of ``device`` in ``cluster``.
 
@@ -113,6 +114,8 @@ def transformer_profile(
             parallelism, ZeRO stage (0 to 3; 3 is FSDP), overlap of the gradient reduction, and placement.
         cp, ep: context parallelism (the sequence split over ``cp`` ranks) and expert parallelism
             (the routed experts split over ``ep`` of the DP x CP ranks).
+        layer_state: every layer states its gradient and (Adam's) optimizer bytes, as ZeRO shards
+            them, in place of the plan's optimizer multiplier (as they do anyway under ZeRO-2/3).
 
     Raises:
         ConfigError: a bad count, an unknown preset, device, cluster, precision or mode, or a
@@ -156,7 +159,7 @@ def transformer_profile(
                       stash=4.0 * b * local * h, params=head_weights / t * BYTES_PER_VALUE)
         layers, experts = [embedding, *layers, head], [0.0, *experts, 0.0]
     add_update(layers, experts, config, setting, layout, zero=zero, overlap=dp_overlap,
-               has_embeddings=include_embeddings)
+               has_embeddings=include_embeddings, layer_state=layer_state)
     parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") if t > 1 else ""
     parallel += "".join(f", {name}={degree}" for name, degree in (("cp", cp), ("ep", ep), ("zero", zero)) if degree > 1)
     return build(Profile, {
