@@ -267,7 +267,7 @@ def capacity_fields(data: dict[str, Any], capacity: Capacity) -> dict[str, Any]:
     ``fits`` and ``device_memory_headroom_bytes`` (budget minus each device's peak, negative
     where over) with a budget; degrees, global throughput and, with a model, tokens/s, model FLOP
     utilisation (3 x forward FLOPs per token, Narayanan et al.'s count, over the peak of all
-    P x T x D GPUs) and model TFLOP/s per GPU (the same FLOPs per step / step time / GPUs).
+    P x T x C x D GPUs) and model TFLOP/s per GPU (the same FLOPs per step / step time / GPUs).
     """
     if not capacity.is_set:
         return {}
