@@ -1,4 +1,4 @@
-"""A training job from its model and layout: TP x CP x PP x DP (and EP, ZeRO) on a device and cluster, simulated step by step.
+"""A training job from its model and layout: TP x CP x PP x DP (EP, ZeRO) on a device and cluster, simulated.
 
 ``simulate_training`` is the capacity study in one call (the Python form of ``pipesim simulate
 --model``): it builds the rank's profile from the op cost model, cuts it as Megatron-LM does

@@ -1,4 +1,4 @@
-"""Capacity options of ``simulate``: a model in place of a profile, TP/CP/EP/DP degrees, ZeRO, batch sizes, a memory budget."""
+"""Capacity options of ``simulate``: a model in place of a profile, TP/CP/EP/DP, ZeRO, batch sizes, a memory budget."""
 
 from __future__ import annotations
 
@@ -62,7 +62,8 @@ capacity_options = with_options([
     click.option("--zero", "zero", type=click.IntRange(0, 3), default=0, show_default=True,
                  help="ZeRO stage over the dp x cp ranks: 1 (Megatron's distributed optimizer) shards the "
                       "optimizer state and step; 2 also the gradients (reduce-scattered per layer and microbatch; "
-                      "--model only); 3 also the weights (all-gathered per layer, forward and backward; --model only)."),
+                      "--model only); 3 also the weights (all-gathered per layer, forward and backward; --model "
+                      "only)."),
     click.option("--fsdp", "fsdp", is_flag=True, default=False,
                  help="PyTorch FSDP (full sharding): --zero 3 by its PyTorch name."),
     click.option("--global-batch", "global_batch", type=int, default=None,
@@ -206,8 +207,8 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         hardware.device.memory_bytes if model is not None else None)
     record = None if model is None else capacity_record(options, model=model, config=config, hardware=hardware,
                                                         layout=layout, seq_len=seq_len, precision=precision,
-                                                        recompute=mode, budget=budget, num_microbatches=num_microbatches,
-                                                        zero=zero)
+                                                        recompute=mode, budget=budget,
+                                                        num_microbatches=num_microbatches, zero=zero)
     return Capacity(profile=profile, num_microbatches=num_microbatches,
                     optimizer_state_multiplier=zero_optimizer_multiplier(optimizer_state_multiplier, dp * cp, zero),
                     recompute=recompute, recompute_stages=recompute_stages, bandwidth=bandwidth, latency=latency,

@@ -1,4 +1,4 @@
-"""Collectives as algorithms on a cluster's tiers: ring and tree all-reduce, reduce-scatter, all-gather, all-to-all, send.
+"""Collectives as algorithms on cluster tiers: all-reduce (ring, tree), reduce-scatter, all-gather, all-to-all, send.
 
 A group is ``size`` GPUs ``stride`` apart in the cluster's numbering (tensor parallelism's ranks
 are neighbours, stride 1; data parallelism's are a tensor-parallel group apart). Its collective

@@ -29,7 +29,7 @@ from pipesim.errors import ConfigError
 from pipesim.spec.files import dumps, parse_json, read_text
 from pipesim.spec.hf_keys import ConfigKeys
 from pipesim.spec.hf_moe import deepseek, mixtral_experts, qwen2_moe_experts
-from pipesim.spec.transformer import PRESETS, FfnActivation, TransformerConfig, preset
+from pipesim.spec.transformer import PRESETS, TransformerConfig, preset
 
 SCHEMA = "pipesim.model/1"
 _FIELDS = {field.name: field for field in dataclasses.fields(TransformerConfig)}

@@ -97,7 +97,7 @@ class Setting:
 
 
 def matmul_op(setting: Setting, name: str, m: float, n: float, k: float, *, has_weight: bool = True,
-            batch: float = 1.0) -> OpCost:
+              batch: float = 1.0) -> OpCost:
     """Y (m x n) = X (m x k) W (k x n), ``batch`` of them: forward, dX, and dW (a weight's gradient,
     else a second input's)."""
     device, precision = setting.device, setting.precision
@@ -182,7 +182,7 @@ def layer_ops(config: TransformerConfig, setting: Setting, *, moe: bool = False)
     norm = memory_op(setting, "norm", 2 * activations, 3 * activations, "norm")  # x -> y; x, dy -> dx
     # bias + dropout + residual add: x, residual -> out (+ a byte mask); backward dy, mask -> dx.
     residual = memory_op(setting, "residual", 3 * activations + (local * h if dropout else 0),
-                       2 * activations + (local * h if dropout else 0), "dropout" if dropout else "elementwise")
+                         2 * activations + (local * h if dropout else 0), "dropout" if dropout else "elementwise")
     # A pre-norm layer norms before attention and before the MLP; one norm serves both where the
     # layer has one (Falcon-7B), and further norms (Gemma 2's on each output) come on top.
     extra_norms = [norm] * max(0, config.num_layer_norms - 2)
@@ -205,11 +205,11 @@ def layer_ops(config: TransformerConfig, setting: Setting, *, moe: bool = False)
         return [*ops, *moe_ffn_ops(config, setting), *_reduce(setting, config), residual]
     inner = tokens * f / t * e
     if config.is_gated_ffn:  # gate, up -> silu(gate) * up; backward dy, gate, up -> dgate, dup
-        ops += [matmul_op(setting, "fc1", tokens, 2 * f / t, h), memory_op(setting, "swiglu", 3 * inner, 5 * inner,
-                                                                        "elementwise")]
+        ops += [matmul_op(setting, "fc1", tokens, 2 * f / t, h),
+                memory_op(setting, "swiglu", 3 * inner, 5 * inner, "elementwise")]
     else:  # bias + GELU fused: x -> y; backward dy, x -> dx
         ops += [matmul_op(setting, "fc1", tokens, f / t, h), memory_op(setting, "gelu", 2 * inner, 3 * inner,
-                                                                    "elementwise")]
+                                                                       "elementwise")]
     ops += [matmul_op(setting, "fc2", tokens, h, f / t), *_reduce(setting, config), residual]
     return ops
 

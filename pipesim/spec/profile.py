@@ -232,7 +232,8 @@ class Profile(FrozenModel):
             weight_stashed_bytes=[layer.weight_stashed_bytes for layer in layers],
             recomputed_bytes=[layer.recomputed_bytes or 0.0 for layer in layers],
             selective=[layer.is_selectively_recomputed for layer in layers],
-            gradient_bytes=None if layers[0].gradient_bytes is None else [layer.gradient_bytes or 0.0 for layer in layers],
+            gradient_bytes=None if layers[0].gradient_bytes is None
+            else [layer.gradient_bytes or 0.0 for layer in layers],
             optimizer_bytes=None if layers[0].optimizer_bytes is None
             else [layer.optimizer_bytes or 0.0 for layer in layers],
             gathered_bytes=None if all(layer.gathered_bytes is None for layer in layers)

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.cli_runner import ROOT, pipesim
+
 MIXTRAL = str(ROOT / "tests" / "data" / "hf_configs" / "Mixtral-8x7B-v0.1" / "config.json")
 GOLDEN = ROOT / "tests" / "golden" / "cost_model_before_parallelism.json"
-
-
-def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=180)
 
 
 def simulate_json(*args: str) -> dict[str, object]:

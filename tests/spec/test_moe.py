@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.spec.cluster import Cluster, Tier
-from pipesim.spec.device import Device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.opcost import Setting, layer_ops, totals
 from pipesim.spec.transformer import (
@@ -19,9 +17,9 @@ from pipesim.spec.transformer import (
     parameters,
 )
 from pipesim.spec.transformer_profile import transformer_profile
+from tests.support.cost_fixtures import GB, round_device, two_nodes
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "hf_configs"
-GB = 1e9
 
 
 def fixture(name: str) -> TransformerConfig:
@@ -74,23 +72,6 @@ def test_deepseek_v2_lite_projects_q_straight_from_the_hidden_state() -> None:
     assert parameters(config) == pytest.approx(15.7e9, rel=0.01)  # its model card: 15.7B in all
 
 
-def toy_device() -> Device:
-    return Device.model_validate({
-        "name": "toy", "memory_bytes": 80e9, "peak_flops": {"bf16": 100e12}, "vector_flops": 10e12,
-        "memory_bandwidth_bytes_per_s": 1e12, "num_sms": 10, "launch_s": 1e-6, "sustained_share": 1.0,
-        "matmul": {"max_efficiency": 0.5, "k_overhead": 50, "tiles": [{"m": 100, "n": 100, "efficiency": 1.0}]},
-        "memory": {"max_efficiency": 0.8, "half_bytes": 0},
-        "attention": {"forward_max_efficiency": 0.6, "backward_max_efficiency": 0.4, "forward_seq_half": 0,
-                      "backward_seq_half": 0, "head_dim_half": 0},
-    })
-
-
-def two_nodes() -> Cluster:
-    return Cluster(name="two-nodes", tiers=(
-        Tier(name="nvlink", gpus=8, bandwidth_bytes_per_s=300 * GB, latency_s=1e-6, bus_efficiency=0.8),
-        Tier(name="ib", gpus=None, bandwidth_bytes_per_s=25 * GB, latency_s=5e-6, bus_efficiency=0.9)))
-
-
 MOE = TransformerConfig(name="moe-toy", num_layers=4, hidden_size=1024, ffn_hidden_size=2816, num_heads=16,
                         num_kv_heads=4, vocab_size=32000, seq_len=4096, is_gated_ffn=True, norm="rmsnorm",
                         has_dropout=False, has_rotary=True, ffn_activation="swiglu", num_experts=16,
@@ -98,7 +79,7 @@ MOE = TransformerConfig(name="moe-toy", num_layers=4, hidden_size=1024, ffn_hidd
 
 
 def test_an_moe_layers_time_is_the_hand_sum_of_router_dispatch_experts_and_combine() -> None:
-    device = toy_device()
+    device = round_device()
     # TP 2, EP 4 with EP ranks TP apart: 4 members 2 apart span 7 GPUs, inside a node: the all-to-all
     # runs at NVLink's collective rate, 240 GB/s, 3 hops of 1 us.
     setting = Setting(device=device, cluster=two_nodes(), precision="bf16", microbatch_size=2, seq_len=4096, tp=2,
@@ -132,7 +113,7 @@ def test_an_moe_layers_time_is_the_hand_sum_of_router_dispatch_experts_and_combi
 
 
 def test_expert_parallelism_splits_the_experts_weights_and_their_optimizer_state() -> None:
-    device, cluster = toy_device(), two_nodes()
+    device, cluster = round_device(), two_nodes()
     whole = transformer_profile(MOE, device=device, cluster=cluster, dp=8).layers[1]
     split = transformer_profile(MOE, device=device, cluster=cluster, dp=8, ep=8, zero=1).layers[1]
     expert = 3 * 1024 * 2816
@@ -148,7 +129,7 @@ def test_expert_parallelism_splits_the_experts_weights_and_their_optimizer_state
 
 def test_dense_first_layers_stay_dense() -> None:
     config = TransformerConfig(**{**MOE.__dict__, "num_dense_layers": 1})
-    profile = transformer_profile(config, device=toy_device(), cluster=two_nodes(), ep=2, dp=2)
+    profile = transformer_profile(config, device=round_device(), cluster=two_nodes(), ep=2, dp=2)
     dense, moe = profile.layers[1], profile.layers[2]
     assert dense.param_bytes < moe.param_bytes and moe.param_bytes == profile.layers[4].param_bytes
 

@@ -1,7 +1,8 @@
 """ZeRO and context parallelism against the ZeRO paper's bytes and hand-computed collective and ring times.
 
 The cluster is a file (two nodes of 8 GPUs: NVLink at 300 GB/s, 0.8 of it in collectives, 1 us a
-hop; InfiniBand at 25 GB/s per GPU, 0.9 of it, 5 us a hop), the device a toy with round numbers.
+hop; InfiniBand at 25 GB/s per GPU, 0.9 of it, 5 us a hop), the device one with round numbers
+(``tests/support/cost_fixtures.py``).
 """
 
 from __future__ import annotations
@@ -13,25 +14,13 @@ import pytest
 
 from pipesim.errors import ConfigError
 from pipesim.spec.cluster import Cluster, load_cluster
-from pipesim.spec.device import Device
 from pipesim.spec.opcost import Setting, layer_ops
 from pipesim.spec.transformer import TransformerConfig, layer_activation_bytes
 from pipesim.spec.transformer_profile import transformer_profile
 from pipesim.training import simulate_training
+from tests.support.cost_fixtures import round_device
 
 GB = 1e9
-
-
-def toy_device() -> Device:
-    """100 TFLOP/s, one 100 x 100 tile at half of peak, 1 TB/s; attention at 0.6 / 0.4 of peak at any length."""
-    return Device.model_validate({
-        "name": "toy", "memory_bytes": 80e9, "peak_flops": {"bf16": 100e12}, "vector_flops": 10e12,
-        "memory_bandwidth_bytes_per_s": 1e12, "num_sms": 10, "launch_s": 1e-6, "sustained_share": 1.0,
-        "matmul": {"max_efficiency": 0.5, "k_overhead": 50, "tiles": [{"m": 100, "n": 100, "efficiency": 1.0}]},
-        "memory": {"max_efficiency": 0.8, "half_bytes": 0},
-        "attention": {"forward_max_efficiency": 0.6, "backward_max_efficiency": 0.4, "forward_seq_half": 0,
-                      "backward_seq_half": 0, "head_dim_half": 0},
-    })
 
 
 def two_nodes(tmp_path: Path, compute_share: float = 0.0) -> Cluster:
@@ -63,7 +52,7 @@ def test_zero_memory_per_gpu_is_the_papers_2_2_12_bytes_split_as_each_stage_spli
     # K Psi = 12 Psi of Adam's fp32 state. Stage 1 splits the 12, stage 2 the gradients too, stage 3 all.
     assert PSI == 116_971_520
     n = 8
-    run = simulate_training(GPT, device=toy_device(), cluster=two_nodes(tmp_path), global_batch=16, dp=n, zero=zero)
+    run = simulate_training(GPT, device=round_device(), cluster=two_nodes(tmp_path), global_batch=16, dp=n, zero=zero)
     held = run.result.metrics.device_peak_breakdown_bytes[0]
     weights = {0: 2 * PSI, 1: 2 * PSI, 2: 2 * PSI,
                # the shard, and the whole weights of the stage's two largest layers gathered at once:
@@ -84,7 +73,7 @@ def test_zero3_gathers_each_layer_before_its_forward_and_backward_as_hand_comput
     gather = hops + 15 / 16 * 2 * LAYER / bus  # the layer's 16-bit weights
     scatter = hops + 15 / 16 * 4 * LAYER / bus  # its gradients, in fp32 under bf16
     short = TransformerConfig(**{**GPT.__dict__, "seq_len": 128})
-    base, zero2, zero3 = (transformer_profile(short, device=toy_device(), cluster=cluster, dp=16, zero=zero).layers[1]
+    base, zero2, zero3 = (transformer_profile(short, device=round_device(), cluster=cluster, dp=16, zero=zero).layers[1]
                           for zero in (0, 2, 3))
     assert gather > base.forward_s  # b = 1, s = 128: the gather outlasts the forward, so it decides
     assert zero3.forward_s == pytest.approx(max(base.forward_s, gather), rel=1e-12)
@@ -103,8 +92,8 @@ def test_a_gather_beside_compute_takes_its_tiers_share_of_the_compute(tmp_path: 
     shared = two_nodes(tmp_path, compute_share=0.25)
     gather = 15 * 5e-6 + 15 / 16 * 2 * LAYER / (180 * GB)
     config = TransformerConfig(**{**GPT.__dict__, "seq_len": 8192})  # a long forward: the compute outlasts the gather
-    base = transformer_profile(config, device=toy_device(), cluster=shared, dp=16).layers[1]
-    zero3 = transformer_profile(config, device=toy_device(), cluster=shared, dp=16, zero=3).layers[1]
+    base = transformer_profile(config, device=round_device(), cluster=shared, dp=16).layers[1]
+    zero3 = transformer_profile(config, device=round_device(), cluster=shared, dp=16, zero=3).layers[1]
     assert base.forward_s > gather
     assert zero3.forward_s == pytest.approx(base.forward_s + 0.25 * gather, rel=1e-12)
 
@@ -116,10 +105,11 @@ def test_ring_attention_steps_equal_the_hand_computed_times(tmp_path: Path) -> N
     config = TransformerConfig(name="gqa", num_layers=2, hidden_size=1024, ffn_hidden_size=4096, num_heads=16,
                                num_kv_heads=4, vocab_size=1000, seq_len=8192, has_dropout=False)
     for s in (8192, 1024):
-        setting = Setting(device=toy_device(), cluster=cluster, precision="bf16", microbatch_size=1, seq_len=s, tp=4,
+        setting = Setting(device=round_device(), cluster=cluster, precision="bf16", microbatch_size=1, seq_len=s, tp=4,
                           tp_stride=1, cp=4, cp_stride=4)
         ring = next(op for op in layer_ops(config, setting) if op.name == "ring-attention")
-        # Each of 4 steps: 1/16 of the causal 2 b s^2 (a/t) d FLOPs; forward at 0.6 of 100 TFLOP/s, backward 2.5x at 0.4.
+        # Each of 4 steps: 1/16 of the causal 2 b s^2 (a/t) d FLOPs; forward at 0.6 of 100 TFLOP/s,
+        # backward 2.5 times those FLOPs at 0.4.
         flops = 2 * s * s * 4 * 64 / 16
         forward, backward = 1e-6 + flops / 60e12, 1e-6 + 2.5 * flops / 40e12
         chunk = s / 4 * (64 + 64) * 2  # K and V of s/4 tokens, one KV head (64 wide) each on this TP rank
@@ -134,8 +124,8 @@ def test_context_parallelism_divides_the_tokens_and_reduces_over_dp_x_cp(tmp_pat
     llama = TransformerConfig(name="llama-toy", num_layers=4, hidden_size=1024, ffn_hidden_size=3584, num_heads=16,
                               num_kv_heads=4, vocab_size=32000, seq_len=8192, is_gated_ffn=True, norm="rmsnorm",
                               has_dropout=False, has_rotary=True, ffn_activation="swiglu")
-    split = transformer_profile(llama, device=toy_device(), cluster=cluster, cp=4, dp=2)
-    whole = transformer_profile(llama, device=toy_device(), cluster=cluster, dp=8)
+    split = transformer_profile(llama, device=round_device(), cluster=cluster, cp=4, dp=2)
+    whole = transformer_profile(llama, device=round_device(), cluster=cluster, dp=8)
     block = split.layers[1]
     assert block.stash_bytes == layer_activation_bytes(llama, microbatch_size=1, seq_len=2048, attention="flash")
     assert block.activation_bytes == 2048 * 1024 * 2 and split.input_bytes == 8 * 2048
@@ -153,5 +143,5 @@ def test_context_parallelism_divides_the_tokens_and_reduces_over_dp_x_cp(tmp_pat
 ])
 def test_a_degree_that_does_not_divide_what_it_splits_is_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        transformer_profile(GPT, device=toy_device(), **kwargs)  # type: ignore[arg-type]
+        transformer_profile(GPT, device=round_device(), **kwargs)  # type: ignore[arg-type]
     assert str(caught.value).startswith(message)
