@@ -149,11 +149,14 @@ class ModelProfileSpec(FrozenModel):
     def build(self, base_dir: Path | None = None) -> Profile:
         """The Profile (of one variant); a model file's relative path is taken from ``base_dir``."""
         from pipesim.spec.model_files import load_model
-        from pipesim.spec.transformer import PRESETS
+        from pipesim.spec.transformer import PRESETS, preset
         from pipesim.spec.transformer_profile import transformer_profile
 
-        is_file = self.preset.strip().lower() not in PRESETS and not Path(self.preset).is_absolute()
-        config = load_model(str(base_dir / self.preset) if is_file and base_dir is not None else self.preset)
+        path = Path(self.preset) if base_dir is None or Path(self.preset).is_absolute() else base_dir / self.preset
+        if self.preset.strip().lower() in PRESETS or not path.exists():
+            config = preset(self.preset)  # an unknown name is refused with the presets listed
+        else:
+            config = load_model(str(path))
         return transformer_profile(config, device=self.device, microbatch_size=self.microbatch_size,
                                    seq_len=self.seq_len, tp=self.tp, recompute=self.recompute, dp=self.dp[0],
                                    cp=self.cp[0], ep=self.ep[0], zero=self.zero[0], layer_state=self.zero[0] >= 1)
