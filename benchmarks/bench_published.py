@@ -11,7 +11,10 @@ benchmarks/RESULTS.md.
 
 What a run leaves unsaid is taken from ``NOTES`` (each entry names where it comes from) and
 otherwise from the defaults below; nothing is tuned to the published figures, which are a check,
-not a fitting set.
+not a fitting set. A run may use context parallelism (``cp``), expert parallelism (``ep``, with the
+model block's ``num_experts``, ``experts_per_token``, ``moe_ffn_hidden_size``,
+``shared_expert_ffn_hidden_size``, ``num_dense_layers``, or a ``config_file``: a Hugging Face
+config.json beside the runs file) and ZeRO stages 0 to 3 (``zero_stage``, or ``fsdp``: true).
 
     python benchmarks/bench_published.py [--runs FILE] [--write]
 """
@@ -32,7 +35,8 @@ from results_file import machine, write_section
 from pipesim.errors import PipesimError
 from pipesim.spec.cluster import Cluster, cluster_from_flags, load_cluster
 from pipesim.spec.device import Device, load_device
-from pipesim.spec.transformer import TransformerConfig
+from pipesim.spec.model_files import load_model
+from pipesim.spec.transformer import TransformerConfig, forward_flops_per_token, head_forward_flops
 from pipesim.training import simulate_training
 
 DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published_runs.json"
@@ -74,8 +78,12 @@ def cluster_of(hardware: dict[str, Any], device: Device) -> Cluster:
     return cluster
 
 
-def config_of(model: dict[str, Any]) -> TransformerConfig:
-    """A TransformerConfig from a run's ``model`` block."""
+def config_of(model: dict[str, Any], runs_file: Path | None = None) -> TransformerConfig:
+    """A TransformerConfig from a run's ``model`` block (or the Hugging Face config file it names,
+    relative to the runs file)."""
+    if model.get("config_file"):
+        folder = runs_file.parent if runs_file is not None else Path.cwd()
+        return load_model(str(folder / model["config_file"]))
     gated = model.get("activation", "gelu") in ("swiglu", "geglu")
     rmsnorm = model.get("norm", "layernorm" if model.get("family") == "gpt" else "rmsnorm") == "rmsnorm"
     return TransformerConfig(
@@ -86,18 +94,27 @@ def config_of(model: dict[str, Any]) -> TransformerConfig:
         has_tied_embeddings=bool(model.get("tied_embeddings", False)), has_bias=model.get("family") == "gpt",
         norm="rmsnorm" if rmsnorm else "layernorm",
         num_positions=model["seq_len"] if model.get("position") == "learned" else 0,
-        published_parameters=float(model.get("parameters_reported") or 0.0))
+        published_parameters=float(model.get("parameters_reported") or 0.0),
+        num_experts=int(model.get("num_experts") or 0), num_experts_per_token=int(model.get("experts_per_token") or 0),
+        expert_ffn_hidden_size=model.get("moe_ffn_hidden_size"),
+        shared_expert_ffn_hidden_size=int(model.get("shared_expert_ffn_hidden_size") or 0),
+        num_dense_layers=int(model.get("num_dense_layers") or 0))
 
 
 def eq3_flops(config: TransformerConfig, *, global_batch: int, seq_len: int, recompute: str) -> float:
     """Narayanan et al.'s equation 3 generalised to any recomputation: 24 (3 + r) B s L h^2 (1 + s/6h) + 6 B s h V,
-    r = 1 with full recomputation (their 96 B s L h^2 (1 + s/6h + V/16Lh)), else 0."""
+    r = 1 with full recomputation (their 96 B s L h^2 (1 + s/6h + V/16Lh)), else 0. A mixture of
+    experts (the equation has no router or experts) counts (3 + r) x its forward FLOPs per token
+    (the router, k routed and the shared experts) on the layers and 3 on the logits."""
     b, s, layers, h, v = global_batch, seq_len, config.num_layers, config.hidden_size, config.vocab_size
     passes = 4 if recompute == "full" else 3
+    if config.is_moe:
+        logits = head_forward_flops(config, tokens=1)
+        return b * s * (passes * (forward_flops_per_token(config, s) - logits) + 3 * logits)
     return 24 * passes * b * s * layers * h * h * (1 + s / (6 * h)) + 6 * b * s * h * v
 
 
-def predict(run: dict[str, Any]) -> dict[str, Any]:
+def predict(run: dict[str, Any], runs_file: Path | None = None) -> dict[str, Any]:
     """One run's prediction and its comparison with the published figure."""
     note = {**DEFAULTS, **NOTES.get(run["id"], {})}
     parallel = run["parallelism"]
@@ -105,17 +122,14 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
         if parallel.get(key) is not None:
             note[key] = parallel[key]
     model = run["model"]
-    config = config_of(model)
+    config = config_of(model, runs_file)
     if note["has_dropout"] != config.has_dropout:
         from dataclasses import replace
 
         config = replace(config, has_dropout=note["has_dropout"])
-    for degree in ("cp", "ep"):
-        if (parallel.get(degree) or 1) > 1:
-            raise PipesimError(f"{degree}={parallel[degree]} is not modelled yet (issue 32)")
-    if (parallel.get("zero_stage") or 0) > 1:
-        raise PipesimError(f"ZeRO stage {parallel['zero_stage']} is not modelled yet (issue 32)")
     tp, pp, dp = parallel["tp"], parallel["pp"], parallel["dp"]
+    cp, ep = parallel.get("cp") or 1, parallel.get("ep") or 1
+    zero = 3 if parallel.get("fsdp") else parallel.get("zero_stage") or 0
     v = note["virtual_stages"] if pp > 1 else 1
     recompute = parallel.get("recompute") or "none"
     device = device_of(run["hardware"])
@@ -127,11 +141,11 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
         stages_per_rank=v,
         schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=note["microbatch_size"],
         seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")), recompute=recompute,
-        precision=precision, attention=note["attention"], zero=min(1, parallel.get("zero_stage") or 0),
-        dp_overlap=note["dp_overlap"])
+        precision=precision, attention=note["attention"], zero=zero, cp=cp, ep=ep,
+        dp_overlap=note["dp_overlap"] and zero < 2)
     seconds = time.perf_counter() - began
     reported = run["reported"]
-    gpus = tp * pp * dp
+    gpus = tp * cp * pp * dp
     if reported.get("tflops_per_gpu"):
         flops = eq3_flops(config, global_batch=parallel["global_batch_size"], seq_len=model["seq_len"],
                           recompute=recompute)
@@ -154,7 +168,8 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
         raise PipesimError("the run reports no figure pipesim can compare")
     return {"id": run["id"], "metric": metric, "published": published, "predicted": value,
             "ratio": value / published, "iteration_time_s": predicted.iteration_time_s, "gpus": gpus,
-            "tp": tp, "pp": pp, "dp": dp, "v": v, "microbatch_size": note["microbatch_size"],
+            "tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": ep, "zero": zero, "v": v,
+            "microbatch_size": note["microbatch_size"],
             "fits": predicted.fits, "peak_memory_gb": predicted.peak_memory_bytes / 1e9,
             "series": run.get("series") or run["id"].rsplit("-", 1)[0], "order": float(
                 model.get("parameters_reported") or 0.0), "simulate_s": seconds, "notes": note["source"]}
@@ -186,8 +201,10 @@ def report(rows: list[dict[str, Any]], failed: list[tuple[str, str]], source: Pa
              f"`{source.name}`; shipped device and cluster files, nothing tuned to these rows.", "",
              "| run | GPUs | tp x pp x dp (V, b) | published | predicted | error |", "|---|---|---|---|---|---|"]
     for row in rows:
+        extra = "".join(f", {name} {row[name]}" for name in ("cp", "ep", "zero") if row[name] > (0 if name == "zero"
+                                                                                                 else 1))
         lines.append(f"| {row['id']} | {row['gpus']} | {row['tp']}x{row['pp']}x{row['dp']} ({row['v']}, "
-                     f"{row['microbatch_size']}) | {row['published']:.4g} | {row['predicted']:.4g} | "
+                     f"{row['microbatch_size']}{extra}) | {row['published']:.4g} | {row['predicted']:.4g} | "
                      f"{row['ratio'] - 1:+.1%} |")
     if rows:
         lines += ["", f"{len(rows)} runs: mean |error| {statistics.fmean(absolute):.1%}, median |error| "
@@ -216,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, failed = [], []
     for run in runs:
         try:
-            row = predict(run)
+            row = predict(run, args.runs)
         except PipesimError as error:
             failed.append((run.get("id", "?"), str(error)))
             print(f"{run.get('id')}: not predicted: {error}", file=sys.stderr)

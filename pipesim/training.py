@@ -1,4 +1,4 @@
-"""A training job from its model and layout: TP x PP x DP on a device and cluster, simulated step by step.
+"""A training job from its model and layout: TP x CP x PP x DP (EP, ZeRO) on a device and cluster, simulated.
 
 ``simulate_training`` is the capacity study in one call (the Python form of ``pipesim simulate
 --model``): it builds the rank's profile from the op cost model, cuts it as Megatron-LM does
@@ -42,7 +42,7 @@ class TrainingResult:
         tokens_per_s: tokens per second over all data-parallel pipelines.
         mfu: model FLOPs (3 x forward per token, recomputation not counted) over all GPUs' peak.
         model_tflops_per_gpu: the same FLOPs per step / step time / GPUs / 1e12.
-        num_gpus: TP x PP x DP.
+        num_gpus: TP x CP x PP x DP.
         fits: every device's simulated peak within the memory budget.
         peak_memory_bytes: the largest device peak.
     """
@@ -91,6 +91,8 @@ def simulate_training(
     tp: int = 1,
     pp: int = 1,
     dp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
     stages_per_rank: int = 1,
     schedule: str = "1f1b",
     microbatch_size: int = 1,
@@ -105,13 +107,16 @@ def simulate_training(
     memory_bytes: float | None = None,
     efficiency: float | None = None,
 ) -> TrainingResult:
-    """Simulate one global-batch step of ``model`` on TP x PP x DP GPUs.
+    """Simulate one global-batch step of ``model`` on TP x CP x PP x DP GPUs.
 
     Args:
         model: a preset name, a model file or a TransformerConfig.
         device, cluster: shipped names, files, or loaded models (the cluster defaults to the device's).
         global_batch: sequences per optimizer step; M = global / (microbatch size x DP) per pipeline.
         tp, pp, dp, stages_per_rank: degrees; ``stages_per_rank`` V > 1 interleaves model stages.
+        cp, ep: context parallelism (each sequence split over ``cp`` ranks: the batch is not) and
+            expert parallelism (the routed experts over ``ep`` of the DP x CP ranks).
+        zero: ZeRO stage 0 to 3 (3 is FSDP), over the DP x CP ranks.
         schedule: a registry key (``1f1b``, ``interleaved-1f1b``, ``zbv``, ...).
         Others as ``transformer_profile`` takes them; ``memory_bytes`` is the per-device budget
         (default the device's memory).
@@ -127,7 +132,7 @@ def simulate_training(
         from pipesim.spec.cluster import load_cluster
 
         wiring = load_cluster(str(cluster))
-    layout = Parallelism(tp=tp, pp=pp, dp=dp, placement=placement)
+    layout = Parallelism(tp=tp, pp=pp, dp=dp, placement=placement, cp=cp, ep=ep)
     if stages_per_rank < 1:
         raise ConfigError("stages_per_rank", stages_per_rank, "must be >= 1")
     num_microbatches = microbatches_per_pipeline(global_batch, microbatch_size, dp)
@@ -135,11 +140,11 @@ def simulate_training(
     profile = transformer_profile(config, device=spec, cluster=wiring, microbatch_size=microbatch_size, seq_len=s,
                                   tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, precision=precision,
                                   attention=attention, efficiency=efficiency, pp=pp, dp=dp, zero=zero,
-                                  dp_overlap=dp_overlap, placement=placement)
+                                  dp_overlap=dp_overlap, placement=placement, cp=cp, ep=ep)
     num_stages = pp * stages_per_rank
     plan = make_plan(profile, schedule=schedule, num_stages=num_stages, num_microbatches=num_microbatches,
                      stages_per_rank=stages_per_rank, partition=megatron_partition(config.num_layers, num_stages),
-                     optimizer_state_multiplier=zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, dp, zero))
+                     optimizer_state_multiplier=zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, dp * cp, zero))
     budget = spec.memory_bytes if memory_bytes is None else memory_bytes
     topology = Topology.uniform(
         num_devices=pp, memory_bytes=budget,
@@ -148,7 +153,7 @@ def simulate_training(
     result = simulate_plan(profile, topology, plan, engine="auto")
     metrics = result.metrics
     peak = spec.peak(precision or spec.default_precision)
-    gpus = tp * pp * dp
+    gpus = layout.num_gpus
     tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=dp, seq_len=s,
                                    forward_flops_per_token=forward_flops_per_token(config, s), num_gpus=gpus,
                                    peak_flops=peak)

@@ -122,7 +122,7 @@ def build_model_profile(config: TransformerConfig, hardware: Hardware, *, effici
                         calibrate_path: str | None, microbatch_size: int | None, seq_len: int | None, tp: int,
                         sequence_parallel: bool, recompute: Recompute, precision: str | None, attention: Any,
                         pp: int = 1, dp: int = 1, zero: int = 0, dp_overlap: bool = False,
-                        placement: str = "tp-in-node") -> Profile:
+                        placement: str = "tp-in-node", cp: int = 1, ep: int = 1) -> Profile:
     """The profile the model options describe, calibrated on a measured profile when one is given.
 
     Raises:
@@ -142,7 +142,7 @@ def build_model_profile(config: TransformerConfig, hardware: Hardware, *, effici
     return transformer_profile(config, device=hardware.device, cluster=hardware.cluster, microbatch_size=b,
                                seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
                                efficiency=efficiency, precision=precision, attention=attention, pp=pp, dp=dp,
-                               zero=zero, dp_overlap=dp_overlap, placement=placement)
+                               zero=zero, dp_overlap=dp_overlap, placement=placement, cp=cp, ep=ep)
 
 
 @click.command("model")
@@ -184,8 +184,12 @@ def model_command(name: str | None, model_path: str | None, recompute: Recompute
     if as_json:
         click.echo(json.dumps(summary, sort_keys=True))
         return
+    active = summary.get("active_parameters_per_token")
+    experts = (f" ({config.num_experts} experts, top-{config.num_experts_per_token}: {active / 1e9:.3f} B active per "
+               f"token)" if active is not None else "")
     click.echo(
-        f"{config.name}: {summary['parameters'] / 1e9:.3f} B parameters (published {config.published_parameters / 1e9:g} B), "
+        f"{config.name}: {summary['parameters'] / 1e9:.3f} B parameters{experts} "
+        f"(published {config.published_parameters / 1e9:g} B), "
         f"{config.num_layers} layers, {summary['forward_flops_per_token'] / 1e9:.2f} GFLOP forward per token at "
         f"s={summary['seq_len']}\n"
         f"on {profile.device}, b={profile.microbatch_size}, tp={options['tp']}, recompute={recompute}: per layer "

@@ -1,4 +1,4 @@
-"""Collectives as algorithms on a cluster's tiers: ring and tree all-reduce, reduce-scatter, all-gather, send.
+"""Collectives as algorithms on cluster tiers: all-reduce (ring, tree), reduce-scatter, all-gather, all-to-all, send.
 
 A group is ``size`` GPUs ``stride`` apart in the cluster's numbering (tensor parallelism's ranks
 are neighbours, stride 1; data parallelism's are a tensor-parallel group apart). Its collective
@@ -12,12 +12,19 @@ B (nccl-tests' bus bandwidth, here predicted):
 - tree all-reduce (NCCL's double binary tree between domains, a chain inside them):
   2 (log2(domains) a_outer + (per_domain - 1) a_inner) + 2 S / B;
 - reduce-scatter and all-gather (ring): (n-1) a + (n-1)/n S / B;
+- all-to-all (each rank sends S/n to every rank, nccl-tests' ``alltoall`` with S the buffer a
+  rank holds): (n-1) a + (n-1)/n S / B_a2a;
 - send: a + S / rate of the tier between the two GPUs.
 
 B is the outer tier's rate times the members per domain (their links side by side), capped by
 what the inner tier carries: in a ring through k members of a domain each of k rings leaves
 through a different member, so each member sends (k-1)/k of its traffic inside the domain:
 B = min(k x outer rate, k/(k-1) x inner rate).
+
+An all-to-all has no ring to spread over the domain's links: each rank sends (n-k)/n of its buffer
+through its own link of the outer tier and (k-1)/n inside its domain, both at once, so its bus
+bandwidth (nccl-tests: algbw x (n-1)/n) is B_a2a = min((n-1)/(n-k) x outer rate, (n-1)/(k-1) x
+inner rate), the inner tier's rate for a group inside one domain.
 """
 
 from __future__ import annotations
@@ -94,6 +101,29 @@ def reduce_scatter_s(cluster: Cluster, group: Group, num_bytes: float) -> float:
 def allgather_s(cluster: Cluster, group: Group, num_bytes: float) -> float:
     """Seconds of a ring all-gather into a ``num_bytes`` buffer over ``group`` (each brings 1/n)."""
     return reduce_scatter_s(cluster, group, num_bytes)
+
+
+def all_to_all_bus_bytes_per_s(cluster: Cluster, group: Group) -> float:
+    """nccl-tests' all-to-all bus bandwidth of ``group`` on ``cluster`` (module docstring)."""
+    n = group.size
+    index = cluster.tier_of_span(group.stride * (n - 1) + 1)
+    if index == 0:
+        return cluster.tiers[0].rate_bytes_per_s
+    k = group_path(cluster, group).per_domain
+    outer = (n - 1) / (n - k) * cluster.tiers[index].rate_bytes_per_s
+    if k == 1:
+        return outer
+    return min(outer, (n - 1) / (k - 1) * cluster.tiers[index - 1].rate_bytes_per_s)
+
+
+def all_to_all_s(cluster: Cluster, group: Group, num_bytes: float) -> float:
+    """Seconds of an all-to-all of a ``num_bytes`` buffer per rank over ``group`` (each rank keeps
+    1/n and sends 1/n to each other rank): (n-1) a + (n-1)/n S / B_a2a; 0 for one GPU or no bytes."""
+    n = group.size
+    if n <= 1 or num_bytes <= 0:
+        return 0.0
+    path = group_path(cluster, group)
+    return (n - 1) * path.outer_latency_s + (n - 1) / n * num_bytes / all_to_all_bus_bytes_per_s(cluster, group)
 
 
 def send_s(cluster: Cluster, stride: int, num_bytes: float) -> float:

@@ -7,8 +7,12 @@ and a file that forgot one would otherwise describe that model silently. Every o
 count needs follows transformers' documented default for the type: ``num_key_value_heads``
 absent means multi-head attention, GPT-2's ``n_inner`` null means 4h, ``head_dim`` absent means
 h / a (256 for Gemma), ``tie_word_embeddings`` is what the type's config class sets. The
-sequence length is the config's context length (``max_position_embeddings``). Mixture-of-experts
-configs are refused. The file is data: read, never executed (``auto_map`` is ignored).
+sequence length is the config's context length (``max_position_embeddings``). Mixtures of experts
+are read for mixtral, qwen2_moe, deepseek_v2 and deepseek_v3 (their expert counts, top-k, expert
+and shared-expert sizes and dense first layers are shape keys, required; DeepSeek's latent
+attention too; its multi-token-prediction modules are not counted, as its published size leaves
+them out); other MoE types are refused. The file is data: read, never executed (``auto_map`` is
+ignored).
 """
 
 from __future__ import annotations
@@ -23,22 +27,18 @@ from typing import Any, Literal
 
 from pipesim.errors import ConfigError
 from pipesim.spec.files import dumps, parse_json, read_text
-from pipesim.spec.transformer import PRESETS, FfnActivation, TransformerConfig, preset
+from pipesim.spec.hf_keys import ConfigKeys
+from pipesim.spec.hf_moe import deepseek, mixtral_experts, qwen2_moe_experts
+from pipesim.spec.transformer import PRESETS, TransformerConfig, preset
 
 SCHEMA = "pipesim.model/1"
 _FIELDS = {field.name: field for field in dataclasses.fields(TransformerConfig)}
 _FIELD_TYPES = typing.get_type_hints(TransformerConfig)
 
-# Model types whose layers are mixtures of experts, and the keys that give a config's expert count.
-MOE_MODEL_TYPES = ("dbrx", "deepseek_v2", "deepseek_v3", "granitemoe", "jamba", "jetmoe", "mixtral", "olmoe",
-                   "phimoe", "qwen2_moe", "qwen3_moe")
+# Model types whose layers are mixtures of experts that are not read (refused), and the keys that
+# give a config's expert count (a dense type's config that sets one is refused too).
+MOE_MODEL_TYPES = ("dbrx", "granitemoe", "jamba", "jetmoe", "olmoe", "phimoe", "qwen3_moe")
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-
-_GELUS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate", "quick_gelu")
-# hidden_act names by (the function's family, whether the FFN is gated) -> pipesim's ffn_activation
-_ACTIVATIONS: dict[tuple[str, bool], FfnActivation] = {("gelu", False): "gelu", ("relu", False): "relu",
-                                                       ("gelu", True): "geglu", ("silu", True): "swiglu"}
-_FAMILY = {name: "gelu" for name in _GELUS} | {"relu": "relu", "silu": "silu", "swish": "silu"}
 
 
 def load_model(name_or_path: str) -> TransformerConfig:
@@ -130,86 +130,6 @@ def _built(values: Mapping[str, Any], source: str) -> TransformerConfig:
         raise ConfigError(error.field, error.value, error.rule, source=source) from None
 
 
-class _Keys:
-    """One config.json's values, each read with its type and range checked; ``aliases`` are the
-    other names transformers accepts for a key (GPT-2's ``hidden_size`` for ``n_embd``)."""
-
-    def __init__(self, data: Mapping[str, Any], source: str, aliases: Mapping[str, tuple[str, ...]]) -> None:
-        self.data, self.source, self.aliases = data, source, aliases
-        self.model_type = str(data["model_type"])
-
-    def error(self, key: str, value: Any, rule: str) -> ConfigError:
-        return ConfigError(key, value, rule, source=self.source)
-
-    def get(self, key: str) -> tuple[str, Any]:
-        """``(name, value)`` as given under ``key`` or an alias (None when absent or null)."""
-        given = [(name, self.data[name]) for name in (key, *self.aliases.get(key, ())) if name in self.data]
-        for name, value in given[1:]:
-            if value != given[0][1]:
-                raise self.error(name, value, f"contradicts {given[0][0]}={given[0][1]!r} (one setting, two names)")
-        return given[0] if given else (key, None)
-
-    def optional_integer(self, key: str, minimum: int = 1) -> int | None:
-        name, value = self.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(name, value, "must be an integer")
-        if value < minimum:
-            raise self.error(name, value, f"must be >= {minimum}")
-        return value
-
-    def integer(self, key: str, default: int | None = None) -> int:
-        """The integer under ``key``; absent or null gives ``default``, or an error when there is none."""
-        value = self.optional_integer(key)
-        if value is not None:
-            return value
-        if default is None:
-            raise self.error(key, None, f"is required in a {self.model_type} config.json")
-        return default
-
-    def boolean(self, key: str, default: bool) -> bool:
-        name, value = self.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(name, value, "must be true or false")
-        return value
-
-    def has_dropout(self, *keys: str, default: float = 0.0) -> bool:
-        """Whether any of the dropout probabilities ``keys`` is above 0."""
-        probabilities = []
-        for key in keys:
-            name, value = self.get(key)
-            value = default if value is None else value
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise self.error(name, value, "must be a probability in [0, 1]")
-            probabilities.append(value)
-        return any(probability > 0 for probability in probabilities)
-
-    def activation(self, keys: tuple[str, ...], default: str, *, is_gated: bool) -> FfnActivation:
-        """pipesim's name for the FFN's activation given under the first of ``keys`` present."""
-        given = [self.get(key) for key in keys]
-        name, value = next(((name, value) for name, value in given if value is not None), (keys[0], default))
-        result = _ACTIVATIONS.get((_FAMILY.get(value, ""), is_gated)) if isinstance(value, str) else None
-        if result is None:
-            known = [n for n, family in _FAMILY.items() if (family, is_gated) in _ACTIVATIONS]
-            raise self.error(name, value, f"must be one of {', '.join(known)} for the "
-                             f"{'gated ' if is_gated else ''}FFN of a {self.model_type} config.json")
-        return result
-
-    def heads(self, hidden: int, heads_key: str, kv_key: str | None,
-              head_dim: int | None) -> tuple[int, int, int | None]:
-        """``(a, g, head size)``: heads, KV heads (``kv_key`` absent: a) and d where it is not h / a."""
-        heads = self.integer(heads_key)
-        kv_heads = heads if kv_key is None else self.integer(kv_key, heads)
-        if head_dim is None and hidden % heads:
-            raise self.error(heads_key, heads, f"must divide the hidden size ({hidden})")
-        if heads % kv_heads:
-            raise self.error(kv_key or heads_key, kv_heads, f"must divide the attention heads ({heads})")
-        return heads, kv_heads, None if head_dim is None or head_dim * heads == hidden else head_dim
-
-
 def _biases(*, qkv: bool, out: bool, mlp: bool) -> dict[str, Any]:
     """TransformerConfig's bias fields: ``has_bias`` is the output projection's, the others where they differ."""
     return {"has_bias": out, "has_qkv_bias": None if qkv == out else qkv, "has_mlp_bias": None if mlp == out else mlp}
@@ -243,10 +163,12 @@ DECODERS: dict[str, _Decoder] = {
     "gemma2": _Decoder(is_tied=True, max_positions=8192, activation="gelu_pytorch_tanh", head_dim=256,
                        activation_keys=("hidden_activation", "hidden_act"), attention_bias_key="attention_bias",
                        num_layer_norms=4),
+    "mixtral": _Decoder(is_tied=False, max_positions=4096 * 32),
+    "qwen2_moe": _Decoder(is_tied=False, max_positions=8192, has_qkv_bias=True),
 }
 
 
-def _decoder(keys: _Keys) -> dict[str, Any]:
+def _decoder(keys: ConfigKeys) -> dict[str, Any]:
     family = DECODERS[keys.model_type]
     hidden = keys.integer("hidden_size")
     head_dim = keys.optional_integer("head_dim") or family.head_dim
@@ -264,7 +186,7 @@ def _decoder(keys: _Keys) -> dict[str, Any]:
                 **_biases(qkv=attention_bias or family.has_qkv_bias, out=attention_bias, mlp=mlp_bias))
 
 
-def _gpt2(keys: _Keys) -> dict[str, Any]:
+def _gpt2(keys: ConfigKeys) -> dict[str, Any]:
     hidden = keys.integer("n_embd")
     heads, _, _ = keys.heads(hidden, "n_head", None, None)
     positions = keys.integer("n_positions", 1024)
@@ -277,7 +199,7 @@ def _gpt2(keys: _Keys) -> dict[str, Any]:
                 has_dropout=keys.has_dropout("resid_pdrop", "embd_pdrop", "attn_pdrop", default=0.1))
 
 
-def _gpt_neox(keys: _Keys) -> dict[str, Any]:
+def _gpt_neox(keys: ConfigKeys) -> dict[str, Any]:
     hidden = keys.integer("hidden_size")
     heads, _, _ = keys.heads(hidden, "num_attention_heads", None, None)
     attention_bias = keys.boolean("attention_bias", True)  # Q, K, V and the output projection; the MLP always has one
@@ -291,7 +213,7 @@ def _gpt_neox(keys: _Keys) -> dict[str, Any]:
                 **_biases(qkv=attention_bias, out=attention_bias, mlp=True))
 
 
-def _bloom(keys: _Keys) -> dict[str, Any]:
+def _bloom(keys: ConfigKeys) -> dict[str, Any]:
     hidden = keys.integer("hidden_size")
     heads, _, _ = keys.heads(hidden, "n_head", None, None)
     # ALiBi: no position parameters; BLOOM trained at 2048 tokens (its model card) and names no context length.
@@ -301,7 +223,7 @@ def _bloom(keys: _Keys) -> dict[str, Any]:
                 has_embedding_norm=True, has_dropout=keys.has_dropout("hidden_dropout", "attention_dropout"))
 
 
-def _opt(keys: _Keys) -> dict[str, Any]:
+def _opt(keys: ConfigKeys) -> dict[str, Any]:
     hidden = keys.integer("hidden_size")
     heads, _, _ = keys.heads(hidden, "num_attention_heads", None, None)
     projection = keys.integer("word_embed_proj_dim", hidden)
@@ -325,7 +247,7 @@ def _opt(keys: _Keys) -> dict[str, Any]:
                 has_dropout=keys.has_dropout("dropout", "attention_dropout", default=0.1))
 
 
-def _falcon(keys: _Keys) -> dict[str, Any]:
+def _falcon(keys: ConfigKeys) -> dict[str, Any]:
     hidden = keys.integer("hidden_size")
     is_new = keys.boolean("new_decoder_architecture", False)  # Falcon-40B and later: grouped KV, two norms
     is_parallel = is_new or keys.boolean("parallel_attn", True)
@@ -347,8 +269,12 @@ def _falcon(keys: _Keys) -> dict[str, Any]:
 
 
 # model_type -> (reader, the other names transformers accepts for a key the reader asks for)
-_READERS: dict[str, tuple[Callable[[_Keys], dict[str, Any]], Mapping[str, tuple[str, ...]]]] = {
+_READERS: dict[str, tuple[Callable[[ConfigKeys], dict[str, Any]], Mapping[str, tuple[str, ...]]]] = {
     **{name: (_decoder, {}) for name in DECODERS},
+    "mixtral": (lambda keys: {**_decoder(keys), **mixtral_experts(keys)}, {}),
+    "qwen2_moe": (lambda keys: {**_decoder(keys), **qwen2_moe_experts(keys)}, {}),
+    "deepseek_v2": (deepseek, {}),
+    "deepseek_v3": (deepseek, {}),
     "gpt2": (_gpt2, {"n_embd": ("hidden_size",), "n_layer": ("num_hidden_layers",), "n_head": ("num_attention_heads",),
                      "n_positions": ("max_position_embeddings",)}),
     "gpt_neox": (_gpt_neox, {}),
@@ -359,32 +285,37 @@ _READERS: dict[str, tuple[Callable[[_Keys], dict[str, Any]], Mapping[str, tuple[
                          "num_kv_heads": ("n_head_kv",), "hidden_size": ("n_embed",)}),
 }
 HF_MODEL_TYPES = tuple(sorted(_READERS))
+MOE_READERS = ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3")
 
 
 def model_from_hf_config(data: dict[str, Any], *, source: str) -> TransformerConfig:
     """Read a Hugging Face ``config.json`` (model_type llama, mistral, qwen2, phi3, gemma, gemma2,
-    gpt2, gpt_neox, bloom, opt or falcon); ``source`` names the file in errors and in the label
-    (a ``config.json``'s folder name, else the file's stem).
+    gpt2, gpt_neox, bloom, opt, falcon, and the mixtures of experts mixtral, qwen2_moe,
+    deepseek_v2, deepseek_v3); ``source`` names the file in errors and in the label (a
+    ``config.json``'s folder name, else the file's stem).
 
     Raises:
-        ConfigError: a mixture-of-experts config, an unknown model_type (the known ones listed),
-            a missing shape key, or a value that breaks a rule.
+        ConfigError: a mixture-of-experts config of another type, an unknown model_type (the known
+            ones listed), a missing shape key, or a value that breaks a rule.
     """
     model_type = data.get("model_type")
     if not isinstance(model_type, str):
         raise ConfigError("model_type", model_type, f"must be a string, one of {', '.join(HF_MODEL_TYPES)}",
                           source=source)
     if model_type in MOE_MODEL_TYPES:
-        raise ConfigError("model_type", model_type, "is a mixture of experts: MoE is not modelled yet", source=source)
+        raise ConfigError("model_type", model_type, f"is a mixture of experts pipesim does not read (it reads "
+                          f"{', '.join(MOE_READERS)})", source=source)
     for key in EXPERT_KEYS:
         experts = data.get(key)
-        if isinstance(experts, int) and not isinstance(experts, bool) and experts > 1:
-            raise ConfigError(key, experts, "a mixture of experts: MoE is not modelled yet", source=source)
+        if model_type not in MOE_READERS and isinstance(experts, int) and not isinstance(experts, bool) \
+                and experts > 1:
+            raise ConfigError(key, experts, f"makes a {model_type} config a mixture of experts, which pipesim reads "
+                              f"for {', '.join(MOE_READERS)} only", source=source)
     if model_type not in _READERS:
         raise ConfigError("model_type", model_type, f"must be one of {', '.join(HF_MODEL_TYPES)}", source=source)
     reader, aliases = _READERS[model_type]
     path = Path(source)
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-    values = reader(_Keys(data, source, aliases))
+    values = reader(ConfigKeys(data, source, aliases))
     return _built({"name": name, "source": f"{source} (Hugging Face config.json, model_type {model_type})", **values},
                   source)

@@ -10,14 +10,20 @@ pipeline's first and last stages carry their real extra weight and time.
   (Megatron's per-layer checkpoints); the stash is what remains (Korthikanti et al.; a fused
   attention keeps no scores), and what a layer's I re-creates and holds is its
   ``recomputed_bytes``.
-- Data parallelism of degree D: each layer's gradients are reduced over the DP group on the
-  tier it spans (an all-reduce; with ZeRO-1 / the distributed optimizer a reduce-scatter of the
-  gradients and an all-gather of the weights), after the minibatch's last backward or
-  overlapped with it (``dp_overlap``: then the communication kernels take their tier's
-  ``compute_share`` of the compute while they run). Gradients travel in fp32 under bf16
-  (Megatron's rule) and in fp16 under fp16. The optimizer step (mixed-precision Adam,
-  ``ADAM_BYTES_PER_PARAMETER`` bytes streamed per parameter, more under fp16, over D with ZeRO) is each layer's
-  ``update_s``; a tied embedding's gradient is also all-reduced between the first and last stage.
+- Data parallelism of degree D (over DP x CP ranks, ``pipesim.spec.layout``): each layer's
+  gradients are reduced over the DP group on the tier it spans (an all-reduce; with ZeRO-1 /
+  the distributed optimizer a reduce-scatter of the gradients and an all-gather of the
+  weights), after the minibatch's last backward or overlapped with it (``dp_overlap``: then the
+  communication kernels take their tier's ``compute_share`` of the compute while they run);
+  ZeRO-2 and 3 reduce (and gather) per layer and microbatch. Gradients travel in fp32 under
+  bf16 (Megatron's rule) and in fp16 under fp16. The optimizer step (mixed-precision Adam,
+  ``ADAM_BYTES_PER_PARAMETER`` bytes streamed per parameter, more under fp16, over D with ZeRO)
+  is each layer's ``update_s``; a tied embedding's gradient is also all-reduced between the first
+  and last stage (``pipesim.spec.sharding``).
+- Context parallelism of degree C: each rank holds b s / C tokens of every sequence: its ops,
+  stash and sends are those of its tokens, its attention a ring (``pipesim.spec.opcost``).
+- Mixture of experts: the layers past ``num_dense_layers`` run the router, dispatch, experts and
+  combine (``pipesim.spec.moe_ops``); a rank holds E / EP of the routed experts.
 - Stash: ``layer_activation_bytes``. The head keeps its norm's and the logit layer's inputs
   (2 b s h each); the fp32 logits (4 b s V / t) are ``loss_bytes``, the token ids (int64) the
   ``input_bytes``; the embedding keeps its dropout mask when the model has dropout.
@@ -28,15 +34,21 @@ pipeline's first and last stages carry their real extra weight and time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pipesim.errors import ConfigError
 from pipesim.spec.cluster import Cluster, load_cluster
-from pipesim.spec.collectives import Group, allgather_s, allreduce_s, group_path, reduce_scatter_s, send_tier
+from pipesim.spec.collectives import Group, group_path, send_tier
 from pipesim.spec.device import Device, load_device
+from pipesim.spec.experts import routed_expert_parameters
+from pipesim.spec.layout import PLACEMENTS as PLACEMENTS  # where the CLI and search import them
+from pipesim.spec.layout import Parallelism as Parallelism
 from pipesim.spec.opcost import Attention, OpCost, Setting, check_attention, embedding_ops, head_ops, layer_ops, totals
 from pipesim.spec.profile import Profile
+from pipesim.spec.sharding import ADAM_BYTES_PER_PARAMETER as ADAM_BYTES_PER_PARAMETER
+from pipesim.spec.sharding import ADAM_STATE_MULTIPLIER as ADAM_STATE_MULTIPLIER
+from pipesim.spec.sharding import FP16_EXTRA_BYTES_PER_PARAMETER as FP16_EXTRA_BYTES_PER_PARAMETER
+from pipesim.spec.sharding import BYTES_PER_VALUE, ZERO_STAGES, add_update
 from pipesim.spec.transformer import (
     RECOMPUTE_MODES,
     Recompute,
@@ -45,47 +57,13 @@ from pipesim.spec.transformer import (
     head_parameters,
     layer_activation_bytes,
     layer_linear_parameters,
+    layer_norm_parameters,
     preset,
 )
 from pipesim.spec.validation import build
 
-BYTES_PER_VALUE = 2  # 16-bit weights and activations
 TOKEN_ID_BYTES = 8  # a token id as torch.long, the dtype nn.Embedding takes
-# Mixed-precision Adam: fp32 master weights, momentum and variance, 12 bytes per parameter, that
-# is 6 x the 16-bit weight bytes (with 16-bit gradients, 16 bytes a parameter in all: ZeRO, Rajbhandari et al. 2020).
-ADAM_STATE_MULTIPLIER = 6.0
-# Bytes the optimizer step streams per parameter: the fp32 gradient read twice (its norm for
-# clipping, then Adam), the fp32 master weight, momentum and variance each read and written,
-# the 16-bit weight written back: 4 + 4 + 8 + 8 + 8 + 2. Under fp16 (loss scaling) the 16-bit
-# gradients are first copied into fp32 (2 + 4) and unscaled with an overflow check (4 + 4).
-ADAM_BYTES_PER_PARAMETER = 34.0
-FP16_EXTRA_BYTES_PER_PARAMETER = 14.0
-PLACEMENTS = ("tp-in-node", "pp-in-node")
-
-
-@dataclass(frozen=True)
-class Parallelism:
-    """Degrees and placement: TP x PP x DP GPUs numbered TP fastest (tp-in-node, Megatron's order)
-    or PP fastest (pp-in-node: a pipeline's stages share a node)."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    placement: str = "tp-in-node"
-
-    def __post_init__(self) -> None:
-        for field in ("tp", "pp", "dp"):
-            if getattr(self, field) < 1:
-                raise ConfigError(field, getattr(self, field), "must be >= 1")
-        if self.placement not in PLACEMENTS:
-            raise ConfigError("placement", self.placement, f"must be one of {', '.join(PLACEMENTS)}")
-
-    @property
-    def strides(self) -> tuple[int, int, int]:
-        """GPUs between neighbours of (TP, PP, DP)."""
-        if self.placement == "tp-in-node":
-            return 1, self.tp * self.dp, self.tp
-        return self.pp, 1, self.pp * self.tp
+ATTENTION_CORE = ("scores", "softmax", "attention-dropout", "context", "attention", "ring-attention")
 
 
 def resolve_device(device: str | Device) -> Device:
@@ -116,6 +94,9 @@ def transformer_profile(
     zero: int = 0,
     dp_overlap: bool = False,
     placement: str = "tp-in-node",
+    cp: int = 1,
+    ep: int = 1,
+    layer_state: bool = False,
 ) -> Profile:
     """The per-layer profile of ``model`` on one rank of ``device`` in ``cluster``.
 
@@ -130,11 +111,15 @@ def transformer_profile(
         efficiency: replaces the device's sustained matrix share of peak (a what-if).
         include_embeddings: False leaves out the embedding and head layers (a bare stack).
         pp, dp, zero, dp_overlap, placement: the pipeline depth (for placement), data
-            parallelism, ZeRO stage (0 or 1), overlap of the gradient reduction, and placement.
+            parallelism, ZeRO stage (0 to 3; 3 is FSDP), overlap of the gradient reduction, and placement.
+        cp, ep: context parallelism (the sequence split over ``cp`` ranks) and expert parallelism
+            (the routed experts split over ``ep`` of the DP x CP ranks).
+        layer_state: every layer states its gradient and (Adam's) optimizer bytes, as ZeRO shards
+            them, in place of the plan's optimizer multiplier (as they do anyway under ZeRO-2/3).
 
     Raises:
-        ConfigError: a bad count, an unknown preset, device, cluster, precision or mode, or
-            ``tp`` not dividing the heads.
+        ConfigError: a bad count, an unknown preset, device, cluster, precision or mode, or a
+            degree that does not divide what it splits (heads, sequence, experts, DP x CP).
     """
     config = preset(model) if isinstance(model, str) else model
     spec = resolve_device(device)
@@ -146,47 +131,45 @@ def transformer_profile(
     s = seq_len if seq_len is not None else config.seq_len
     _check(config, microbatch_size=microbatch_size, seq_len=s, tp=tp, recompute=recompute, zero=zero)
     check_attention(attention)
-    layout = Parallelism(tp=tp, pp=pp, dp=dp, placement=placement)
-    tp_stride, pp_stride, dp_stride = layout.strides
+    layout = Parallelism(tp=tp, pp=pp, dp=dp, placement=placement, cp=cp, ep=ep)
+    _check_split(config, layout, seq_len=s, attention=attention, zero=zero, dp_overlap=dp_overlap)
+    tp_stride = layout.strides[0]
     chosen = precision or spec.default_precision
     spec.peak(chosen)  # refuses a precision the card lacks before any work
     setting = Setting(device=spec, cluster=wiring, precision=chosen, microbatch_size=microbatch_size, seq_len=s,
-                      tp=tp, sequence_parallel=sequence_parallel and tp > 1, attention=attention, tp_stride=tp_stride)
+                      tp=tp, sequence_parallel=sequence_parallel and tp > 1, attention=attention, tp_stride=tp_stride,
+                      cp=cp, cp_stride=layout.cp_stride, ep=ep, ep_stride=layout.expert_group.stride)
     b, h, t = microbatch_size, config.hidden_size, tp
-    sent = b * s * h * BYTES_PER_VALUE / t
+    local = s // cp  # the tokens of each sequence this rank holds
+    sent = b * local * h * BYTES_PER_VALUE / t
 
-    ops = layer_ops(config, setting)
-    forward, input_grad, weight_grad = totals(ops)
-    core = [op for op in ops if op.name in ("scores", "softmax", "attention-dropout", "context", "attention")]
-    redo = {"none": 0.0, "selective": sum(op.forward_s for op in core), "full": forward}[recompute]
-    stash, whole = (layer_activation_bytes(config, microbatch_size=b, seq_len=s, tp=t,
-                                           sequence_parallel=setting.sequence_parallel, recompute=mode,
-                                           attention=attention) for mode in (recompute, "none"))
-    block = _layer("layer", forward=forward, backward_input=input_grad + redo, backward_weight=weight_grad,
-                   sent=sent, stash=stash,
-                   params=(layer_linear_parameters(config) / t + config.num_layer_norms * config.norm_parameters)
-                   * BYTES_PER_VALUE)
-    if whole != stash:
-        block["recomputed_bytes"] = whole - stash
-    layers = [dict(block, name=f"layer{index}") for index in range(config.num_layers)]
+    kinds = [False, True] if config.is_moe and config.num_dense_layers else [config.is_moe]
+    blocks = {moe: _block(config, setting, recompute=recompute, moe=moe, sent=sent) for moe in kinds}
+    layers = [dict(blocks[config.is_moe_layer(index)], name=f"layer{index}") for index in range(config.num_layers)]
+    experts = [routed_expert_parameters(config) / (t * ep) if config.is_moe_layer(index) else 0.0
+               for index in range(config.num_layers)]
     if include_embeddings:
         embed_forward, embed_input, embed_weight = totals(embedding_ops(config, setting))
         embedding = _layer("embedding", forward=embed_forward, backward_input=embed_input, backward_weight=embed_weight,
-                           sent=sent, stash=float(b * s * h if config.has_dropout else 0),
+                           sent=sent, stash=float(b * local * h if config.has_dropout else 0),
                            params=embedding_parameters(config) / t * BYTES_PER_VALUE)
         head_forward, head_input, head_weight = totals(head_ops(config, setting))
-        head_weights = head_parameters(config) + (config.vocab_size * h if config.has_tied_embeddings else 0)
+        # A tied output layer reuses the embedding's table: on one pipeline stage that is the same
+        # table, with several the last stage keeps its own copy (kept equal by an all-reduce).
+        head_weights = head_parameters(config) + (config.vocab_size * h if config.has_tied_embeddings and pp > 1
+                                                  else 0)
         head = _layer("head", forward=head_forward, backward_input=head_input, backward_weight=head_weight, sent=0.0,
-                      stash=4.0 * b * s * h, params=head_weights / t * BYTES_PER_VALUE)
-        layers = [embedding, *layers, head]
-    _add_update(layers, config, setting, layout, zero=zero, overlap=dp_overlap,
-                strides=(dp_stride, pp_stride), has_embeddings=include_embeddings)
+                      stash=4.0 * b * local * h, params=head_weights / t * BYTES_PER_VALUE)
+        layers, experts = [embedding, *layers, head], [0.0, *experts, 0.0]
+    add_update(layers, experts, config, setting, layout, zero=zero, overlap=dp_overlap,
+               has_embeddings=include_embeddings, layer_state=layer_state)
     parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") if t > 1 else ""
+    parallel += "".join(f", {name}={degree}" for name, degree in (("cp", cp), ("ep", ep), ("zero", zero)) if degree > 1)
     return build(Profile, {
         "name": config.name,
         "layers": layers,
-        "input_bytes": TOKEN_ID_BYTES * b * s if include_embeddings else None,
-        "loss_bytes": 4.0 * b * s * config.vocab_size / t if include_embeddings else None,
+        "input_bytes": TOKEN_ID_BYTES * b * local if include_embeddings else None,
+        "loss_bytes": 4.0 * b * local * config.vocab_size / t if include_embeddings else None,
         "microbatch_size": b,
         "dtype": chosen,
         "device": f"{spec.name} ({chosen}, matrix {spec.matmul.max_efficiency:g} of {spec.peak(chosen) / 1e12:g} "
@@ -194,6 +177,43 @@ def transformer_profile(
         "source": f"pipesim.transformer_profile: {config.name}, s={s}, recompute={recompute}, attention={attention}"
                   f"{parallel}; {config.source}",
     })
+
+
+def _block(config: TransformerConfig, setting: Setting, *, recompute: Recompute, moe: bool,
+           sent: float) -> dict[str, Any]:
+    """One transformer layer of the profile (dense, or a mixture of experts): its ops' times with
+    the recomputation's re-run forward in I, its stash and what its I re-creates, its weights."""
+    ops = layer_ops(config, setting, moe=moe)
+    forward, input_grad, weight_grad = totals(ops)
+    redo = {"none": 0.0, "selective": sum(op.forward_s for op in ops if op.name in ATTENTION_CORE),
+            "full": forward}[recompute]
+    stash, whole = (layer_activation_bytes(config, microbatch_size=setting.microbatch_size,
+                                           seq_len=setting.seq_len // setting.cp, tp=setting.tp,
+                                           sequence_parallel=setting.sequence_parallel, recompute=mode,
+                                           attention=setting.attention, moe=moe) for mode in (recompute, "none"))
+    block = _layer("layer", forward=forward, backward_input=input_grad + redo, backward_weight=weight_grad,
+                   sent=sent, stash=stash, params=rank_layer_parameters(config, tp=setting.tp, ep=setting.ep, moe=moe)
+                   * BYTES_PER_VALUE)
+    if whole != stash:
+        block["recomputed_bytes"] = whole - stash
+    return block
+
+
+def rank_layer_parameters(config: TransformerConfig, *, tp: int, ep: int = 1, moe: bool = False) -> float:
+    """One layer's parameters on one rank: its matrices over TP (MLA's down-projections and a
+    mixture's router and shared-expert gate whole, the routed experts over TP x EP), its norms whole."""
+    if not moe and not config.kv_lora_rank:
+        return layer_linear_parameters(config) / tp + config.num_layer_norms * config.norm_parameters
+    from pipesim.spec.experts import ffn_parameters, moe_shared_parameters  # noqa: PLC0415 - MoE and MLA only
+
+    h = config.hidden_size
+    whole = h * config.q_lora_rank + h * (config.kv_lora_rank + config.qk_rope_head_size) if config.kv_lora_rank else 0
+    split = layer_linear_parameters(config) - whole
+    if not moe:
+        return split / tp + whole + layer_norm_parameters(config)
+    router = h * config.num_experts + (h if config.has_shared_expert_gate else 0)
+    split += moe_shared_parameters(config) - router - ffn_parameters(config, config.ffn_hidden_size)
+    return split / tp + whole + router + routed_expert_parameters(config) / (tp * ep) + layer_norm_parameters(config)
 
 
 def pipeline_bandwidth_bytes_per_s(cluster: Cluster, parallelism: Parallelism,
@@ -212,40 +232,6 @@ def pipeline_bandwidth_bytes_per_s(cluster: Cluster, parallelism: Parallelism,
 def pipeline_latency_s(cluster: Cluster, parallelism: Parallelism) -> float:
     """One pipeline message's fixed cost: its tier's latency."""
     return cluster.tiers[send_tier(cluster, parallelism.strides[1])].latency_s
-
-
-def _add_update(layers: list[dict[str, Any]], config: TransformerConfig, setting: Setting, layout: Parallelism, *,
-                zero: int, overlap: bool, strides: tuple[int, int], has_embeddings: bool) -> None:
-    """Each layer's optimizer step and gradient reduction (module docstring), in place."""
-    dp_stride, pp_stride = strides
-    device, cluster = setting.device, setting.cluster
-    grad_bytes = 4.0 if setting.precision == "bf16" else 2.0
-    step_bytes = ADAM_BYTES_PER_PARAMETER + (FP16_EXTRA_BYTES_PER_PARAMETER if setting.precision == "fp16" else 0.0)
-    group = Group(layout.dp, dp_stride)
-    share = cluster.tiers[group_path(cluster, group).tier_index].compute_share if layout.dp > 1 else 0.0
-    for layer in layers:
-        parameters = layer["param_bytes"] / BYTES_PER_VALUE
-        shard = layout.dp if zero >= 1 else 1
-        step = device.launch_s + device.stream_s(parameters * step_bytes / shard, "optimizer")
-        if layout.dp > 1:
-            if zero >= 1:
-                reduce = reduce_scatter_s(cluster, group, parameters * grad_bytes) \
-                    + allgather_s(cluster, group, parameters * BYTES_PER_VALUE)
-            else:
-                reduce = allreduce_s(cluster, group, parameters * grad_bytes)
-            if overlap:
-                layer["gradient_allreduce_s"] = reduce
-                step += share * reduce
-            else:
-                step += reduce
-        layer["update_s"] = step
-    if has_embeddings and config.has_tied_embeddings and layout.pp > 1:
-        # The first stage's embedding and the last stage's output layer share one matrix: its
-        # gradient is all-reduced between them (two GPUs, the pipeline's length apart).
-        table = config.vocab_size * config.hidden_size / layout.tp * grad_bytes
-        sync = allreduce_s(cluster, Group(2, pp_stride * (layout.pp - 1)), table)
-        layers[0]["update_s"] += sync
-        layers[-1]["update_s"] += sync
 
 
 def _layer(name: str, *, forward: float, backward_input: float, backward_weight: float, sent: float, stash: float,
@@ -268,21 +254,43 @@ def _check(config: TransformerConfig, *, microbatch_size: int, seq_len: int, tp:
         raise ConfigError("tp", tp, f"must divide the KV heads ({config.num_kv_heads}) or be a multiple of them")
     if config.num_heads % tp:
         raise ConfigError("tp", tp, f"must divide the heads ({config.num_heads})")
-    if zero not in (0, 1):
-        raise ConfigError("zero", zero, "must be 0 (none) or 1 (optimizer state sharded over --dp)")
+    if zero not in ZERO_STAGES:
+        raise ConfigError("zero", zero, "must be 0 (none), 1 (optimizer state), 2 (and gradients) or 3 (and weights: "
+                          "FSDP) sharded over the data-parallel ranks")
+
+
+def _check_split(config: TransformerConfig, layout: Parallelism, *, seq_len: int, attention: str, zero: int,
+                 dp_overlap: bool) -> None:
+    """Refuses a context- or expert-parallel degree that does not divide what it splits, and ZeRO
+    settings that have nothing to shard."""
+    cp, ep = layout.cp, layout.ep
+    if seq_len % (2 * cp) and cp > 1:
+        raise ConfigError("cp", cp, f"must split the sequence ({seq_len}) into 2 x cp = {2 * cp} equal chunks "
+                          "(load-balanced causal attention)")
+    if cp > 1 and attention != "flash":
+        raise ConfigError("cp", cp, "needs --attention flash (the ring runs on the fused attention kernel)")
+    if ep > 1 and not config.is_moe:
+        raise ConfigError("ep", ep, f"needs a mixture of experts; {config.name} has a dense FFN")
+    if config.is_moe and config.num_experts % ep:
+        raise ConfigError("ep", ep, f"must divide the routed experts ({config.num_experts})")
+    if zero >= 2 and dp_overlap:
+        raise ConfigError("dp_overlap", True, f"applies to --zero 0 and 1; ZeRO-{zero} overlaps its per-layer "
+                          "collectives with compute already")
 
 
 def layer_op_costs(model: str | TransformerConfig, *, device: str | Device = "h100", cluster: str | Cluster | None = None,
                    microbatch_size: int = 1, seq_len: int | None = None, tp: int = 1, sequence_parallel: bool = False,
-                   precision: str | None = None, attention: Attention = "flash") -> list[OpCost]:
-    """One transformer layer's ops with their times, for ``pipesim model`` and the tests."""
+                   precision: str | None = None, attention: Attention = "flash",
+                   moe: bool | None = None) -> list[OpCost]:
+    """One transformer layer's ops with their times, for ``pipesim model`` and the tests (``moe``:
+    a mixture-of-experts layer; default whether the model has them)."""
     config = preset(model) if isinstance(model, str) else model
     spec = resolve_device(device)
     wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     setting = Setting(device=spec, cluster=wiring, precision=precision or spec.default_precision,
                       microbatch_size=microbatch_size, seq_len=seq_len or config.seq_len, tp=tp,
                       sequence_parallel=sequence_parallel and tp > 1, attention=attention)
-    return layer_ops(config, setting)
+    return layer_ops(config, setting, moe=config.is_moe if moe is None else moe)
 
 
 def calibrated_efficiency(measured: Profile, model: str | TransformerConfig, *, device: str | Device = "h100",
@@ -325,16 +333,25 @@ def calibrated_efficiency(measured: Profile, model: str | TransformerConfig, *, 
 
 def model_summary(config: TransformerConfig, profile: Profile, *, tp: int, recompute: str,
                   seq_len: int) -> dict[str, Any]:
-    """The ``pipesim model --json`` object: whole-model sizes (TP = 1) and this rank's profile totals."""
-    from pipesim.spec.transformer import forward_flops_per_token, layer_parameters, parameters
+    """The ``pipesim model --json`` object: whole-model sizes (TP = 1) and this rank's profile
+    totals; the layer figures are a mixture-of-experts layer's where the model has them, and its
+    ``active_parameters_per_token`` is added."""
+    from pipesim.spec.transformer import (
+        active_parameters_per_token,
+        forward_flops_per_token,
+        layer_parameters,
+        parameters,
+    )
 
-    blocks = [layer for layer in profile.layers if layer.name.startswith("layer")]
+    blocks = [layer for layer in profile.layers if layer.name.startswith("layer")][config.num_dense_layers:]
+    experts = {"active_parameters_per_token": active_parameters_per_token(config)} if config.is_moe else {}
     return {
         "model": config.name,
         "parameters": parameters(config),
+        **experts,
         "published_parameters": config.published_parameters,
         "layers": config.num_layers,
-        "layer_parameters": layer_parameters(config),
+        "layer_parameters": layer_parameters(config, moe=config.is_moe),
         "forward_flops_per_token": forward_flops_per_token(config, seq_len),
         "seq_len": seq_len,
         "microbatch_size": profile.microbatch_size,

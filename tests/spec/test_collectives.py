@@ -6,7 +6,16 @@ import pytest
 
 from pipesim.errors import ConfigError
 from pipesim.spec.cluster import Cluster, Tier, cluster_from_flags, load_cluster, shipped_clusters
-from pipesim.spec.collectives import Group, allgather_s, allreduce_s, group_path, reduce_scatter_s, send_s
+from pipesim.spec.collectives import (
+    Group,
+    all_to_all_bus_bytes_per_s,
+    all_to_all_s,
+    allgather_s,
+    allreduce_s,
+    group_path,
+    reduce_scatter_s,
+    send_s,
+)
 from pipesim.spec.validation import build
 
 GB = 1e9
@@ -102,3 +111,31 @@ def test_every_shipped_cluster_number_names_its_source(name: str) -> None:
         for field in ("bandwidth_bytes_per_s", "bus_efficiency"):
             assert f"tiers[{index}].{field}" in cluster.sources
     assert {"latency_s", "compute_share", "tiers[0].gpus"} <= set(cluster.sources)
+
+
+def busbw_alltoall(seconds: float, num_bytes: float, n: int) -> float:
+    """nccl-tests: all-to-all busbw = algbw x (n - 1) / n, with S the buffer each rank sends from."""
+    return num_bytes / seconds * (n - 1) / n
+
+
+def test_an_all_to_all_inside_a_node_runs_at_the_links_collective_rate() -> None:
+    cluster, size = two_tier(), 1 * GB
+    seconds = all_to_all_s(cluster, Group(8), size)
+    assert seconds == pytest.approx(7 / 8 * size / (240 * GB))
+    assert busbw_alltoall(seconds, size, 8) == pytest.approx(240 * GB)
+    assert all_to_all_s(cluster, Group(1), size) == 0.0 and all_to_all_s(cluster, Group(8), 0) == 0.0
+
+
+def test_an_all_to_all_across_nodes_sends_its_remote_share_through_each_members_own_nic() -> None:
+    cluster, size = two_tier(latency=5e-6), 1 * GB
+    # EP 4 with TP 4: members 4 apart, two a node. Each sends 2/4 of its buffer over its NIC (22.5 GB/s) and
+    # 1/4 inside the node: t = max(2/4 S / 22.5, 1/4 S / 240) = S / 45 GB/s, plus 3 hops of 5 us;
+    # busbw = 3/4 S / (S / 45) = 33.75 GB/s = (n-1)/(n-k) x 22.5.
+    seconds = all_to_all_s(cluster, Group(4, stride=4), size)
+    assert seconds == pytest.approx(3 * 5e-6 + size / (45 * GB))
+    assert all_to_all_bus_bytes_per_s(cluster, Group(4, stride=4)) == pytest.approx(33.75 * GB)
+    # EP 16, one member a node: every byte but its own 1/16 crosses the NIC: busbw is the NIC's 22.5 GB/s.
+    assert all_to_all_bus_bytes_per_s(cluster, Group(16, stride=8)) == pytest.approx(22.5 * GB)
+    # EP 16 over two full nodes: 8/16 leaves through the NIC, 7/16 over NVLink: the NIC decides,
+    # busbw = 15/8 x 22.5 = 42.2 GB/s.
+    assert all_to_all_bus_bytes_per_s(cluster, Group(16)) == pytest.approx(15 / 8 * 22.5 * GB)

@@ -51,7 +51,8 @@ PUBLISHED = [
     ("gpt2", 124e6), ("gpt2-xl", 1.56e9), ("Llama-2-7b-hf", 6.74e9), ("Meta-Llama-3-8B", 8.03e9),
     ("Mistral-7B-v0.1", 7.24e9), ("Qwen2-7B", 7.62e9), ("gpt-neox-20b", 20.6e9), ("bloom-560m", 559e6),
     ("bloom", 176.247e9), ("opt-66b", 66e9), ("Phi-3-mini-4k-instruct", 3.8e9), ("gemma-7b", 8.54e9),
-    ("gemma-2-9b", 9.24e9),
+    ("gemma-2-9b", 9.24e9), ("Mixtral-8x7B-v0.1", 46.7e9), ("Qwen1.5-MoE-A2.7B", 14.3e9), ("DeepSeek-V2-Lite", 15.7e9),
+    ("DeepSeek-V2", 236e9), ("DeepSeek-V3", 671e9),
 ]
 
 
@@ -166,8 +167,7 @@ def test_absent_keys_follow_the_transformers_defaults_of_the_others(tmp_path: Pa
 
 
 def test_own_json_round_trips_exactly(tmp_path: Path) -> None:
-    configs = [*PRESETS.values(), *(load_model(str(path)) for path in FIXTURES.glob("*/config.json")
-                                     if path.parent.name != "Mixtral-8x7B-v0.1")]
+    configs = [*PRESETS.values(), *(load_model(str(path)) for path in FIXTURES.glob("*/config.json"))]
     for config in configs:
         text = model_to_json(config)
         path = tmp_path / f"{config.name}.json"
@@ -185,12 +185,36 @@ def test_package_exports_load_model() -> None:
 # --- refusals: one line naming the field, the value and the rule -----------------------------
 
 
-def test_mixture_of_experts_is_refused(tmp_path: Path) -> None:
-    error = refusal(str(fixture("Mixtral-8x7B-v0.1")))
-    assert (error.field, error.value) == ("model_type", "mixtral") and "MoE is not modelled yet" in error.rule
+def test_a_mixture_of_experts_pipesim_does_not_read_is_refused(tmp_path: Path) -> None:
+    error = refusal(write(tmp_path, {**fixture_data("Mixtral-8x7B-v0.1"), "model_type": "dbrx"}))
+    assert (error.field, error.value) == ("model_type", "dbrx")
+    assert "mixture of experts pipesim does not read (it reads mixtral, qwen2_moe, deepseek_v2, deepseek_v3)" \
+        in error.rule
     experts = {**fixture_data("Phi-3-mini-4k-instruct"), "num_local_experts": 8}
     error = refusal(write(tmp_path, experts))
-    assert (error.field, error.value) == ("num_local_experts", 8) and "MoE is not modelled yet" in error.rule
+    assert (error.field, error.value) == ("num_local_experts", 8) and "reads for mixtral" in error.rule
+
+
+@pytest.mark.parametrize(("name", "key", "value", "rule"), [
+    ("Mixtral-8x7B-v0.1", "num_local_experts", None, "is required in a mixtral config.json"),
+    ("Mixtral-8x7B-v0.1", "num_experts_per_tok", 9, "must be <= the routed experts (8)"),
+    ("Qwen1.5-MoE-A2.7B", "shared_expert_intermediate_size", None, "is required in a qwen2_moe config.json"),
+    ("Qwen1.5-MoE-A2.7B", "decoder_sparse_step", 2, "must be 1: every layer a mixture of experts"),
+    ("Qwen1.5-MoE-A2.7B", "mlp_only_layers", [0], "must be empty"),
+    ("DeepSeek-V3", "first_k_dense_replace", None, "is required in a deepseek_v3 config.json"),
+    ("DeepSeek-V3", "moe_layer_freq", 2, "must be 1"),
+    ("DeepSeek-V3", "num_key_value_heads", 16, "must equal num_attention_heads (128)"),
+    ("DeepSeek-V2", "attention_bias", True, "is not modelled for latent attention"),
+])
+def test_an_moe_config_breaking_a_rule_is_refused_naming_the_key(tmp_path: Path, name: str, key: str, value: Any,
+                                                                 rule: str) -> None:
+    data = fixture_data(name)
+    if value is None:
+        del data[key]
+    else:
+        data[key] = value
+    error = refusal(write(tmp_path, data))
+    assert error.field == key and rule in error.rule
 
 
 def test_unknown_model_type_lists_the_known_ones(tmp_path: Path) -> None:
