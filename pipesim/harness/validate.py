@@ -16,6 +16,7 @@ import numpy as np
 
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
+from pipesim.harness.breakdown import contributions, op_rows
 from pipesim.harness.comparison import Comparison, RunComparison, compare_versions, op_means
 from pipesim.harness.config import COMPUTE_MODES, ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
@@ -82,9 +83,13 @@ class CalibratedTimes(Protocol):
     @property
     def op_spread(self) -> tuple[OpCosts, ...]: ...  # noqa: D102
 
+    @property
+    def trace(self) -> Trace | None: ...  # noqa: D102
 
-# Given the layer profile and the partition, a calibrated profile for that partition.
-Calibration = Callable[[Profile, tuple[tuple[int, int], ...]], CalibratedTimes]
+
+# Given the layer profile and the run to be calibrated (its partition, ranks, microbatches and
+# minibatches), a profile calibrated for that partition.
+Calibration = Callable[[Profile, RunConfig], CalibratedTimes]
 
 
 
@@ -101,7 +106,7 @@ class ScheduleValidation:
         schedule, num_stages, num_microbatches, num_minibatches: what runs.
         num_ranks: processes, for schedules that put several stages on a rank (0: one per stage).
         calibration: when given (real compute only), the prediction's op times come from it
-            (called before every run with the layer profile and the partition: a separate
+            (called before every run with the layer profile and the run's config: a separate
             calibration run of the real runtime, never the validated run), and the layer
             profile's own prediction is kept beside it (``RunComparison.layer_predicted``).
         spread_draws: with a calibration, the predicted iteration time is the mean over this
@@ -174,12 +179,13 @@ class ScheduleValidation:
         else:
             current, profile_share = self.profile()
         config = self._config(current)
-        layer_result, calibration_share = None, None
+        layer_result, calibration_share, calibration_trace = None, None, None
         spread: tuple[OpCosts, ...] = ()
         if self.calibration is not None:
             layer_result = predict(current, self.topology, config)
-            calibrated = self.calibration(current, config.partition)
+            calibrated = self.calibration(current, config)
             current, calibration_share, spread = calibrated.profile, calibrated.cpu_share, calibrated.op_spread
+            calibration_trace = calibrated.trace
         device = predict(current, self.topology, config)
         if self.host_cost_s:
             current = with_host_cost(current, self.host_cost_s, config.partition,
@@ -202,15 +208,21 @@ class ScheduleValidation:
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)
             trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
         peaks = trace.info.cuda_max_memory_allocated_bytes or ()
+        measured = compute_metrics(trace)
+        parts = contributions(result.trace, trace)
+        if mean_ops is not None and measured.iteration_time_s > 0:
+            parts["spread"] = (predicted.iteration_time_s - mean_ops) / measured.iteration_time_s
         run = RunComparison(
-            predicted=predicted, measured=compute_metrics(trace), replayed=compute_metrics(replay(program, trace)),
+            predicted=predicted, measured=measured, replayed=compute_metrics(replay(program, trace)),
             versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.info.cpu_share or ()),
             profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
             layer_predicted=None if layer_result is None else layer_result.metrics,
             calibration_cpu_share=calibration_share, mean_ops_iteration_time_s=mean_ops,
             op_times={"predicted": op_means(result.trace), "measured": op_means(trace),
                       "measured_cpu": op_means(trace, cpu=True),
-                      **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})})
+                      **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})},
+            op_rows=tuple(op_rows(result.trace, trace)), contributions=parts,
+            calibration_rows=() if calibration_trace is None else tuple(op_rows(calibration_trace, calibration_trace)))
         self.runs.append(run)
         return run
 
