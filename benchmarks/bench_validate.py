@@ -51,7 +51,8 @@ from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.overheads import host_cost  # noqa: E402
 from pipesim.harness.priority import check_realtime, raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
-from pipesim.harness.validate import ScheduleValidation  # noqa: E402
+from pipesim.harness.validate import ScheduleValidation, keep_trace  # noqa: E402
+from pipesim.spec.files import save_model  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402
 
 SCHEDULES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare", "interleaved-1f1b", "zb-h1", "zbv")
@@ -114,8 +115,8 @@ class PerRound:
     by every real run of that round that cuts the model there, so that the calibration is taken
     beside the runs it predicts; each has the calibrated run's m and K."""
 
-    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0) -> None:
-        self.spec, self.run, self.num_ranks = spec, run, num_ranks
+    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0, folder: Path | None = None) -> None:
+        self.spec, self.run, self.num_ranks, self.folder = spec, run, num_ranks, folder
         self.made: dict[tuple[object, ...], Calibrated] = {}
         self.count = 0
 
@@ -127,9 +128,12 @@ class PerRound:
         counts = (config.num_microbatches, config.num_minibatches)
         key = (config.partition, counts)
         if key not in self.made:
-            self.made[key] = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks,
-                                       for_run=counts)
+            made = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks, for_run=counts)
+            self.made[key] = made
             self.count += 1
+            if self.folder is not None and made.trace is not None:
+                keep_trace(made.trace.to_json(), self.folder / f"calibration-{len(config.partition)}-stages-"
+                                                               f"{self.count}.json.gz")
         return self.made[key]
 
 
@@ -196,11 +200,13 @@ class CaseResult:
     comparisons: list[tuple[str, Comparison]]
 
 
-def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadline: float = float("inf")) -> CaseResult:
+def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadline: float = float("inf"),
+             folder: Path | None = None) -> CaseResult:
     """Every schedule of one case, emulated and real, interleaved; its tables and notes. The emulated
     ranks (host-cost runs included) run under SCHED_RR at priority ``realtime`` (0: not). A round
     that would end after ``deadline`` (``time.perf_counter``; judged by the time per run so far,
-    calibrations included) is not started: the case then has fewer runs, and says so."""
+    calibrations included) is not started: the case then has fewer runs, and says so. With ``folder``,
+    the profile, the links and every trace (runs and calibrations, gzipped) are kept there."""
     started = time.perf_counter()
     load_before = os.getloadavg()
     timing = Timing(repeats=30, processes=case.num_ranks)
@@ -210,8 +216,11 @@ def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadl
     host_cost_s = host_cost(profile, topology, case.spec, case.num_ranks, realtime_priority=realtime,
                             num_microbatches=case.num_microbatches, num_minibatches=case.num_minibatches)
     progress(f"{case.label}: profile, links and host cost in {time.perf_counter() - started:.0f} s")
-    calibration = PerRound(case.spec, CalibrationRun())
-    looped_calibration = PerRound(case.spec, CalibrationRun(), case.num_ranks)  # two stages per rank
+    if folder is not None:
+        save_model(profile, folder / "profile.json")
+        save_model(topology, folder / "topology.json")
+    calibration = PerRound(case.spec, CalibrationRun(), folder=folder)
+    looped_calibration = PerRound(case.spec, CalibrationRun(), case.num_ranks, folder)  # two stages per rank
     lines = [f"### {case.label}, m={case.num_microbatches}, K={case.num_minibatches}", "",
              f"Links: {fits[0].latency_s * 1e6:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s. "
              f"Emulated host cost: {host_cost_s * 1e6:.0f} us per F and B op fed by another rank, added to the "
@@ -226,7 +235,7 @@ def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadl
         shared = name in TWO_STAGES_PER_RANK
         common = {"schedule": name, "num_stages": 2 * case.num_ranks if shared else case.num_ranks,
                   "num_microbatches": case.num_microbatches, "num_minibatches": case.num_minibatches,
-                  "num_ranks": case.num_ranks if shared else 0}
+                  "num_ranks": case.num_ranks if shared else 0, "trace_folder": folder}
         try:
             validations[name] = {
                 "emulated": ScheduleValidation(profile, topology, case.spec, compute="emulated",
@@ -366,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.time_limit:
             left = started + args.time_limit - time.perf_counter()
             deadline = time.perf_counter() + left / (len(cases) - index)
-        result = run_case(case, runs, names, realtime, deadline)
+        folder = None if args.out is None else args.out / f"case{number}-traces"
+        result = run_case(case, runs, names, realtime, deadline, folder)
         lines += result.lines + [""]
         missed += result.missed
         print("\n".join(result.lines) + "\n", flush=True)

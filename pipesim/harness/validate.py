@@ -7,6 +7,8 @@ interleave (A B C A B C): a machine whose speed drifts then weighs on every sche
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -119,6 +121,8 @@ class ScheduleValidation:
             the run is compared with; the emulated ops last the durations predicted without it.
         realtime_priority: emulated compute only: the ranks' SCHED_RR priority (see
             ``pipesim.harness.config.Emulation``); 0: the OS's normal policy.
+        trace_folder: where each run's measured trace is kept, gzipped, as
+            ``SCHEDULE-COMPUTE-runN.json.gz`` (None: not kept).
 
     Raises:
         ConfigError: an unknown compute mode, a calibration with emulated compute, or a host cost
@@ -131,7 +135,7 @@ class ScheduleValidation:
                  partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                  backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
                  calibration: Calibration | None = None, spread_draws: int = 32, compute: str = "real",
-                 host_cost_s: float = 0.0, realtime_priority: int = 0) -> None:
+                 host_cost_s: float = 0.0, realtime_priority: int = 0, trace_folder: Path | None = None) -> None:
         if compute not in COMPUTE_MODES:
             raise ConfigError("compute", compute, f"must be one of {', '.join(COMPUTE_MODES)}")
         if compute == "emulated" and calibration is not None:
@@ -156,6 +160,7 @@ class ScheduleValidation:
         self.calibration = calibration
         self.spread_draws = spread_draws
         self.compute = compute
+        self.trace_folder = trace_folder
         self.runs: list[RunComparison] = []
 
     def _config(self, profile: Profile) -> RunConfig:
@@ -206,7 +211,10 @@ class ScheduleValidation:
         with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)
-            trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
+            text = trace_path.read_text(encoding="utf-8")
+            trace = Trace.from_json(text)
+        if self.trace_folder is not None:
+            keep_trace(text, self.trace_folder / f"{self.schedule}-{self.compute}-run{len(self.runs) + 1}.json.gz")
         peaks = trace.info.cuda_max_memory_allocated_bytes or ()
         measured = compute_metrics(trace)
         parts = contributions(result.trace, trace)
@@ -235,6 +243,14 @@ class ScheduleValidation:
         return Comparison(runs=tuple(self.runs), partition=self.partition, notes=tuple(notes),
                           op_times="layer profile" if self.calibration is None else "calibration run",
                           compute=self.compute, host_cost_s=self.host_cost_s)
+
+
+def keep_trace(text: str, path: Path) -> None:
+    """Write a trace's JSON ``text`` gzipped (deterministic: no time stamp) to ``path``, folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    os.replace(partial, path)
 
 
 def validate_interleaved(validations: Sequence[ScheduleValidation], repeats: int,
