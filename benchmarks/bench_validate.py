@@ -46,7 +46,7 @@ from pipesim.errors import ConfigError  # noqa: E402
 from pipesim.harness import RunFailedError  # noqa: E402
 from pipesim.harness.calibration import Calibrated, CalibrationRun, calibrate  # noqa: E402
 from pipesim.harness.comparison import Comparison  # noqa: E402
-from pipesim.harness.config import ModelSpec, RunConfig  # noqa: E402
+from pipesim.harness.config import MAX_REALTIME_PRIORITY, ModelSpec, RunConfig  # noqa: E402
 from pipesim.harness.linkbench import measure_links  # noqa: E402
 from pipesim.harness.overheads import host_cost  # noqa: E402
 from pipesim.harness.priority import check_realtime, raise_priority  # noqa: E402
@@ -296,11 +296,12 @@ def take_priority(nice: int, realtime: int) -> tuple[int, int, list[str]]:
     """The nice value and real-time priority this process may take, trying each (a refusal is
     noted, and that one left at the OS's default: 0)."""
     notes = []
-    try:
-        check_realtime(realtime)
-    except ConfigError as error:
-        notes.append(f"SCHED_RR refused, emulated ranks at the default policy: {error}")
-        realtime = 0
+    if realtime:
+        try:
+            check_realtime(realtime)
+        except ConfigError as error:
+            notes.append(f"SCHED_RR refused, emulated ranks at the default policy: {error}")
+            realtime = 0
     if nice:
         with contextlib.suppress(OSError):
             os.setsid()  # a session of its own, so that the priority applies to this benchmark alone
@@ -348,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("runs", args.runs, "must be >= 1")
         if not args.time_limit >= 0:
             raise ConfigError("time_limit", args.time_limit, "must be >= 0 seconds")
+        if not -20 <= args.nice <= 19:
+            raise ConfigError("nice", args.nice, "must be in -20..19")
+        if not 0 <= args.realtime_priority <= MAX_REALTIME_PRIORITY:
+            raise ConfigError("realtime_priority", args.realtime_priority, f"must be in 0..{MAX_REALTIME_PRIORITY}")
     except ConfigError as error:
         print(f"bench_validate: {error}", file=sys.stderr)
         return 2
