@@ -362,7 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     names = ("1f1b", "2bw") if args.quick else SCHEDULES
     runs = 2 if args.quick else args.runs
     started = time.perf_counter()
-    lines = ["## Prediction against runs (issue 21: emulated device, replay, real runs and their noise floor)", "",
+    # A run of some of the cases gets a section of its own, so that it never replaces the table of all.
+    picked = "quick" if args.quick else args.cases
+    some = "" if cases == CASES else "-" + "-".join(re.sub(r"[^a-z0-9]+", "", word.lower())
+                                                    for word in picked.split(",") if word.strip())
+    lines = [f"## Prediction against runs{': cases ' + picked if some else ''} "
+             "(issues 21 and 34: emulated device, replay, real runs and their noise floor)", "",
              f"Written by `make bench-validate` (benchmarks/bench_validate.py) on "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}, gloo on CPU, nice {nice}, {runs} runs per "
              f"schedule and compute mode, interleaved across schedules. Emulated: each op lasts its predicted "
@@ -396,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         (args.out / "validate.md").write_text(text + "\n", encoding="utf-8")
     if not args.no_write:
-        write_section("validate", text)
+        write_section("validate" + some, text)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import TYPE_CHECKING
 
 import click
@@ -220,6 +221,12 @@ def print_report(report: dict[str, object]) -> None:
         click.echo(f"  op times from a separate {report['op_times']}; the layer profile alone predicted "
                    + ", ".join(f"{t * 1e3:.3f}" for t in layer["iteration_time_s_runs"])
                    + f" ms: error {layer['iteration_time_error']:+.1%}")
+    parts = report.get("error_contributions_runs")
+    if isinstance(parts, list) and parts and parts[0]:
+        keys = [key for key in parts[0] if all(key in run for run in parts)]
+        click.echo("  error by op kind and the waits between ops (predicted less measured time per minibatch, "
+                   "median over runs): " + ", ".join(
+                       f"{key} {statistics.median(run[key] for run in parts):+.1%}" for key in keys))
     replays = report["replay_error_runs"]
     assert isinstance(replays, list)
     click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)
