@@ -20,7 +20,7 @@ import numpy as np
 
 from pipesim.errors import ConfigError
 from pipesim.harness.overheads import OpCosts
-from pipesim.metrics import compute_metrics
+from pipesim.metrics import iteration_time
 from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.simulation import PreparedRun, run_program
 
@@ -80,6 +80,6 @@ def expected_iteration_time(program: PreparedRun, spread: Sequence[OpCosts], *, 
     for _ in range(draws):
         durations = np.maximum(0.0, mean + std * rng.standard_normal(len(mean)))
         trace = run_program(program, durations_s=durations)
-        times.append(compute_metrics(trace).iteration_time_s)
+        times.append(iteration_time(trace))
     error = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else 0.0
     return statistics.fmean(times), error

@@ -90,8 +90,10 @@ def test_a_longer_forward_shows_in_f_and_in_the_waits_it_causes() -> None:
     assert parts["waits"] < 0  # stage 1 waits longer for each slower F of stage 0
 
 
-# A run counts as quiet when every rank of the calibration and of the validated run had a CPU for at
-# least this share of its ops' time (RunInfo cpu_share): on a busy machine op times move by more than 3%.
+# A run counts as quiet when the machine's load average over the minute before it was at most its
+# number of CPUs, and every rank of the calibration and of the validated run had a CPU for at least this
+# share of its ops' time (RunInfo cpu_share): on a busy machine op times move by more than 3% between
+# two runs (other programs take the cores, and the caches and memory bandwidth between ops).
 QUIET_CPU_SHARE = 0.97
 
 
@@ -99,6 +101,10 @@ def test_on_a_quiet_run_the_calibrated_and_measured_durations_of_a_kind_agree_wi
     """The calibration run (GPipe at the validated run's m and K) and a validated GPipe run: their
     backwards, pooled over the stages, last as long within 3%."""
     pytest.importorskip("torch")
+    import os
+
+    load = os.getloadavg()[0]
+    cpus = len(os.sched_getaffinity(0))
     from pipesim.harness.calibration import Calibrated, CalibrationRun, calibrate
     from pipesim.harness.config import ModelSpec, RunConfig
     from pipesim.harness.profiler import Timing, measure_profile
@@ -116,7 +122,7 @@ def test_on_a_quiet_run_the_calibrated_and_measured_durations_of_a_kind_agree_wi
         return made[-1]
 
     validation = ScheduleValidation(profile, Topology.uniform(num_devices=2, bandwidth="10Gbit/s", latency="50us"),
-                                    spec, schedule="gpipe", num_stages=2, num_microbatches=8, num_minibatches=4,
+                                    spec, schedule="gpipe", num_stages=2, num_microbatches=8, num_minibatches=6,
                                     calibration=calibration)
     run = validation.run_once()
     shares = [share for share in run.cpu_share if share is not None] + [made[0].cpu_share]
@@ -125,7 +131,8 @@ def test_on_a_quiet_run_the_calibrated_and_measured_durations_of_a_kind_agree_wi
     calibrated = next(row for row in by_kind(run.calibration_rows) if row.kind == "B")
     assert backward.predicted_s == pytest.approx(calibrated.measured_s, rel=1e-6)  # the prediction took them
     assert backward.work_s < backward.measured_s and backward.receive_s >= 0 and backward.send_s >= 0
-    if min(shares) < QUIET_CPU_SHARE:
-        pytest.skip(f"not a quiet run: a rank had a CPU for {min(shares):.0%} of its ops' time "
-                    f"(at least {QUIET_CPU_SHARE:.0%} wanted)")
+    if load > cpus or min(shares) < QUIET_CPU_SHARE:
+        pytest.skip(f"not a quiet run: load average {load:.1f} on {cpus} CPUs, a rank had a CPU for {min(shares):.0%} "
+                    f"of its ops' time (at most {cpus} and at least {QUIET_CPU_SHARE:.0%} wanted); B measured / "
+                    f"calibrated {backward.ratio:.3f}")
     assert backward.ratio == pytest.approx(1.0, abs=0.03), backward
