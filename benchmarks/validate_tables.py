@@ -1,6 +1,7 @@
-"""bench_validate's op-by-op tables: where each schedule's error comes from (pipesim.harness.breakdown).
+"""bench_validate's tables: each schedule's line of the main table, the acceptance figures it missed, and
+where each schedule's error comes from, op by op (pipesim.harness.breakdown).
 
-Three tables per case, each cell the median over a schedule's runs:
+Three breakdown tables per case, each cell the median over a schedule's runs:
 - contributions: the iteration-time error as a sum over op kinds, the waits between ops and the
   spread term (what the expectation over the calibration's op-time spread added);
 - per kind, pooled over the stages: the calibrated op duration against the measured one, and the
@@ -30,7 +31,8 @@ def _ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value * 1e3:.3f}"
 
 
-def _pct(value: float) -> str:
+def pct(value: float) -> str:
+    """A signed percentage ("-" for NaN)."""
     return "-" if math.isnan(value) else f"{value:+.1%}"
 
 
@@ -39,10 +41,10 @@ def contribution_table(comparisons: Sequence[tuple[str, Comparison]]) -> list[st
     lines = ["| schedule | compute | error | " + " | ".join(CONTRIBUTION_KEYS) + " |",
              "|---|---|---|" + "---|" * len(CONTRIBUTION_KEYS)]
     for name, comparison in comparisons:
-        cells = [name, comparison.compute, _pct(comparison.median_error)]
+        cells = [name, comparison.compute, pct(comparison.median_error)]
         for key in CONTRIBUTION_KEYS:
             values = [run.contributions[key] for run in comparison.runs if key in run.contributions]
-            cells.append(_pct(_median(values)) if values else "-")
+            cells.append(pct(_median(values)) if values else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -99,3 +101,50 @@ def stage_table(comparisons: Sequence[tuple[str, Comparison]]) -> list[str]:
             cells.append(f"{_median(ratios):.3f}" if ratios else "")
         lines.append(f"| {stage} | {kind} | " + " | ".join(cells) + " |")
     return lines
+
+
+def row(name: str, emulated: Comparison | None, real: Comparison | None) -> str:
+    """One schedule's line of the table."""
+    cells = [name]
+    if emulated is None:
+        cells += ["not run"] * 2
+    else:
+        errors = [run.iteration_time_error for run in emulated.runs]
+        cells.append(f"{pct(emulated.median_error)} (worst {pct(max(errors, key=abs))})")
+        cells.append(pct(max((e for e in emulated.to_dict()["replay_error_runs"]), key=abs)))
+    if real is None:
+        cells += ["not run"] * 3
+    else:
+        cells.append(pct(max(real.to_dict()["replay_error_runs"], key=abs)))
+        cells.append(pct(real.median_error))
+        cells.append(f"{real.noise_floor:.1%}")
+    done = [c for c in (emulated, real) if c is not None]
+    ops = sum(run.versions.num_ops for c in done for run in c.runs)
+    bad = sum(len(run.versions.mismatches) for c in done for run in c.runs)
+    cells.append(f"{(ops - bad) / ops:.0%} of {ops}" if ops else "-")
+    memory = [max(abs(e) for e in c.to_dict()["peak_memory_error"]) for c in done]
+    cells.append(" / ".join(f"{m:.2%}" for m in memory) if memory else "-")
+    return "| " + " | ".join(cells) + " |"
+
+
+def misses(label: str, name: str, emulated: Comparison, real: Comparison) -> list[str]:
+    """Which acceptance figures this schedule missed, one line each: issue 21's for the emulated device,
+    the replays, versions and memory; issue 34's for the real runs (within 5%, or within the noise
+    floor where that is larger)."""
+    found = []
+    errors = [run.iteration_time_error for run in emulated.runs]
+    if max(abs(e) for e in errors) > 0.03 or abs(emulated.median_error) > 0.02:
+        found.append(f"emulated error {pct(emulated.median_error)} median, {pct(max(errors, key=abs))} worst "
+                     "(wanted within 2% and 3%)")
+    replays = real.to_dict()["replay_error_runs"] + emulated.to_dict()["replay_error_runs"]
+    if max(abs(e) for e in replays) > 0.02:
+        found.append(f"replay error {pct(max(replays, key=abs))} (wanted within 2%)")
+    if abs(real.median_error) > max(0.05, real.noise_floor):
+        found.append(f"real median error {pct(real.median_error)} with a noise floor of {real.noise_floor:.1%} "
+                     "(wanted within 5%, or within the noise floor where that is larger)")
+    if not (emulated.versions_match and real.versions_match):
+        found.append("weight versions differ")
+    memory = max(abs(e) for e in emulated.to_dict()["peak_memory_error"])
+    if memory > 0.01:
+        found.append(f"emulated peak memory error {memory:.2%} (wanted within 1%)")
+    return [f"- {label}, {name}: {miss}" for miss in found]
