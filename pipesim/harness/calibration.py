@@ -9,9 +9,10 @@ steady-state op times per stage and kind become the stage's op times.
 
 By default the calibration run has the microbatches and minibatches of the run it calibrates, so
 that its op times come from the same point of a rank's life as the run's steady-state window
-(minibatches 1..K-2): a rank's ops are slower in its first minibatches than later (its memory
-still being mapped, on the 2-core reference host the F of minibatch 1 3-10% over the long-run
-mean; benchmarks/RESULTS.md), and a short run measures them there.
+(minibatches 1..K-2): a rank's ops are slower in its first minibatches than later (its memory is
+still being mapped: tens of thousands of page faults in minibatch 0, one or two thousand in
+minibatch 1; on the 2-core reference host the F of minibatch 1 ran 3-10% over the long-run mean,
+benchmarks/RESULTS.md), and a short run measures them there.
 The result is a Profile for one partition: each stage's layers are scaled, per kind, so that the
 stage's op time (its layers plus the profile's per-op overheads) equals the calibration run's.
 The spread (standard deviation) of each stage's ops of a kind is kept too:

@@ -59,6 +59,18 @@ def test_a_kind_the_profile_gives_no_time_is_shared_equally_and_a_target_below_t
     assert calibrated.layers[2].update_s == 0.0 and calibrated.layers[3].update_s == 0.0
 
 
+def test_a_calibration_takes_the_calibrated_runs_counts_unless_given_its_own() -> None:
+    assert CalibrationRun().counts(8, 4) == (8, 4)
+    assert CalibrationRun().counts(8, 2) == (8, 3)  # at least one steady-state minibatch
+    assert CalibrationRun(num_microbatches=4, num_minibatches=20).counts(8, 4) == (4, 20)
+    assert CalibrationRun(num_minibatches=6).counts(2, 4) == (2, 6)
+    with pytest.raises(ConfigError, match="calibration_microbatches=None: give the calibration's own or"):
+        CalibrationRun().counts()
+    assert "m=as the run K=as the run" in CalibrationRun().describe()
+    assert "m=8 K=4" in CalibrationRun().describe(counts=(8, 4)) and "minibatches 1..2" in CalibrationRun().describe(
+        counts=(8, 4))
+
+
 def test_a_calibration_run_needs_a_steady_state() -> None:
     with pytest.raises(ConfigError, match="calibration_minibatches"):
         CalibrationRun(num_minibatches=2)
