@@ -22,12 +22,8 @@ import statistics
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from pipesim.engine.trace import KINDS as TRACE_KINDS
-from pipesim.engine.trace import STREAMS, Trace
+from pipesim.engine.trace import KINDS, STREAMS, Trace
 from pipesim.metrics import steady_window
-from pipesim.schedule.ir import OpKind
-
-KINDS = tuple(kind.value for kind in OpKind)
 
 
 @dataclass(frozen=True)
@@ -77,7 +73,7 @@ def traced_ops(trace: Trace) -> list[TracedOp]:
         before = previous_end.get(device, start)
         previous_end[device] = end
         ops.append(TracedOp(
-            device=device, position=position, stage=int(s["stage"][row]), kind=TRACE_KINDS[int(s["kind"][row])],
+            device=device, position=position, stage=int(s["stage"][row]), kind=KINDS[int(s["kind"][row])],
             minibatch=int(s["minibatch"][row]), start_s=start, end_s=end, wait_s=max(0.0, start - before),
             receive_s=_per_op(info.compute_receive_s, device, position),
             send_s=_per_op(info.compute_send_s, device, position),
