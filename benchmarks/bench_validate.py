@@ -6,9 +6,10 @@ For each case (a model on P ranks) one layer profile and one link benchmark are 
   the schedule model's (order, waits, communication, the runtime's own costs); the prediction adds
   the host's cost per op fed by another rank, measured once per case by separate emulated 1F1B
   runs of the case's m and K (pipesim.harness.overheads.host_cost);
-- real runs, whose op times come from a separate calibration run of the real runtime on the
-  case's partition, with the case's m and K (pipesim.harness.calibration; never a validated run),
-  one per partition in every round, so that the calibration drifts with the runs it predicts;
+- real runs, whose op times come from separate calibration runs of the real runtime (GPipe and
+  1F1B) on the case's partition, with the case's m and K, each op the time of its own context
+  (pipesim.harness.calibration, pipesim.harness.op_context; never a validated run), made afresh
+  for every partition in every round, so that the calibration drifts with the runs it predicts;
 - the replay of every real run: the engine fed each op's measured duration.
 All runs of a case are interleaved across schedules (A B C A B C), emulated and real in turn, so
 that a machine whose speed drifts weighs on every schedule alike. The noise floor is the largest
@@ -131,9 +132,10 @@ class PerRound:
             made = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks, for_run=counts)
             self.made[key] = made
             self.count += 1
-            if self.folder is not None and made.trace is not None:
-                keep_trace(made.trace.to_json(), self.folder / f"calibration-{len(config.partition)}-stages-"
-                                                               f"{self.count}.json.gz")
+            if self.folder is not None:
+                for trace in made.traces:
+                    keep_trace(trace.to_json(), self.folder / f"calibration-{len(config.partition)}-stages-"
+                                                              f"{trace.info.schedule}-{self.count}.json.gz")
         return self.made[key]
 
 
@@ -324,8 +326,9 @@ def main(argv: list[str] | None = None) -> int:
              f"schedule and compute mode, interleaved across schedules. Emulated: each op lasts its predicted "
              f"duration (`--compute emulated`), the ranks under SCHED_RR at priority {realtime} "
              f"(`--realtime-priority`; 0: the normal policy). Real: op times from a separate calibration run per "
-             f"partition in every round (gpipe with the case's m and K; looped-bfs on the same ranks for two stages "
-             f"per rank). Replay: the engine fed each run's measured op durations. Noise floor: the "
+             f"partition in every round (a GPipe and a 1F1B run with the case's m and K, their looped-bfs and "
+             f"interleaved-1f1b forms on the same ranks for two stages per rank; each op the time of its own "
+             f"context, the kind of the op before it). Replay: the engine fed each run's measured op durations. Noise floor: the "
              f"largest distance of a real run's iteration time from the runs' median; real errors below it "
              f"cannot be judged here. Errors are (predicted - measured) / measured of the steady-state "
              f"iteration time.", *(f"{note}." for note in notes), ""]

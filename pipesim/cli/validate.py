@@ -66,9 +66,12 @@ def parse_schedules(text: str) -> list[str]:
                    "--statistic of its spans in the steady-state minibatches); the validated runs' own times are "
                    "never used, and the plain layer profile's prediction is reported beside it. layers: the layer "
                    "profile alone.")
-@click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
-              help="The calibration run's schedule; with fewer --ranks than stages, its form with several "
-                   "stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
+@click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b", "both"]), default="both",
+              show_default=True,
+              help="The calibration runs' schedules (both: a GPipe and a 1F1B run, so that every op's time is "
+                   "measured after the kind of op that precedes it in the validated schedule: an F after an F, "
+                   "as GPipe runs it, or after a B, as the 1F1B family does); with fewer --ranks than stages, "
+                   "their forms with several stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
 @click.option("--calibration-microbatches", type=int, default=None,
               help="Microbatches per minibatch of the calibration run (default: --microbatches).")
 @click.option("--calibration-minibatches", type=int, default=None,

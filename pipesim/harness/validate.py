@@ -22,6 +22,7 @@ from pipesim.harness.breakdown import contributions, op_rows
 from pipesim.harness.comparison import Comparison, RunComparison, compare_versions, op_means
 from pipesim.harness.config import COMPUTE_MODES, ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
+from pipesim.harness.op_context import ContextKey, in_context
 from pipesim.harness.overheads import OpCosts, with_host_cost
 from pipesim.harness.prediction import emulation_of, predict
 from pipesim.harness.variability import expected_iteration_time
@@ -86,7 +87,10 @@ class CalibratedTimes(Protocol):
     def op_spread(self) -> tuple[OpCosts, ...]: ...  # noqa: D102
 
     @property
-    def trace(self) -> Trace | None: ...  # noqa: D102
+    def traces(self) -> tuple[Trace, ...]: ...  # noqa: D102
+
+    @property
+    def context_s(self) -> dict[ContextKey, float]: ...  # noqa: D102
 
 
 # Given the layer profile and the run to be calibrated (its partition, ranks, microbatches and
@@ -184,21 +188,28 @@ class ScheduleValidation:
         else:
             current, profile_share = self.profile()
         config = self._config(current)
-        layer_result, calibration_share, calibration_trace = None, None, None
+        layer_result, calibration_share = None, None
         spread: tuple[OpCosts, ...] = ()
+        calibration_traces: tuple[Trace, ...] = ()
+        contexts: dict[ContextKey, float] = {}
         if self.calibration is not None:
             layer_result = predict(current, self.topology, config)
             calibrated = self.calibration(current, config)
             current, calibration_share, spread = calibrated.profile, calibrated.cpu_share, calibrated.op_spread
-            calibration_trace = calibrated.trace
+            calibration_traces, contexts = calibrated.traces, calibrated.context_s
         device = predict(current, self.topology, config)
         if self.host_cost_s:
             current = with_host_cost(current, self.host_cost_s, config.partition,
                                      config.build_schedule().stage_to_rank)
         result = predict(current, self.topology, config) if self.host_cost_s else device
         program = prepare(current, self.topology, result.plan)
+        durations = None
+        if contexts:  # each op the calibrated time of its own context (pipesim.harness.op_context)
+            durations = in_context(program, contexts)
+            in_order = run_program(program, durations_s=durations)
+            result = dataclasses.replace(result, trace=in_order, metrics=compute_metrics(in_order))
         predicted, mean_ops = result.metrics, None
-        expected = (expected_iteration_time(program, spread, draws=self.spread_draws)[0]
+        expected = (expected_iteration_time(program, spread, draws=self.spread_draws, mean_s=durations)[0]
                     if spread and self.spread_draws else 0.0)
         if expected > 0:
             mean_ops = predicted.iteration_time_s
@@ -230,7 +241,7 @@ class ScheduleValidation:
                       "measured_cpu": op_means(trace, cpu=True),
                       **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})},
             op_rows=tuple(op_rows(result.trace, trace)), contributions=parts,
-            calibration_rows=() if calibration_trace is None else tuple(op_rows(calibration_trace, calibration_trace)))
+            calibration_rows=tuple(row for made in calibration_traces for row in op_rows(made, made)))
         self.runs.append(run)
         return run
 

@@ -98,8 +98,8 @@ QUIET_CPU_SHARE = 0.97
 
 
 def test_on_a_quiet_run_the_calibrated_and_measured_durations_of_a_kind_agree_within_3_percent() -> None:
-    """The calibration run (GPipe at the validated run's m and K) and a validated GPipe run: their
-    backwards, pooled over the stages, last as long within 3%."""
+    """The calibration runs (GPipe and 1F1B at the validated run's m and K) and a validated GPipe run:
+    its backwards, pooled over the stages, last as long as the prediction gave them within 3%."""
     pytest.importorskip("torch")
     import os
 
@@ -128,8 +128,9 @@ def test_on_a_quiet_run_the_calibrated_and_measured_durations_of_a_kind_agree_wi
     shares = [share for share in run.cpu_share if share is not None] + [made[0].cpu_share]
     assert run.calibration_rows and {row.kind for row in run.op_rows} == {"F", "B", "U"}
     backward = next(row for row in by_kind(run.op_rows) if row.kind == "B")
-    calibrated = next(row for row in by_kind(run.calibration_rows) if row.kind == "B")
-    assert backward.predicted_s == pytest.approx(calibrated.measured_s, rel=1e-6)  # the prediction took them
+    # The prediction gave each B the calibration's time of its context: after an F or after a B.
+    after = [made[0].context_s[(stage, "B", before)] for stage in (0, 1) for before in "FB"]
+    assert min(after) <= backward.predicted_s <= max(after)
     assert backward.work_s < backward.measured_s and backward.receive_s >= 0 and backward.send_s >= 0
     if load > cpus or min(shares) < QUIET_CPU_SHARE:
         pytest.skip(f"not a quiet run: load average {load:.1f} on {cpus} CPUs, a rank had a CPU for {min(shares):.0%} "
