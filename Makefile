@@ -137,9 +137,12 @@ bench-variance: $(STAMP)
 .PHONY: bench-validate
 # Prediction against runs (the torch harness), one table: schedule x (emulated error, replay error, real
 # median error, noise floor, versions matched, peak memory error), MLP and transformer on 2 and 4 ranks,
-# runs interleaved across schedules, machine and load noted; into its section of benchmarks/RESULTS.md.
+# runs interleaved across schedules, machine and load noted, and where each error comes from, op by op;
+# into its section of benchmarks/RESULTS.md. CASES=4-rank (or 2-rank, mlp, transformer, a case's number;
+# comma-separated) picks cases, RUNS=N the runs per schedule, OUT=DIR also writes each case's tables there.
 bench-validate: $(STAMP)
-	$(PY) benchmarks/bench_validate.py
+	$(PY) benchmarks/bench_validate.py $(if $(CASES),--cases $(CASES)) $(if $(RUNS),--runs $(RUNS)) \
+		$(if $(OUT),--out $(OUT))
 
 # prepare() per point, fresh and with the schedule kept, compiled and plain kernels, into its
 # section of benchmarks/RESULTS.md (a minute or two); BASELINE=tree adds another tree's prepare()

@@ -303,7 +303,8 @@ class RankRuntime:
             self._deferred.append((position, result.version, minibatch, start, finish))
         else:
             cpu_now = time.thread_time()
-            self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - last.cpu)
+            self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - last.cpu,
+                                  receive_s=start - op_start, send_s=end - finish)
             self.recorder.cpu_time(cpu_now - last.cpu, end - op_start)
             last.cpu = cpu_now
         last.minibatch, last.end = minibatch, end
