@@ -223,7 +223,7 @@ def measure_device(*, device: str = "cuda", quick: bool = False, sustained_s: fl
     progress(f"launch cost on {result['machine']['gpu'] or 'cpu'}")
     result["launch"] = _launch(timer)
     progress("memory copies")
-    result["copy"] = _copies(timer, 2 ** 24 if quick else 2 ** 32)
+    result["copy"] = _copies(timer, 2 ** 26 if quick else 2 ** 32)
     progress(f"{len(gemm_shapes)} matrix products")
     result["gemm"] = _gemms(timer, gemm_shapes, dtype)
     if not quick:
