@@ -1,143 +1,83 @@
-"""A simulated configuration search: TP x PP x DP, microbatch size, schedule and recomputation for a model on N GPUs.
+"""The configuration search: the best layout, schedule and memory settings for a model on N GPUs, in seconds.
 
-Each candidate is either dropped by arithmetic (degrees that do not divide the GPUs, heads or
-batch; more stages than layers) or by a lower bound on its memory that already exceeds the
-budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
-stash), or simulated on the analytic engine, which then decides whether it fits from the
-simulated per-device peak. Large spaces run on Dask (the sweep's cluster). Placement is
-Megatron's unless told otherwise: TP ranks neighbours (inside a node), then data-parallel peers,
-then pipeline stages, each group's traffic on the cluster tier it spans; ``pp-in-node`` makes a
-pipeline's stages neighbours instead (their hops inside a node, TP groups across nodes).
+The space is ``pipesim.plan.search_space``'s (TP x CP x PP x DP with EP, microbatch size,
+schedule and V, sequence parallelism, recomputation, ZeRO). Each candidate is decided by the
+cheapest proof that settles it (``pipesim.plan.search_bounds``), in this order:
+
+1. memory: its weights, gradients and optimizer state as ZeRO shards them, plus a microbatch's
+   stash, already over the budget (from a profile built once per op shape);
+2. time: candidates run best bound first; one whose lower bound on the step time exceeds the
+   k-th best simulated step that fits is pruned, and once one is, so is every later one;
+3. the same two bounds on the candidate's exact stage costs (its update, ZeRO's collectives,
+   and the in-flight microbatches of its schedule's order);
+4. otherwise it is simulated on the analytic engine, and fits or not by its simulated peak.
+
+Every bound is at most what simulation would give, so the top k equal the exhaustive search's
+(``prune=False`` simulates everything; the property tests compare the two). Profiles are built
+once per op shape and kept; schedule orders once per pipeline shape. Placement is Megatron's
+unless told otherwise (``pipesim.spec.layout``). With ``workers`` or ``scheduler`` the
+candidates still to simulate go to Dask in rounds, best bound first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
+from pipesim.plan.search_bounds import (
+    InFlight,
+    LayerSums,
+    ShapeMemory,
+    StageTimes,
+    peak_lower_bound,
+    step_lower_bound,
+)
+from pipesim.plan.search_space import (
+    MICROBATCH_SIZES as MICROBATCH_SIZES,
+    SEARCH_SCHEDULES as SEARCH_SCHEDULES,
+    SPLIT_BACKWARD,
+    Candidate as Candidate,
+    Outcome as Outcome,
+    enumerate_candidates as enumerate_candidates,
+    stage_ranks,
+)
 from pipesim.reuse import Reuse
+from pipesim.schedule.registry import build_schedule
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.cluster import Cluster, load_cluster
 from pipesim.spec.device import Device, load_device
-from pipesim.spec.parallel import divisors, zero_optimizer_multiplier
-from pipesim.spec.profile import Profile
-from pipesim.spec.stages import balance_partition
-from pipesim.spec.topology import Topology
 from pipesim.spec.model_files import load_model
-from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token
-from pipesim.training import model_throughput
+from pipesim.spec.parallel import zero_optimizer_multiplier
+from pipesim.spec.partition import balance_partition, megatron_cut
+from pipesim.spec.profile import Profile
+from pipesim.spec.stages import stage_costs
+from pipesim.spec.topology import Topology
+from pipesim.spec.transformer import TransformerConfig, forward_flops_per_token
 from pipesim.spec.transformer_profile import (
     ADAM_STATE_MULTIPLIER,
-    PLACEMENTS,
     Parallelism,
     default_cluster,
     pipeline_bandwidth_bytes_per_s,
     pipeline_latency_s,
     transformer_profile,
 )
+from pipesim.training import model_throughput
 
-# (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
-SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
-MICROBATCH_SIZES = (1, 2, 4)
 # GPUs N: past the largest clusters built; bounds the candidates enumerated from N's divisors.
 MAX_GPUS = 1_000_000
-# Above this many candidates left to evaluate (about 0.1 s each here), search goes to Dask by
-# itself: Llama-3 70B on 512 GPUs has 924 and stays in process.
-DASK_MIN_CANDIDATES = 1000
-# Least stash first: a peak over budget rules out the modes after it (see ``search``).
-RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration: degrees, microbatch size and count, schedule and recomputation."""
-
-    tp: int
-    pp: int
-    dp: int
-    microbatch_size: int
-    num_microbatches: int
-    schedule: str
-    stages_per_rank: int
-    recompute: Recompute
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A candidate and what became of it.
-
-    Attributes:
-        candidate: the configuration.
-        status: ``"simulated"`` or ``"dropped"``.
-        reason: why it was dropped, or ``"fits"`` / ``"over budget"`` after simulation.
-        tokens_per_s, mfu, iteration_time_s: simulated throughput (0 when dropped).
-        peak_memory_bytes: simulated per-device peak, or the lower bound that dropped it.
-        fits: simulated and within the budget.
-        partition: the stages' layer ranges, ``0:10,10:20,...`` ("" when not cut).
-    """
-
-    candidate: Candidate
-    status: str
-    reason: str
-    tokens_per_s: float = 0.0
-    mfu: float = 0.0
-    iteration_time_s: float = 0.0
-    peak_memory_bytes: float = 0.0
-    fits: bool = False
-    partition: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """One flat JSON-ready row."""
-        row = asdict(self.candidate)
-        row.update({key: value for key, value in asdict(self).items() if key != "candidate"})
-        return row
-
-
-def enumerate_candidates(config: TransformerConfig, cluster: Cluster, *, num_gpus: int,
-                         global_batch: int, placement: str = "tp-in-node") -> Iterator[Candidate | Outcome]:
-    """Every configuration in the space, or an Outcome saying why one cannot be formed.
-
-    A node bounds TP under ``tp-in-node`` and PP under ``pp-in-node``.
-    """
-    per_node = cluster.gpus_per_node
-    widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
-    for tp in (t for t in divisors(widest) if num_gpus % t == 0):
-        if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
-            continue
-        for pp in (p for p in divisors(num_gpus // tp) if placement == "tp-in-node" or p <= per_node):
-            dp = num_gpus // (tp * pp)
-            for size in MICROBATCH_SIZES:
-                for schedule, per_rank in SEARCH_SCHEDULES:
-                    for recompute in RECOMPUTE_MODES:
-                        count, left = divmod(global_batch, size * dp)
-                        candidate = Candidate(tp=tp, pp=pp, dp=dp, microbatch_size=size, num_microbatches=count,
-                                              schedule=schedule, stages_per_rank=per_rank, recompute=recompute)
-                        if left or count == 0:
-                            yield Outcome(candidate, "dropped", f"global batch {global_batch} is not a multiple of "
-                                          f"microbatch size x dp = {size * dp}")
-                        elif pp * per_rank > config.num_layers + 2:
-                            yield Outcome(candidate, "dropped", f"{pp * per_rank} stages exceed the "
-                                          f"{config.num_layers + 2} layers")
-                        else:
-                            yield candidate
-
-
-def memory_lower_bound(profile: Profile, partition: tuple[tuple[int, int], ...], optimizer_multiplier: float) -> float:
-    """The most any stage of ``partition`` holds at least: weights, gradients, optimizer state and one
-    microbatch's stash."""
-    bound = 0.0
-    for start, end in partition:
-        layers = profile.layers[start:end]
-        weights = sum(layer.param_bytes for layer in layers)
-        bound = max(bound, weights * (2 + optimizer_multiplier) + sum(layer.stashed_bytes for layer in layers))
-    return bound
+# Candidates sent to Dask per round (with ``workers`` or ``scheduler``), per worker thread.
+DASK_ROUND_PER_WORKER = 4
+DASK_MIN_CANDIDATES = 1000  # kept for callers; Dask now runs only when asked for
 
 
 @dataclass(frozen=True)
 class _Setting:
-    """What every candidate of one search shares (sent to Dask workers with their batches)."""
+    """What every candidate of one search shares (sent to Dask workers with their batches);
+    ``threshold``: the k-th best step that fits so far (a candidate whose bound exceeds it is pruned)."""
 
     config: TransformerConfig
     spec: Device
@@ -145,46 +85,149 @@ class _Setting:
     placement: str
     seq_len: int
     budget: float
-    zero: int
     flops: float
     dp_overlap: bool
+    allow_uneven: bool = False
+    prune: bool = True
+    threshold: float = math.inf
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """One op shape's cut and bounds: ``bound`` on the step, ``memory`` per rank, ``lightest`` stash."""
+
+    bound: float
+    partition: tuple[tuple[int, int], ...]
+    memory: ShapeMemory
+    lightest: Any
 
 
 class _GroupRunner:
-    """Evaluates groups of candidates (one configuration's recomputation modes, full to none),
-    keeping the profiles it builds and the schedule orders it lowers (``Reuse``) between groups."""
+    """Decides candidates: keeps the profiles it builds (with their running sums), each op shape's
+    cut and bounds, the in-flight counts of each schedule order and the orders themselves
+    (``Reuse``) between candidates."""
 
     def __init__(self, setting: _Setting) -> None:
         self.setting = setting
         self.reuse = Reuse()
-        self.profiles: dict[tuple[int, int, str, int, int], Profile] = {}
+        self.profiles: dict[tuple[Any, ...], tuple[Profile, LayerSums]] = {}
+        self.inflight: dict[tuple[Any, ...], InFlight] = {}
+        self.links: dict[tuple[Any, ...], tuple[float, float, Topology]] = {}
+        self.shapes: dict[tuple[Any, ...], _Shape] = {}
 
-    def profile_of(self, item: Candidate, recompute: Recompute) -> Profile:
-        key = (item.tp, item.microbatch_size, recompute, item.dp, item.pp)
+    def profile(self, item: Candidate, *, exact: bool) -> tuple[Profile, LayerSums]:
+        """The candidate's profile (``exact``) or, for the first bounds, the one of its op shape:
+        no ZeRO and no update (its pipeline depth only where placement or a tied embedding needs it)."""
+        setting = self.setting
+        pp = item.pp if exact or setting.placement == "pp-in-node" else min(item.pp, 2)
+        dp, zero = (item.dp, item.zero) if exact else (item.ep, 0)
+        key = (item.tp, item.sequence_parallel, item.cp, item.ep, item.microbatch_size, item.recompute, pp, dp, zero)
         if key not in self.profiles:
-            setting = self.setting
-            self.profiles[key] = transformer_profile(
+            profile = transformer_profile(
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
-                seq_len=setting.seq_len, tp=item.tp, recompute=recompute, pp=item.pp, dp=item.dp, zero=setting.zero,
-                dp_overlap=setting.dp_overlap, placement=setting.placement)
+                seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
+                recompute=item.recompute, pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep,
+                dp_overlap=setting.dp_overlap and exact, placement=setting.placement)
+            self.profiles[key] = (profile, LayerSums.of(profile))
         return self.profiles[key]
 
+    def link(self, item: Candidate) -> tuple[float, float, Topology]:
+        """``(latency, bandwidth, topology)`` of the candidate's pipeline links."""
+        key = (item.tp, item.pp, item.dp, item.cp, item.ep, item.sequence_parallel)
+        if key not in self.links:
+            setting = self.setting
+            layout = Parallelism(tp=item.tp, pp=item.pp, dp=item.dp, placement=setting.placement, cp=item.cp,
+                                 ep=item.ep)
+            bandwidth = pipeline_bandwidth_bytes_per_s(setting.cluster, layout, sequence_parallel=item.sequence_parallel)
+            latency = pipeline_latency_s(setting.cluster, layout)
+            self.links[key] = (latency, bandwidth, Topology.uniform(num_devices=item.pp, memory_bytes=setting.budget,
+                                                                    bandwidth=bandwidth, latency=latency))
+        return self.links[key]
+
+    def shape(self, item: Candidate) -> _Shape:
+        """The op shape's cut, step bound and memory (stage 1), shared by its ZeRO stages."""
+        key = (item.tp, item.sequence_parallel, item.cp, item.ep, item.microbatch_size, item.recompute, item.pp,
+               item.dp, item.schedule, item.stages_per_rank)
+        known = self.shapes.get(key)
+        if known is None:
+            profile, sums = self.profile(item, exact=False)
+            num_stages = item.num_stages
+            partition = megatron_cut(self.setting.config.num_layers, num_stages) \
+                or balance_partition(profile, num_stages)
+            ranks = stage_ranks(item.schedule, item.pp, num_stages)
+            latency, bandwidth, _ = self.link(item)
+            bound = step_lower_bound(sums.stages(partition), ranks, item.num_microbatches,
+                                     split=item.schedule in SPLIT_BACKWARD, latency_s=latency,
+                                     bandwidth_bytes_per_s=bandwidth)
+            memory = ShapeMemory.of(profile, sums, partition, ranks)
+            known = self.shapes[key] = _Shape(bound, partition, memory, memory.lightest())
+        return known
+
+    def first_bounds(self, item: Candidate) -> tuple[float, float, tuple[tuple[int, int], ...]]:
+        """``(step bound, memory bound, partition)`` from the op shape's profile (stage 1)."""
+        shape = self.shape(item)
+        static = shape.memory.static(replicas=item.dp * item.cp, zero=item.zero)
+        return shape.bound, float((static + shape.lightest).max()), shape.partition
+
+    def order(self, item: Candidate) -> InFlight:
+        """The in-flight counts of the candidate's schedule order (built once per pipeline shape)."""
+        key = (item.schedule, item.num_stages, item.num_microbatches, item.pp)
+        if key not in self.inflight:
+            self.inflight[key] = InFlight.of(self.reuse.order(
+                (item.schedule, item.num_stages, item.num_microbatches, 1, item.pp, ()),
+                lambda: build_schedule(item.schedule, item.num_stages, item.num_microbatches, num_ranks=item.pp)))
+        return self.inflight[key]
+
+    def held_bound(self, item: Candidate) -> float:
+        """The op shape's memory bound with its schedule's in-flight microbatches."""
+        shape = self.shape(item)
+        static = shape.memory.static(replicas=item.dp * item.cp, zero=item.zero)
+        return float((static + shape.memory.activations(self.order(item))).max())
+
+    def decide(self, item: Candidate, partition: tuple[tuple[int, int], ...]) -> Outcome:
+        """Stage 2 (the exact stage costs' bounds) and, if neither prunes it, the simulation."""
+        setting, cut = self.setting, _text(partition)
+        profile, _ = self.profile(item, exact=True)
+        multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp, item.zero)
+        latency, bandwidth, topology = self.link(item)
+        try:
+            if setting.prune:
+                held = self.held_bound(item)
+                if held > setting.budget:
+                    return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
+                                   f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut)
+            plan = make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
+                             num_microbatches=item.num_microbatches, stages_per_rank=item.stages_per_rank,
+                             optimizer_state_multiplier=multiplier, partition=partition)
+            ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
+            costs = stage_costs(profile, plan, topology, stage_devices=ranks)
+            bound = step_lower_bound(StageTimes.of_costs(costs), ranks, item.num_microbatches,
+                                     split=item.schedule in SPLIT_BACKWARD, latency_s=latency,
+                                     bandwidth_bytes_per_s=bandwidth)
+            if bound > setting.threshold:
+                return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the k-th best "
+                               f"{setting.threshold:.4g} s", partition=cut, step_bound_s=bound)
+            peak = peak_lower_bound(costs, self.order(item), multiplier)
+            if peak > setting.budget and setting.prune:
+                return Outcome(item, "pruned", f"its schedule holds at least {peak / 1e9:.1f} GB on a device "
+                               f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=peak, partition=cut,
+                               step_bound_s=bound)
+            result = simulate_plan(profile, topology, plan, engine="auto", reuse=self.reuse)
+        except PipesimError as error:
+            return Outcome(item, "dropped", str(error).splitlines()[0], partition=cut)
+        metrics = result.metrics
+        peak = max(metrics.device_peak_memory_bytes)
+        tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=item.dp, seq_len=setting.seq_len,
+                                       forward_flops_per_token=setting.flops,
+                                       num_gpus=item.tp * item.cp * item.pp * item.dp,
+                                       peak_flops=setting.spec.peak(setting.spec.default_precision))
+        fits = peak <= setting.budget
+        return Outcome(item, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
+                       iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut,
+                       step_bound_s=bound)
+
     def run(self, group: Sequence[Candidate]) -> list[Outcome]:
-        setting, outcomes = self.setting, []
-        over: Outcome | None = None
-        for item in group:
-            partition = balance_partition(self.profile_of(item, "none"), item.pp * item.stages_per_rank)
-            if over is not None:
-                outcomes.append(Outcome(item, "dropped", f"over budget: it stashes more than with "
-                                        f"{over.candidate.recompute} recomputation, whose simulated peak is "
-                                        f"{over.peak_memory_bytes / 1e9:.1f} GB",
-                                        peak_memory_bytes=over.peak_memory_bytes, partition=_text(partition)))
-                continue
-            outcome = _evaluate(item, self.profile_of(item, item.recompute), partition, setting, self.reuse)
-            if outcome.status == "simulated" and not outcome.fits:
-                over = outcome
-            outcomes.append(outcome)
-        return outcomes
+        return [self.decide(item, self.first_bounds(item)[2]) for item in group]
 
 
 def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list[Outcome]:
@@ -194,27 +237,23 @@ def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list
 
 
 def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: int, global_batch: int,
-           seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
+           seq_len: int | None = None, memory_bytes: float | None = None, zero: int | None = None,
            placement: str = "tp-in-node", dp_overlap: bool = False, cluster: str | Cluster | None = None,
-           workers: int | None = None,
+           allow_uneven: bool = False, top: int = 10, prune: bool = True, workers: int | None = None,
            scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
-    """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
-
-    The layers are cut as the model without recomputation balances them, whatever the
-    recomputation (as Megatron cuts by layer count), so the three recomputation modes of one
-    configuration differ only in what each microbatch stashes. A device's memory follows its
-    rank's op order alone, so its peak grows with the stash: the modes run from full to none,
-    and once one is over budget the ones that keep more are dropped without simulation.
+    """Every candidate's outcome: the simulated ones that fit first by tokens/s, then the others.
 
     Args:
+        zero: only this ZeRO stage (default every stage the space allows).
         dp_overlap: the data-parallel all-reduce overlapped with the last backward (``simulate
             --dp-overlap``) rather than after it.
-        workers, scheduler: run on Dask (the sweep's ``dask_client``): an embedded cluster of
-            ``workers`` processes on 127.0.0.1, or the scheduler at that address. Neither: in this
-            process, unless more than ``DASK_MIN_CANDIDATES`` candidates are left to evaluate
-            (then an embedded cluster of one process per CPU). The outcomes are the same.
-        progress: called with (candidates done, candidates in all) at the start and as groups
-            finish.
+        allow_uneven: also stage counts Megatron cannot cut into whole equal stages.
+        top: the k whose places are proven: a candidate is simulated only while its bound could
+            beat the k-th best that fits.
+        prune: False simulates every candidate that can be formed (the exhaustive search).
+        workers, scheduler: simulate on Dask (the sweep's ``dask_client``): an embedded cluster of
+            ``workers`` processes on 127.0.0.1, or the scheduler at that address. The outcomes are the same.
+        progress: called with (candidates decided, candidates in all).
 
     Raises:
         ConfigError: a count or sequence length below 1, more than ``MAX_GPUS`` GPUs, an unknown
@@ -224,51 +263,103 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     spec = load_device(device) if isinstance(device, str) else device
     wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     s = config.seq_len if seq_len is None else seq_len
-    for field, value in (("gpus", num_gpus), ("global_batch", global_batch), ("seq_len", s)):
+    for field, value in (("gpus", num_gpus), ("global_batch", global_batch), ("seq_len", s), ("top", top)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
     if num_gpus > MAX_GPUS:
         raise ConfigError("gpus", num_gpus, f"must be <= {MAX_GPUS:,}")
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise ConfigError("zero", zero, "must be 0, 1, 2 or 3")
     Parallelism(placement=placement)  # refuses an unknown placement before any work
     setting = _Setting(config=config, spec=spec, cluster=wiring, placement=placement, seq_len=s,
-                       budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
-                       flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
-    # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
-    # configuration's recomputation modes (a group) are neighbours, full to none.
-    space = sorted(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch,
-                                        placement=placement),
-                   key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
-                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
-                    item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
+                       budget=spec.memory_bytes if memory_bytes is None else memory_bytes,
+                       flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap, allow_uneven=allow_uneven,
+                       prune=prune)
+    space = list(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch, seq_len=s,
+                                      placement=placement, allow_uneven=allow_uneven, zero=zero,
+                                      dp_overlap=dp_overlap))
     outcomes = [item for item in space if isinstance(item, Outcome)]
-    groups: list[list[Candidate]] = []
+    runner = _GroupRunner(setting)
+    queue: list[tuple[float, tuple[Any, ...], Candidate, tuple[tuple[int, int], ...]]] = []
     for item in space:
         if isinstance(item, Candidate):
-            if groups and _group_key(groups[-1][0]) == _group_key(item):
-                groups[-1].append(item)
+            bound, memory, partition = runner.first_bounds(item)
+            if memory > setting.budget and prune:
+                outcomes.append(Outcome(item, "pruned", f"its weights, gradients, optimizer state and a "
+                                        f"microbatch's stash need at least {memory / 1e9:.1f} GB > "
+                                        f"{setting.budget / 1e9:.1f} GB", peak_memory_bytes=memory,
+                                        partition=_text(partition), step_bound_s=bound))
             else:
-                groups.append([item])
-    done, total = len(outcomes), len(space)
+                queue.append((bound, _order_key(item), item, partition))
+    queue.sort(key=lambda entry: (entry[0], entry[1]))
+    total, done = len(space), len(outcomes)
     if progress is not None:
         progress(done, total)
-    is_large = total - done > DASK_MIN_CANDIDATES
-    if workers is None and scheduler is None and not is_large:
-        runner = _GroupRunner(setting)
-        for group in groups:
-            outcomes += runner.run(group)
-            done += len(group)
-            if progress is not None:
-                progress(done, total)
-    else:
-        outcomes += _on_dask(setting, groups, workers=workers, scheduler=scheduler,
-                             progress=progress, done=done, total=total)
-    outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
+    best: list[tuple[float, tuple[Any, ...]]] = []  # the k best fitting steps, as a max-heap
+    width = 1 if workers is None and scheduler is None else None
+    position = 0
+    while position < len(queue):
+        threshold = -best[0][0] if prune and len(best) >= top else math.inf
+        if queue[position][0] > threshold:
+            outcomes += [Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the "
+                                 f"{_ordinal(top)} best {threshold:.4g} s", partition=_text(partition),
+                                 step_bound_s=bound) for bound, _, item, partition in queue[position:]]
+            break
+        runner.setting = replace(setting, threshold=threshold)
+        if width == 1:
+            batch = [queue[position]]
+            decided = [runner.decide(batch[0][2], batch[0][3])]
+        else:
+            batch = [entry for entry in queue[position:position + _round_size(workers)] if entry[0] <= threshold]
+            decided = _on_dask(runner.setting, [[entry[2]] for entry in batch], workers=workers, scheduler=scheduler,
+                               progress=None, done=done, total=total)
+        for outcome in decided:
+            outcomes.append(outcome)
+            if outcome.fits:
+                heapq.heappush(best, (-outcome.iteration_time_s, _order_key(outcome.candidate)))
+                if len(best) > top:
+                    heapq.heappop(best)
+        position += len(batch)
+        done += len(batch)
+        if progress is not None:
+            progress(done, total)
+    if progress is not None:
+        progress(total, total)
+    outcomes.sort(key=_rank)
     return outcomes
 
 
-def _group_key(item: Candidate) -> tuple[Any, ...]:
-    """A configuration without its recomputation mode."""
-    return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
+def _round_size(workers: int | None) -> int:
+    return DASK_ROUND_PER_WORKER * max(1, workers or 4)
+
+
+def _order_key(item: Candidate) -> tuple[Any, ...]:
+    """A fixed order among candidates with equal bounds or steps."""
+    return (item.tp, item.cp, item.ep, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank,
+            item.sequence_parallel, item.recompute, item.zero)
+
+
+def _rank(outcome: Outcome) -> tuple[Any, ...]:
+    """Fitting first by tokens/s, then over budget, then pruned and dropped."""
+    order = {"simulated": 0, "pruned": 1, "dropped": 2}[outcome.status]
+    return (not outcome.fits, order, -outcome.tokens_per_s, outcome.step_bound_s, _order_key(outcome.candidate))
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def search_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    """``num_candidates`` (formed), ``num_simulated``, ``num_pruned_by_memory``, ``num_pruned_by_bound``,
+    ``num_dropped`` (what cannot be formed or run)."""
+    pruned = [o for o in outcomes if o.status == "pruned"]
+    memory = sum(o.peak_memory_bytes > 0 for o in pruned)
+    simulated = sum(o.status == "simulated" for o in outcomes)
+    dropped = sum(o.status == "dropped" for o in outcomes)
+    return {"num_candidates": simulated + len(pruned) + sum(o.status == "dropped" and o.candidate.schedule != "*"
+                                                               and bool(o.partition) for o in outcomes),
+            "num_simulated": simulated, "num_pruned_by_memory": memory, "num_pruned_by_bound": len(pruned) - memory,
+            "num_dropped": dropped}
 
 
 def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,
@@ -296,33 +387,3 @@ def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int |
 def _text(partition: tuple[tuple[int, int], ...]) -> str:
     """``0:10,10:20,...``, as ``simulate --partition`` takes it."""
     return ",".join(f"{start}:{end}" for start, end in partition)
-
-
-def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], setting: _Setting,
-              reuse: Reuse) -> Outcome:
-    budget = setting.budget
-    multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, setting.zero)
-    cut = _text(partition)
-    bound = memory_lower_bound(profile, partition, multiplier)
-    if bound > budget:
-        return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
-                       f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
-    layout = Parallelism(tp=candidate.tp, pp=candidate.pp, dp=candidate.dp, placement=setting.placement)
-    topology = Topology.uniform(num_devices=candidate.pp,
-                                bandwidth=pipeline_bandwidth_bytes_per_s(setting.cluster, layout),
-                                latency=pipeline_latency_s(setting.cluster, layout), memory_bytes=budget)
-    try:
-        plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),
-                         num_microbatches=candidate.num_microbatches, stages_per_rank=candidate.stages_per_rank,
-                         optimizer_state_multiplier=multiplier, partition=partition)
-        result = simulate_plan(profile, topology, plan, engine="auto", reuse=reuse)
-    except PipesimError as error:
-        return Outcome(candidate, "dropped", str(error).splitlines()[0], partition=cut)
-    metrics = result.metrics
-    peak = max(metrics.device_peak_memory_bytes)
-    tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=candidate.dp, seq_len=setting.seq_len,
-                                   forward_flops_per_token=setting.flops, num_gpus=candidate.tp * candidate.pp * candidate.dp,
-                                   peak_flops=setting.spec.peak(setting.spec.default_precision))
-    fits = peak <= budget
-    return Outcome(candidate, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
-                   iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut)

@@ -18,6 +18,7 @@ from pipesim.spec.cluster import Cluster
 from pipesim.spec.device import Device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.opcost import Attention
+from pipesim.spec.partition import megatron_cut
 from pipesim.spec.parallel import microbatches_per_pipeline, zero_optimizer_multiplier
 from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import Recompute, TransformerConfig, forward_flops_per_token
@@ -74,12 +75,7 @@ def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flo
 def megatron_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...] | None:
     """Equal transformer layers per stage, the embedding (profile layer 0) on the first and the head
     (layer L + 1) on the last; None when the stages do not divide the layers."""
-    if num_layers % num_stages:
-        return None
-    chunk = num_layers // num_stages
-    starts = [0] + [1 + stage * chunk for stage in range(1, num_stages)]
-    ends = [1 + (stage + 1) * chunk for stage in range(num_stages - 1)] + [num_layers + 2]
-    return tuple(zip(starts, ends, strict=True))
+    return megatron_cut(num_layers, num_stages) if num_layers % num_stages == 0 else None
 
 
 def simulate_training(

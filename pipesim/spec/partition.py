@@ -29,6 +29,27 @@ def even_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int], .
     return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
 
 
+def megatron_cut(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...] | None:
+    """Megatron-LM's cut of a transformer profile (embedding, ``num_layers`` blocks, head) into
+    stages of whole blocks, or None when it has none for this count.
+
+    Equal blocks per stage when ``num_stages`` divides them, the embedding on the first stage and
+    the head on the last; else, when it divides ``num_layers + 2``, the embedding and the head
+    each count as a block: the first and last stages hold one block fewer (Llama 3 405B's 126
+    layers on 16 stages; Megatron's ``account_for_embedding_in_pipeline_split`` and loss).
+    """
+    if num_stages < 1:
+        return None
+    if num_layers % num_stages == 0:
+        chunk, ends = num_layers // num_stages, 0
+    elif num_stages >= 2 and (num_layers + 2) % num_stages == 0 and (num_layers + 2) // num_stages >= 2:
+        chunk, ends = (num_layers + 2) // num_stages, 1
+    else:
+        return None
+    bounds = [0] + [1 + stage * chunk - ends for stage in range(1, num_stages)] + [num_layers + 2]
+    return tuple((bounds[i], bounds[i + 1]) for i in range(num_stages))
+
+
 def balance_partition(profile: Profile, num_stages: int) -> tuple[tuple[int, int], ...]:
     """Cut the layers into ``num_stages`` contiguous ranges minimizing the largest stage compute.
 

@@ -62,11 +62,13 @@ def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
 
 def add_update(layers: list[dict[str, Any]], experts: list[float], config: TransformerConfig, setting: Setting,
                layout: Parallelism, *, zero: int, overlap: bool, has_embeddings: bool,
-               layer_state: bool = False) -> None:
+               layer_state: bool = False, communication: list[float] | None = None) -> None:
     """Each layer's optimizer step and gradient reduction, and ZeRO-2/3's per-layer collectives
     and sharded memory (module docstring), in place; ``experts[i]``: layer i's routed-expert
     parameters on this rank (0 for none); ``layer_state``: state every layer's gradient and
-    optimizer bytes even where the plan's multiplier could (``holds_state_per_layer``)."""
+    optimizer bytes even where the plan's multiplier could (``holds_state_per_layer``);
+    ``communication``, when given, receives each layer's seconds of its ``update_s`` that are
+    data-parallel (and tied-embedding) communication rather than the optimizer's own step."""
     device, cluster = setting.device, setting.cluster
     grad_bytes = 4.0 if setting.precision == "bf16" else 2.0
     step_bytes = ADAM_BYTES_PER_PARAMETER + (FP16_EXTRA_BYTES_PER_PARAMETER if setting.precision == "fp16" else 0.0)
@@ -84,6 +86,7 @@ def add_update(layers: list[dict[str, Any]], experts: list[float], config: Trans
         else:
             step = device.launch_s + device.stream_s(parameters * step_bytes / dense_shard, "optimizer")
         parts = [(group, dense), (expert_group, expert if split else 0.0)]
+        optimizer = step
         if zero >= 2:
             _shard(layer, parts, zero=zero, grad_bytes=grad_bytes, share=share, cluster=cluster)
             if zero == 2:
@@ -96,6 +99,8 @@ def add_update(layers: list[dict[str, Any]], experts: list[float], config: Trans
                 step += share * reduce
             else:
                 step += reduce
+        if communication is not None:
+            communication.append(step - optimizer)
         if per_layer:
             layer["gradient_bytes"] = (mine if zero >= 2 else parameters) * BYTES_PER_VALUE
             layer["optimizer_bytes"] = ADAM_STATE_MULTIPLIER * mine * BYTES_PER_VALUE
@@ -109,6 +114,9 @@ def add_update(layers: list[dict[str, Any]], experts: list[float], config: Trans
         sync = allreduce_s(cluster, Group(2, layout.strides[1] * (layout.pp - 1)), table)
         layers[0]["update_s"] += sync
         layers[-1]["update_s"] += sync
+        if communication is not None:
+            communication[0] += sync
+            communication[-1] += sync
 
 
 def _reduce_s(cluster: Cluster, group: Group, parameters: float, *, zero: int, grad_bytes: float) -> float:

@@ -97,6 +97,7 @@ def transformer_profile(
     cp: int = 1,
     ep: int = 1,
     layer_state: bool = False,
+    update_communication: list[float] | None = None,
 ) -> Profile:
     """The per-layer profile of ``model`` on one rank of ``device`` in ``cluster``.
 
@@ -116,6 +117,8 @@ def transformer_profile(
             (the routed experts split over ``ep`` of the DP x CP ranks).
         layer_state: every layer states its gradient and (Adam's) optimizer bytes, as ZeRO shards
             them, in place of the plan's optimizer multiplier (as they do anyway under ZeRO-2/3).
+        update_communication: when given, receives per profile layer the seconds of its
+            ``update_s`` that are data-parallel communication (the rest is the optimizer step).
 
     Raises:
         ConfigError: a bad count, an unknown preset, device, cluster, precision or mode, or a
@@ -162,7 +165,7 @@ def transformer_profile(
                       stash=4.0 * b * local * h, params=head_weights / t * BYTES_PER_VALUE)
         layers, experts = [embedding, *layers, head], [0.0, *experts, 0.0]
     add_update(layers, experts, config, setting, layout, zero=zero, overlap=dp_overlap,
-               has_embeddings=include_embeddings, layer_state=layer_state)
+               has_embeddings=include_embeddings, layer_state=layer_state, communication=update_communication)
     parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") if t > 1 else ""
     parallel += "".join(f", {name}={degree}" for name, degree in (("cp", cp), ("ep", ep), ("zero", zero)) if degree > 1)
     return build(Profile, {
