@@ -36,6 +36,7 @@ from pipesim.plan.search_bounds import (
     peak_lower_bound,
     step_lower_bound,
 )
+from pipesim.plan.search_breakdown import stage_sums, step_breakdown
 from pipesim.plan.search_space import (
     MICROBATCH_SIZES as MICROBATCH_SIZES,
     SEARCH_SCHEDULES as SEARCH_SCHEDULES,
@@ -226,6 +227,33 @@ class _GroupRunner:
                        iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut,
                        step_bound_s=bound)
 
+    def explain(self, outcome: Outcome) -> Outcome:
+        """The outcome with its step split into parts (``pipesim.plan.search_breakdown``)."""
+        item, setting = outcome.candidate, self.setting
+        collectives: list[float] = []
+        communication: list[float] = []
+        profile = transformer_profile(
+            setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
+            seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel, recompute=item.recompute,
+            pp=item.pp, dp=item.dp, zero=item.zero, cp=item.cp, ep=item.ep, dp_overlap=setting.dp_overlap,
+            placement=setting.placement, collectives=collectives, update_communication=communication)
+        partition = self.shape(item).partition
+        plan = make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
+                         num_microbatches=item.num_microbatches, stages_per_rank=item.stages_per_rank,
+                         optimizer_state_multiplier=zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp,
+                                                                              item.zero), partition=partition)
+        ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
+        _, _, topology = self.link(item)
+        costs = stage_costs(profile, plan, topology, stage_devices=ranks)
+        free = simulate_plan(profile, Topology.uniform(num_devices=item.pp), plan, engine="auto", reuse=self.reuse)
+        steps = [layer.update_s or 0.0 for layer in profile.layers]
+        parts = step_breakdown(costs, ranks, item.num_microbatches, step_s=outcome.iteration_time_s,
+                               free_links_step_s=free.metrics.iteration_time_s,
+                               collectives_s=stage_sums(collectives, partition),
+                               optimizer_s=stage_sums([step - comm for step, comm in zip(steps, communication,
+                                                                                          strict=True)], partition))
+        return replace(outcome, step_breakdown_s=parts)
+
     def run(self, group: Sequence[Candidate]) -> list[Outcome]:
         return [self.decide(item, self.first_bounds(item)[2]) for item in group]
 
@@ -326,6 +354,12 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     if progress is not None:
         progress(total, total)
     outcomes.sort(key=_rank)
+    explained = 0
+    for index, outcome in enumerate(outcomes):
+        if not outcome.fits or explained >= top:
+            break
+        outcomes[index] = runner.explain(outcome)
+        explained += 1
     return outcomes
 
 

@@ -1,4 +1,4 @@
-"""``pipesim search``: the best simulated TP x PP x DP, microbatch, schedule and recomputation for a model on N GPUs."""
+"""``pipesim search``: the best simulated layout, schedule and memory settings for a model on N GPUs (docs/search.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rich.table import Table
 from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import ProgressBar, out_folder, writing
 from pipesim.errors import ConfigError
-from pipesim.search import Outcome, search
+from pipesim.search import Outcome, search, search_counts
 from pipesim.spec.cluster import load_cluster
 from pipesim.spec.device import load_device
 from pipesim.spec.model_files import load_model
@@ -22,7 +22,8 @@ from pipesim.spec.transformer_profile import PLACEMENTS
 from pipesim.spec.units import parse_size
 
 BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute", "tokens_per_s", "mfu",
-             "peak_memory_bytes", "fits")
+             "peak_memory_bytes", "fits", "sequence_parallel", "cp", "ep", "zero")
+COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pruned_by_bound")
 
 
 @click.command("search")
@@ -39,32 +40,37 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Memory budget per GPU, e.g. 80GB.")
 @click.option("--efficiency", type=float, default=None,
               help="What-if: the device's sustained matrix share of peak in place of its file's.")
-@click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
-              help="1: ZeRO stage 1, optimizer state sharded over DP.")
+@click.option("--zero", "zero", type=click.IntRange(0, 3), default=None,
+              help="Only this ZeRO stage (default: 0 and 1 with data parallelism, 2 and 3 too without a pipeline).")
+@click.option("--allow-uneven", "allow_uneven", is_flag=True, default=False,
+              help="Also stage counts Megatron cannot cut into whole equal stages (cut by balanced compute).")
 @click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
               help="tp-in-node (Megatron's): TP inside a node (TP <= its GPUs), pipeline and DP over the NIC; "
                    "pp-in-node: a pipeline inside a node (PP <= its GPUs, hops over NVLink), TP and DP over the NIC.")
 @click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
               help="Overlap the DP gradient all-reduce with the last backward (as simulate --dp-overlap).")
 @click.option("--workers", type=int, default=None,
-              help="Run on an embedded Dask cluster of this many processes on 127.0.0.1 (default: in this "
-                   "process, or one process per CPU when more than 1,000 candidates are left to simulate).")
+              help="Simulate on an embedded Dask cluster of this many processes on 127.0.0.1, in rounds best "
+                   "bound first (default: in this process).")
 @click.option("--scheduler", type=str, default=None, help="Run on an existing Dask scheduler, tcp://HOST:PORT.")
 @click.option("--progress/--no-progress", default=None,
               help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
                    "stderr is a terminal).")
 @click.option("--top", "top", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Configurations shown in the table.")
+              help="Configurations ranked exactly, explained and shown (the pruning keeps the top K exact).")
 @click.option("--json", "as_json", is_flag=True,
-              help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
+              help='Print {"best": {...}, "candidates": [every candidate with its status and reason], "run": {the inputs}, '
+                   '"num_candidates", "num_simulated", "num_pruned_by_memory", "num_pruned_by_bound"}.')
 @click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
               help="Write candidates.csv, run.json (its inputs) and pareto.png (tokens/s against peak memory of the simulated ones).")
 def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
-                   seq_len: int | None, memory: str | None, efficiency: float | None, zero: int, placement: str,
+                   seq_len: int | None, memory: str | None, efficiency: float | None, zero: int | None,
+                   allow_uneven: bool, placement: str,
                    dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
                    as_json: bool, out_dir: str | None) -> None:
-    """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
-    fit, simulate the rest on the analytic engine, and rank by tokens/s."""
+    """Search TP x CP x PP x DP (EP), microbatch size, schedule and V, sequence parallelism, recomputation
+    and ZeRO: prune by proven memory and step-time bounds, simulate the rest on the analytic engine,
+    and rank by tokens/s."""
     if workers is not None and scheduler is not None:
         raise ConfigError("workers", workers, "give either --workers (embedded cluster) or --scheduler, not both")
     out = out_folder(out_dir) if out_dir is not None else None
@@ -80,23 +86,26 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
     try:
         outcomes = search(config, device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
                           memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap, cluster=wiring,
-                          workers=workers, scheduler=scheduler, progress=bar)
+                          allow_uneven=allow_uneven, top=top, workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()
     if outcomes and not any(outcome.partition for outcome in outcomes):
-        raise ConfigError("gpus", num_gpus, _no_split(outcomes, num_gpus, global_batch))
+        raise ConfigError("gpus", num_gpus, _no_split(outcomes, num_gpus, global_batch, config.num_layers))
     rows = [outcome.to_dict() for outcome in outcomes]
-    best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
+    best = {**{key: rows[0][key] for key in BEST_KEYS}, "step_breakdown_s": outcomes[0].step_breakdown_s} \
+        if outcomes and outcomes[0].fits else None
+    counts = search_counts(outcomes)
     run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
                       seq_len=seq_len or config.seq_len, budget=spec.memory_bytes if budget is None else budget,
-                      zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency)
+                      zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency,
+                      allow_uneven=allow_uneven, top=top)
     if out is not None:
         with writing(out):
             _write(rows, out, run, spec.memory_bytes if budget is None else budget)
     if as_json:
-        click.echo(json.dumps({"best": best, "candidates": rows, "run": run}, sort_keys=True))
+        click.echo(json.dumps({"best": best, "candidates": rows, "run": run, **counts}, sort_keys=True))
         return
-    _print(outcomes, top)
+    _print(outcomes, top, counts)
     if best is None:
         click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
 
@@ -115,18 +124,20 @@ def _run_record(model: str, config: Any, device: str, cluster: str | None, spec:
             "device": named_identity("devices", device), "cluster": named_identity("clusters", wiring), **settings}
 
 
-def _no_split(outcomes: list[Outcome], num_gpus: int, global_batch: int) -> str:
-    """Why no candidate could be cut into stages (each failed the arithmetic: a DP that does not
-    divide the global batch, or more stages than layers), as the rule of a ConfigError."""
+def _no_split(outcomes: list[Outcome], num_gpus: int, global_batch: int, num_layers: int) -> str:
+    """Why no candidate could be formed (each failed the arithmetic: a DP that does not divide the
+    global batch, or stage counts that do not cut the layers), as the rule of a ConfigError."""
     degrees = sorted({outcome.candidate.dp for outcome in outcomes})
     dividing = [dp for dp in degrees if global_batch % dp == 0]
-    rule = f"no TP x PP x DP split of {num_gpus} GPUs suits --global-batch {global_batch}: "
+    rule = f"no TP x CP x PP x DP split of {num_gpus} GPUs suits --global-batch {global_batch}: "
     if not dividing:
         return rule + f"none of its DP degrees ({_listed(degrees)}) divides the batch"
-    fewest = min(outcome.candidate.pp * outcome.candidate.stages_per_rank for outcome in outcomes
-                 if global_batch % outcome.candidate.dp == 0)
-    return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave {fewest} or more pipeline "
-                   "stages, more than the model has layers")
+    fewest = min(outcome.candidate.pp for outcome in outcomes if global_batch % outcome.candidate.dp == 0)
+    if fewest > num_layers + 2:
+        return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave {fewest} or more pipeline "
+                       "stages, more than the model has layers")
+    return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave pipelines of {fewest} or more "
+                   f"stages, which do not cut the {num_layers} layers evenly (--allow-uneven cuts them by compute)")
 
 
 def _listed(numbers: list[int], most: int = 8) -> str:
@@ -135,22 +146,28 @@ def _listed(numbers: list[int], most: int = 8) -> str:
     return ", ".join(shown if len(shown) <= most else [*shown[: most - 1], "...", shown[-1]])
 
 
-def _print(outcomes: list[Outcome], top: int) -> None:
-    console = Console(highlight=False, width=None if Console().is_terminal else 160)
+def _print(outcomes: list[Outcome], top: int, counts: dict[str, int]) -> None:
+    console = Console(highlight=False, width=None if Console().is_terminal else 200)
     table = Table(show_edge=False)
-    for header in ("tp", "pp", "dp", "b", "m", "schedule", "V", "recompute", "tokens/s", "MFU", "peak GB", "verdict"):
+    headers = ("tp", "cp", "pp", "dp", "ep", "b", "m", "schedule", "V", "SP", "recompute", "zero", "tokens/s", "MFU",
+               "peak GB", "step s", "compute", "bubble", "comm", "verdict")
+    for header in headers:
         table.add_column(header, justify="right")
     simulated = [outcome for outcome in outcomes if outcome.status == "simulated"]
     for outcome in simulated[:top]:
-        c = outcome.candidate
-        table.add_row(str(c.tp), str(c.pp), str(c.dp), str(c.microbatch_size), str(c.num_microbatches), c.schedule,
-                      str(c.stages_per_rank), c.recompute, f"{outcome.tokens_per_s:,.0f}", f"{outcome.mfu:.1%}",
-                      f"{outcome.peak_memory_bytes / 1e9:.1f}", outcome.reason)
+        c, parts = outcome.candidate, outcome.step_breakdown_s or {}
+        comm = sum(parts.get(name, 0.0) for name in ("tp_comm", "dp_comm", "pp_comm"))
+        table.add_row(str(c.tp), str(c.cp), str(c.pp), str(c.dp), str(c.ep), str(c.microbatch_size),
+                      str(c.num_microbatches), c.schedule, str(c.stages_per_rank), "on" if c.sequence_parallel else "off",
+                      c.recompute, str(c.zero), f"{outcome.tokens_per_s:,.0f}", f"{outcome.mfu:.1%}",
+                      f"{outcome.peak_memory_bytes / 1e9:.1f}", f"{outcome.iteration_time_s:.3f}",
+                      *(f"{parts[name]:.3f}" if parts else "" for name in ("compute", "bubble")),
+                      f"{comm:.3f}" if parts else "", outcome.reason)
     console.print(table)
-    dropped = len(outcomes) - len(simulated)
     fitting = sum(outcome.fits for outcome in outcomes)
-    console.print(f"{len(outcomes)} candidates: {dropped} dropped before simulation, {len(simulated)} simulated, "
-                  f"{fitting} fit")
+    console.print(f"{counts['num_candidates']:,} candidates: {counts['num_pruned_by_memory']:,} pruned by memory, "
+                  f"{counts['num_pruned_by_bound']:,} by their step-time bound, {counts['num_simulated']:,} simulated, "
+                  f"{fitting:,} fit ({counts['num_dropped']:,} layouts and schedules could not be formed)")
 
 
 def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any], budget: float) -> None:
@@ -171,7 +188,7 @@ def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any], budget: f
 
 # candidates.csv (``--out``) as ``pipesim report`` reads it back: its columns, those that hold numbers.
 CANDIDATE_NUMBERS = ("tp", "pp", "dp", "microbatch_size", "num_microbatches", "stages_per_rank", "tokens_per_s",
-                     "mfu", "iteration_time_s", "peak_memory_bytes")
+                     "mfu", "iteration_time_s", "peak_memory_bytes", "cp", "ep", "zero", "step_bound_s")
 CANDIDATE_COLUMNS = (*CANDIDATE_NUMBERS, "schedule", "recompute", "status", "reason", "fits", "partition")
 
 

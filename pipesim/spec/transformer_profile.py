@@ -98,6 +98,7 @@ def transformer_profile(
     ep: int = 1,
     layer_state: bool = False,
     update_communication: list[float] | None = None,
+    collectives: list[float] | None = None,
 ) -> Profile:
     """The per-layer profile of ``model`` on one rank of ``device`` in ``cluster``.
 
@@ -119,6 +120,9 @@ def transformer_profile(
             them, in place of the plan's optimizer multiplier (as they do anyway under ZeRO-2/3).
         update_communication: when given, receives per profile layer the seconds of its
             ``update_s`` that are data-parallel communication (the rest is the optimizer step).
+        collectives: when given, receives per profile layer the seconds of its forward and
+            backward (recomputation included) that are collectives (TP/SP, the experts' exchange,
+            the loss's all-reduce): what a step breakdown calls TP communication.
 
     Raises:
         ConfigError: a bad count, an unknown preset, device, cluster, precision or mode, or a
@@ -164,6 +168,8 @@ def transformer_profile(
         head = _layer("head", forward=head_forward, backward_input=head_input, backward_weight=head_weight, sent=0.0,
                       stash=4.0 * b * local * h, params=head_weights / t * BYTES_PER_VALUE)
         layers, experts = [embedding, *layers, head], [0.0, *experts, 0.0]
+    if collectives is not None:
+        collectives += _collective_seconds(config, setting, recompute=recompute, embeddings=include_embeddings)
     add_update(layers, experts, config, setting, layout, zero=zero, overlap=dp_overlap,
                has_embeddings=include_embeddings, layer_state=layer_state, communication=update_communication)
     parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") if t > 1 else ""
@@ -200,6 +206,22 @@ def _block(config: TransformerConfig, setting: Setting, *, recompute: Recompute,
     if whole != stash:
         block["recomputed_bytes"] = whole - stash
     return block
+
+
+def _collective_seconds(config: TransformerConfig, setting: Setting, *, recompute: Recompute,
+                        embeddings: bool) -> list[float]:
+    """Per profile layer, the seconds of its ops that are collectives (forward, I, W, and the
+    forward again under full recomputation)."""
+    def seconds(ops: list[OpCost], again: bool) -> float:
+        chosen = [op for op in ops if op.kind == "collective"]
+        forward, input_grad, weight_grad = totals(chosen)
+        return forward * (2 if again else 1) + input_grad + weight_grad
+
+    kinds = {moe: seconds(layer_ops(config, setting, moe=moe), recompute == "full") for moe in {False, config.is_moe}}
+    blocks = [kinds[config.is_moe_layer(index)] for index in range(config.num_layers)]
+    if not embeddings:
+        return blocks
+    return [seconds(embedding_ops(config, setting), False), *blocks, seconds(head_ops(config, setting), False)]
 
 
 def rank_layer_parameters(config: TransformerConfig, *, tp: int, ep: int = 1, moe: bool = False) -> float:
