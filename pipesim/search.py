@@ -188,7 +188,6 @@ class _GroupRunner:
     def decide(self, item: Candidate, partition: tuple[tuple[int, int], ...]) -> Outcome:
         """Stage 2 (the exact stage costs' bounds) and, if neither prunes it, the simulation."""
         setting, cut = self.setting, _text(partition)
-        profile, _ = self.profile(item, exact=True)
         multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp, item.zero)
         latency, bandwidth, topology = self.link(item)
         try:
@@ -197,6 +196,7 @@ class _GroupRunner:
                 if held > setting.budget:
                     return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
                                    f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut)
+            profile, _ = self.profile(item, exact=True)
             plan = make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
                              num_microbatches=item.num_microbatches, stages_per_rank=item.stages_per_rank,
                              optimizer_state_multiplier=multiplier, partition=partition)
@@ -208,11 +208,11 @@ class _GroupRunner:
             if bound > setting.threshold:
                 return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the k-th best "
                                f"{setting.threshold:.4g} s", partition=cut, step_bound_s=bound)
-            peak = peak_lower_bound(costs, self.order(item), multiplier)
-            if peak > setting.budget and setting.prune:
-                return Outcome(item, "pruned", f"its schedule holds at least {peak / 1e9:.1f} GB on a device "
-                               f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=peak, partition=cut,
-                               step_bound_s=bound)
+            held = peak_lower_bound(costs, self.order(item), multiplier)
+            if held > setting.budget and setting.prune:
+                return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
+                               f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut,
+                               step_bound_s=bound, memory_bound_bytes=held)
             result = simulate_plan(profile, topology, plan, engine="auto", reuse=self.reuse)
         except PipesimError as error:
             return Outcome(item, "dropped", str(error).splitlines()[0], partition=cut)
@@ -225,7 +225,7 @@ class _GroupRunner:
         fits = peak <= setting.budget
         return Outcome(item, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
                        iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut,
-                       step_bound_s=bound)
+                       step_bound_s=bound, memory_bound_bytes=held)
 
     def explain(self, outcome: Outcome) -> Outcome:
         """The outcome with its step split into parts (``pipesim.plan.search_breakdown``)."""
@@ -309,7 +309,10 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     outcomes = [item for item in space if isinstance(item, Outcome)]
     runner = _GroupRunner(setting)
     queue: list[tuple[float, tuple[Any, ...], Candidate, tuple[tuple[int, int], ...]]] = []
-    for item in space:
+    total = len(space)
+    tick = _Ticker(progress, total)
+    tick(bounded=len(outcomes), decided=len(outcomes))
+    for index, item in enumerate(space):
         if isinstance(item, Candidate):
             bound, memory, partition = runner.first_bounds(item)
             if memory > setting.budget and prune:
@@ -319,10 +322,9 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
                                         partition=_text(partition), step_bound_s=bound))
             else:
                 queue.append((bound, _order_key(item), item, partition))
+        tick(bounded=index + 1, decided=len(outcomes))
     queue.sort(key=lambda entry: (entry[0], entry[1]))
-    total, done = len(space), len(outcomes)
-    if progress is not None:
-        progress(done, total)
+    done = len(outcomes)
     best: list[tuple[float, tuple[Any, ...]]] = []  # the k best fitting steps, as a max-heap
     width = 1 if workers is None and scheduler is None else None
     position = 0
@@ -349,10 +351,8 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
                     heapq.heappop(best)
         position += len(batch)
         done += len(batch)
-        if progress is not None:
-            progress(done, total)
-    if progress is not None:
-        progress(total, total)
+        tick(bounded=total, decided=done)
+    tick(bounded=total, decided=total)
     outcomes.sort(key=_rank)
     explained = 0
     for index, outcome in enumerate(outcomes):
@@ -361,6 +361,21 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
         outcomes[index] = runner.explain(outcome)
         explained += 1
     return outcomes
+
+
+class _Ticker:
+    """Progress as (candidates done, candidates in all): a candidate counts half once its first
+    bounds are known and whole once it is decided; at most about 100 calls."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None, total: int) -> None:
+        self.progress, self.total, self.last = progress, total, -1
+
+    def __call__(self, *, bounded: int, decided: int) -> None:
+        done = (bounded + decided) // 2
+        if self.progress is not None and (done == self.total or done - self.last >= max(1, self.total // 100)) \
+                and done > self.last:
+            self.last = done
+            self.progress(done, self.total)
 
 
 def _round_size(workers: int | None) -> int:

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "simulation": BASE | {"spec", "schedule", "engine", "metrics", "reuse"},
     "plan": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
     "training": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
-    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "sweep", "training"},
+    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep", "training"},
     "sweep": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan"},
     "export": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},
     "plots": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},

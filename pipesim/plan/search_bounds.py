@@ -212,7 +212,7 @@ class ShapeMemory:
         ends = np.array([end for _, end in partition])
         per_stage = sums.params[ends] - sums.params[starts]
         memory = [stage_memory(profile, start, end) for start, end in partition]
-        return cls(weights=np.bincount(ranks, per_stage, minlength=int(ranks.max()) + 1),
+        return cls(weights=np.asarray(np.bincount(ranks, per_stage, minlength=int(ranks.max()) + 1), dtype=np.float64),
                    stash=np.array([held[0] for held in memory]), working=np.array([held[2] for held in memory]),
                    stage_to_rank=tuple(int(rank) for rank in ranks))
 

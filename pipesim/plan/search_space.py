@@ -74,6 +74,8 @@ class Outcome:
         fits: simulated and within the budget.
         partition: the stages' layer ranges, ``0:10,10:20,...`` ("" when not cut).
         step_bound_s: the proven lower bound on the step time (0 when not computed).
+        memory_bound_bytes: the proven lower bound on the peak from the exact stage costs and the
+            schedule's order (0 when not computed).
         step_breakdown_s: for the top configurations, the step split into ``compute``, ``bubble``,
             ``tp_comm``, ``dp_comm``, ``pp_comm`` and ``optimizer`` seconds (``pipesim.search``).
     """
@@ -88,6 +90,7 @@ class Outcome:
     fits: bool = False
     partition: str = ""
     step_bound_s: float = 0.0
+    memory_bound_bytes: float = 0.0
     step_breakdown_s: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,10 +119,12 @@ def stage_ranks(schedule: str, num_ranks: int, num_stages: int) -> tuple[int, ..
 
 
 def enumerate_candidates(config: TransformerConfig, cluster: Cluster, *, num_gpus: int, global_batch: int,
-                         seq_len: int, placement: str = "tp-in-node", allow_uneven: bool = False,
+                         seq_len: int | None = None, placement: str = "tp-in-node", allow_uneven: bool = False,
                          zero: int | None = None, dp_overlap: bool = False) -> Iterator[Candidate | Outcome]:
     """Every configuration of the space (module docstring), or an Outcome saying why a layout
-    (all its schedules at once: schedule ``*``) or a schedule cannot be formed."""
+    (all its schedules at once: schedule ``*``) or a schedule cannot be formed; ``seq_len``
+    defaults to the model's."""
+    seq_len = config.seq_len if seq_len is None else seq_len
     per_node = cluster.gpus_per_node
     widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
     for tp in (t for t in divisors(widest) if num_gpus % t == 0):

@@ -42,7 +42,7 @@ def megatron_cut(num_layers: int, num_stages: int) -> tuple[tuple[int, int], ...
         return None
     if num_layers % num_stages == 0:
         chunk, ends = num_layers // num_stages, 0
-    elif num_stages >= 2 and (num_layers + 2) % num_stages == 0 and (num_layers + 2) // num_stages >= 2:
+    elif num_stages >= 2 and (num_layers + 2) % num_stages == 0:
         chunk, ends = (num_layers + 2) // num_stages, 1
     else:
         return None

@@ -217,19 +217,27 @@ def test_search_best_fits_and_is_what_simulate_gives_for_it(tmp_path: Path) -> N
     data = json.loads(done.stdout)
     best = data["best"]
     assert set(best) == {"tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute",
-                         "tokens_per_s", "mfu", "peak_memory_bytes", "fits"}
-    assert best["fits"] and best["peak_memory_bytes"] <= 40e9
-    assert best["tp"] * best["pp"] * best["dp"] == 8
+                         "tokens_per_s", "mfu", "peak_memory_bytes", "fits", "sequence_parallel", "step_breakdown_s",
+                         "cp", "ep", "zero"}
+    assert best["fits"] and best["peak_memory_bytes"] <= 40 * 2**30
+    assert best["tp"] * best["cp"] * best["pp"] * best["dp"] == 8
+    assert set(best["step_breakdown_s"]) == {"compute", "bubble", "tp_comm", "dp_comm", "pp_comm", "optimizer"}
     candidates = data["candidates"]
+    assert sum(best["step_breakdown_s"].values()) == pytest.approx(candidates[0]["iteration_time_s"], rel=1e-9)
     assert all(row["reason"] for row in candidates)
     assert max(row["tokens_per_s"] for row in candidates if row["fits"]) == best["tokens_per_s"]
-    assert {row["status"] for row in candidates} == {"simulated", "dropped"}
+    assert {row["status"] for row in candidates} <= {"simulated", "pruned", "dropped"}
+    counts = [data[key] for key in ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pruned_by_bound")]
+    assert counts[0] == sum(counts[1:]) + sum(row["status"] == "dropped" and row["partition"] != "" for row in candidates)
+    assert counts[1] == sum(row["status"] == "simulated" for row in candidates) < counts[0] / 20
     # The best row is a simulation: simulate gives the same numbers for the same configuration.
     assert candidates[0]["status"] == "simulated" and candidates[0]["tokens_per_s"] == best["tokens_per_s"]
     again = simulate_json("--model", "llama3-8b", "--device", "a100-40gb", "--seq-len", "2048",
                           "--partition", candidates[0]["partition"],
                           "--tp", str(best["tp"]), "--ranks", str(best["pp"]),
                           "--stages-per-rank", str(best["stages_per_rank"]), "--dp", str(best["dp"]),
+                          "--cp", str(best["cp"]), "--zero", str(best["zero"]),
+                          *(["--sequence-parallel"] if best["sequence_parallel"] else []),
                           "--microbatch-size", str(best["microbatch_size"]), "--global-batch", "16",
                           "--recompute-stages", best["recompute"], "--schedule", best["schedule"])
     assert again["tokens_per_s"] == pytest.approx(best["tokens_per_s"], rel=1e-12)
@@ -262,10 +270,10 @@ def test_search_progress_is_a_line_at_every_tenth_off_a_terminal() -> None:
     done = pipesim(*SMALL_SEARCH, "--progress")
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
-    counts = [int(re.match(r"search (\d+)/360 ", line).group(1)) for line in lines]  # type: ignore[union-attr]
-    assert 2 <= len(lines) <= 10 and counts == sorted(set(counts)), done.stderr
-    assert counts[0] >= 36  # the 12 dropped by arithmetic are done at the start, under a tenth
-    assert re.fullmatch(r"search 360/360 candidates [\d.]+ candidates/s elapsed \d+:\d\d:\d\d · 0:00:00 left",
+    total = int(re.match(r"search \d+/(\d+) ", lines[-1]).group(1))  # type: ignore[union-attr]
+    counts = [int(re.match(rf"search (\d+)/{total} ", line).group(1)) for line in lines]  # type: ignore[union-attr]
+    assert 2 <= len(lines) <= 11 and counts == sorted(set(counts)), done.stderr
+    assert re.fullmatch(rf"search {total}/{total} candidates [\d.]+ candidates/s elapsed \d+:\d\d:\d\d · 0:00:00 left",
                         lines[-1]), lines[-1]
 
 

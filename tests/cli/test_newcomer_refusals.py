@@ -56,7 +56,7 @@ def test_a_gpu_count_with_no_split_for_the_batch_is_one_line_and_exit_2(tmp_path
     for extra in ((), ("--json",), ("--out", str(tmp_path / "out"))):
         done = in_process(*args, *extra)
         assert (done.returncode, done.stderr) == (
-            2, "pipesim: error: gpus=500: no TP x PP x DP split of 500 GPUs suits --global-batch 1024: the DP "
+            2, "pipesim: error: gpus=500: no TP x CP x PP x DP split of 500 GPUs suits --global-batch 1024: the DP "
                "degrees that divide the batch (1, 2, 4) leave 125 or more pipeline stages, more than the model "
                "has layers\n"), extra
         assert done.stdout == ""

@@ -166,25 +166,3 @@ def test_a_sweep_spec_takes_a_model_in_place_of_a_profile() -> None:
     with pytest.raises(ConfigError):
         parse_spec({**spec, "profile": [{"model": {"preset": "bert-large"}, "uniform": {"layers": 1, "forward_ms": 1,
                                                                                          "backward_ms": 1}}]})
-
-
-def test_search_drops_a_recompute_mode_only_when_simulating_it_would_be_over_budget() -> None:
-    from pipesim.search import search
-    from pipesim.spec.parallel import data_parallel_profile
-    from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
-
-    budget = 36e9
-    outcomes = search("llama3-8b", device="a100-40gb", num_gpus=4, global_batch=8, seq_len=2048, memory_bytes=budget)
-    inferred = [o for o in outcomes if o.reason.startswith("over budget: it stashes more")]
-    assert inferred and any(o.fits for o in outcomes)
-    for outcome in inferred[:4]:
-        c = outcome.candidate
-        profile = data_parallel_profile(pipesim.transformer_profile("llama3-8b", device="a100-40gb", seq_len=2048,
-                                                                    tp=c.tp, recompute=c.recompute,
-                                                                    microbatch_size=c.microbatch_size), c.dp, 50e9)
-        partition = tuple(tuple(int(x) for x in cut.split(":")) for cut in outcome.partition.split(","))
-        result = pipesim.simulate(profile, pipesim.Topology.uniform(num_devices=c.pp), schedule=c.schedule,
-                                  num_stages=len(partition), num_microbatches=c.num_microbatches,
-                                  stages_per_rank=c.stages_per_rank, partition=partition,  # type: ignore[arg-type]
-                                  optimizer_state_multiplier=ADAM_STATE_MULTIPLIER, engine="auto")
-        assert max(result.metrics.device_peak_memory_bytes) >= outcome.peak_memory_bytes > budget
