@@ -21,17 +21,21 @@ candidates still to simulate go to Dask in rounds, best bound first.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
+from pipesim.jit import JitSetting, setting_from_environment
 from pipesim.plan.search_bounds import (
     InFlight,
     LayerSums,
     ShapeMemory,
+    StageMemory,
     StageTimes,
     peak_lower_bound,
     step_lower_bound,
@@ -73,6 +77,10 @@ MAX_GPUS = 1_000_000
 # Candidates sent to Dask per round (with ``workers`` or ``scheduler``), per worker thread.
 DASK_ROUND_PER_WORKER = 4
 DASK_MIN_CANDIDATES = 1000  # kept for callers; Dask now runs only when asked for
+# A search runs dozens of simulations: numba's kernels (loaded from its disk cache after the first
+# run) unless PIPESIM_JIT or PIPESIM_NO_JIT says otherwise.
+_KERNELS: JitSetting = "always" if setting_from_environment() == "auto" and "PIPESIM_JIT" not in os.environ \
+    else setting_from_environment()
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,7 @@ class _Shape:
     partition: tuple[tuple[int, int], ...]
     memory: ShapeMemory
     lightest: Any
+    text: str
 
 
 class _GroupRunner:
@@ -115,6 +124,7 @@ class _GroupRunner:
         self.inflight: dict[tuple[Any, ...], InFlight] = {}
         self.links: dict[tuple[Any, ...], tuple[float, float, Topology]] = {}
         self.shapes: dict[tuple[Any, ...], _Shape] = {}
+        self.cuts: dict[tuple[Any, ...], StageMemory] = {}
 
     def profile(self, item: Candidate, *, exact: bool) -> tuple[Profile, LayerSums]:
         """The candidate's profile (``exact``) or, for the first bounds, the one of its op shape:
@@ -153,15 +163,18 @@ class _GroupRunner:
         if known is None:
             profile, sums = self.profile(item, exact=False)
             num_stages = item.num_stages
-            partition = megatron_cut(self.setting.config.num_layers, num_stages) \
+            partition = _megatron_cut(self.setting.config.num_layers, num_stages) \
                 or balance_partition(profile, num_stages)
             ranks = stage_ranks(item.schedule, item.pp, num_stages)
             latency, bandwidth, _ = self.link(item)
             bound = step_lower_bound(sums.stages(partition), ranks, item.num_microbatches,
                                      split=item.schedule in SPLIT_BACKWARD, latency_s=latency,
                                      bandwidth_bytes_per_s=bandwidth)
-            memory = ShapeMemory.of(profile, sums, partition, ranks)
-            known = self.shapes[key] = _Shape(bound, partition, memory, memory.lightest())
+            cut = (key[:6], key[6] if self.setting.placement == "pp-in-node" else min(item.pp, 2), partition)
+            if cut not in self.cuts:
+                self.cuts[cut] = StageMemory.of(profile, sums, partition)
+            memory = ShapeMemory.of(self.cuts[cut], ranks)
+            known = self.shapes[key] = _Shape(bound, partition, memory, memory.lightest(), _cut_text(partition))
         return known
 
     def first_bounds(self, item: Candidate) -> tuple[float, float, tuple[tuple[int, int], ...]]:
@@ -187,7 +200,7 @@ class _GroupRunner:
 
     def decide(self, item: Candidate, partition: tuple[tuple[int, int], ...]) -> Outcome:
         """Stage 2 (the exact stage costs' bounds) and, if neither prunes it, the simulation."""
-        setting, cut = self.setting, _text(partition)
+        setting, cut = self.setting, self.shape(item).text
         multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp, item.zero)
         latency, bandwidth, topology = self.link(item)
         try:
@@ -213,7 +226,7 @@ class _GroupRunner:
                 return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
                                f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut,
                                step_bound_s=bound, memory_bound_bytes=held)
-            result = simulate_plan(profile, topology, plan, engine="auto", reuse=self.reuse)
+            result = simulate_plan(profile, topology, plan, engine="auto", reuse=self.reuse, kernels=_KERNELS)
         except PipesimError as error:
             return Outcome(item, "dropped", str(error).splitlines()[0], partition=cut)
         metrics = result.metrics
@@ -245,7 +258,8 @@ class _GroupRunner:
         ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
         _, _, topology = self.link(item)
         costs = stage_costs(profile, plan, topology, stage_devices=ranks)
-        free = simulate_plan(profile, Topology.uniform(num_devices=item.pp), plan, engine="auto", reuse=self.reuse)
+        free = simulate_plan(profile, Topology.uniform(num_devices=item.pp), plan, engine="auto", reuse=self.reuse,
+                             kernels=_KERNELS)
         steps = [layer.update_s or 0.0 for layer in profile.layers]
         parts = step_breakdown(costs, ranks, item.num_microbatches, step_s=outcome.iteration_time_s,
                                free_links_step_s=free.metrics.iteration_time_s,
@@ -319,7 +333,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
                 outcomes.append(Outcome(item, "pruned", f"its weights, gradients, optimizer state and a "
                                         f"microbatch's stash need at least {memory / 1e9:.1f} GB > "
                                         f"{setting.budget / 1e9:.1f} GB", peak_memory_bytes=memory,
-                                        partition=_text(partition), step_bound_s=bound))
+                                        partition=runner.shape(item).text, step_bound_s=bound))
             else:
                 queue.append((bound, _order_key(item), item, partition))
         tick(bounded=index + 1, decided=len(outcomes))
@@ -332,8 +346,8 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
         threshold = -best[0][0] if prune and len(best) >= top else math.inf
         if queue[position][0] > threshold:
             outcomes += [Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the "
-                                 f"{_ordinal(top)} best {threshold:.4g} s", partition=_text(partition),
-                                 step_bound_s=bound) for bound, _, item, partition in queue[position:]]
+                                 f"{_ordinal(top)} best {threshold:.4g} s", partition=runner.shape(item).text,
+                                 step_bound_s=bound) for bound, _, item, _ in queue[position:]]
             break
         runner.setting = replace(setting, threshold=threshold)
         if width == 1:
@@ -431,6 +445,14 @@ def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int |
             if progress is not None:
                 progress(done, total)
     return [outcome for position in range(len(batches)) for outcome in results[position]]
+
+
+_megatron_cut = functools.lru_cache(maxsize=4096)(megatron_cut)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cut_text(partition: tuple[tuple[int, int], ...]) -> str:
+    return _text(partition)
 
 
 def _text(partition: tuple[tuple[int, int], ...]) -> str:

@@ -128,12 +128,12 @@ def step_lower_bound(times: StageTimes, stage_to_rank: Sequence[int], num_microb
 class InFlight:
     """Per rank, the microbatches each of its stages holds at the moments its memory can peak:
     ``at_forward[r]`` rows (one column per local stage) at each F's end; ``at_backward[r]``
-    (rows, the local stage starting) at each B's or I's start. Duplicate rows are dropped."""
+    (rows, the local stage starting) at each B's or I's start."""
 
     local_stages: tuple[tuple[int, ...], ...]
     stage_to_rank: tuple[int, ...]
-    at_forward: tuple[npt.NDArray[np.int64], ...]
-    at_backward: tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]], ...]
+    at_forward: tuple[FloatArray, ...]
+    at_backward: tuple[tuple[npt.NDArray[np.int64], FloatArray], ...]
 
     @classmethod
     def of(cls, schedule: Schedule) -> InFlight:
@@ -152,10 +152,9 @@ class InFlight:
             is_forward = kind == F_CODE
             is_backward = (kind == B_CODE) | (kind == I_CODE)
             before = held[is_backward] - delta[is_backward]  # at its start, its own microbatch still held
-            keyed = np.unique(np.column_stack((column[is_backward], before)), axis=0)
             locals_.append(mine)
-            forwards.append(np.unique(held[is_forward], axis=0))
-            backwards.append((keyed[:, 0].copy(), keyed[:, 1:].copy()))
+            forwards.append(np.ascontiguousarray(held[is_forward], dtype=np.float64))
+            backwards.append((column[is_backward], np.ascontiguousarray(before, dtype=np.float64)))
         return cls(local_stages=tuple(locals_), stage_to_rank=tuple(int(r) for r in schedule.stage_to_rank),
                    at_forward=tuple(forwards), at_backward=tuple(backwards))
 
@@ -195,6 +194,24 @@ def activation_peaks(stash: FloatArray, working: FloatArray, inflight: InFlight)
 
 
 @dataclass(frozen=True)
+class StageMemory:
+    """One cut of a profile: per stage its weights, one microbatch's stash and what its backward
+    re-creates (``stage_memory``); shared by every schedule that cuts the profile so."""
+
+    weights: FloatArray
+    stash: FloatArray
+    working: FloatArray
+
+    @classmethod
+    def of(cls, profile: Profile, sums: LayerSums, partition: Sequence[tuple[int, int]]) -> StageMemory:
+        starts = np.array([start for start, _ in partition])
+        ends = np.array([end for _, end in partition])
+        memory = [stage_memory(profile, start, end) for start, end in partition]
+        return cls(weights=np.asarray(sums.params[ends] - sums.params[starts], dtype=np.float64),
+                   stash=np.array([held[0] for held in memory]), working=np.array([held[2] for held in memory]))
+
+
+@dataclass(frozen=True)
 class ShapeMemory:
     """What one cut of an op shape's profile (built without ZeRO) holds per rank: its weights, and
     per stage one microbatch's stash and what its backward re-creates (``stage_memory``)."""
@@ -205,16 +222,11 @@ class ShapeMemory:
     stage_to_rank: tuple[int, ...]
 
     @classmethod
-    def of(cls, profile: Profile, sums: LayerSums, partition: Sequence[tuple[int, int]],
-           stage_to_rank: Sequence[int]) -> ShapeMemory:
+    def of(cls, stages: StageMemory, stage_to_rank: Sequence[int]) -> ShapeMemory:
         ranks = np.asarray(stage_to_rank, dtype=np.int64)
-        starts = np.array([start for start, _ in partition])
-        ends = np.array([end for _, end in partition])
-        per_stage = sums.params[ends] - sums.params[starts]
-        memory = [stage_memory(profile, start, end) for start, end in partition]
-        return cls(weights=np.asarray(np.bincount(ranks, per_stage, minlength=int(ranks.max()) + 1), dtype=np.float64),
-                   stash=np.array([held[0] for held in memory]), working=np.array([held[2] for held in memory]),
-                   stage_to_rank=tuple(int(rank) for rank in ranks))
+        return cls(weights=np.asarray(np.bincount(ranks, stages.weights, minlength=int(ranks.max()) + 1),
+                                      dtype=np.float64),
+                   stash=stages.stash, working=stages.working, stage_to_rank=tuple(int(rank) for rank in ranks))
 
     def static(self, *, replicas: int, zero: int) -> FloatArray:
         """Per rank, weights, gradients and Adam state as ZeRO stage ``zero`` shards them over at

@@ -16,6 +16,7 @@ sequence parallelism and ZeRO stage a Megatron/NeMo user can run on N GPUs.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -106,9 +107,14 @@ class Outcome:
 def layer_cut(config: TransformerConfig, num_stages: int, *, allow_uneven: bool) -> str:
     """``"even"`` when Megatron cuts the model into ``num_stages`` stages, ``"uneven"`` when only
     balanced compute can (``allow_uneven``), ``""`` when neither may."""
-    if megatron_cut(config.num_layers, num_stages) is not None:
+    if _cuts_evenly(config.num_layers, num_stages):
         return "even"
     return "uneven" if allow_uneven and num_stages <= config.num_layers + 2 else ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _cuts_evenly(num_layers: int, num_stages: int) -> bool:
+    return megatron_cut(num_layers, num_stages) is not None
 
 
 def stage_ranks(schedule: str, num_ranks: int, num_stages: int) -> tuple[int, ...]:

@@ -4,6 +4,8 @@ simulation gives."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +19,7 @@ from pipesim.spec.transformer_profile import default_cluster
 
 def tiny(layers: int, *, moe: bool, tied: bool, kv_heads: int) -> TransformerConfig:
     """A small Llama-shaped model (a mixture of experts past its first layer when ``moe``)."""
-    experts = {"num_experts": 4, "num_experts_per_token": 2, "num_dense_layers": 1} if moe else {}
+    experts: dict[str, Any] = {"num_experts": 4, "num_experts_per_token": 2, "num_dense_layers": 1} if moe else {}
     return TransformerConfig(name="tiny", num_layers=layers, hidden_size=512, ffn_hidden_size=1536, num_heads=8,
                              num_kv_heads=kv_heads, vocab_size=8000, seq_len=2048, is_gated_ffn=True, norm="rmsnorm",
                              has_dropout=False, has_rotary=True, ffn_activation="swiglu", has_tied_embeddings=tied,
