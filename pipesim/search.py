@@ -98,6 +98,7 @@ class _Setting:
     dp_overlap: bool
     allow_uneven: bool = False
     prune: bool = True
+    top: int = 10
     threshold: float = math.inf
 
 
@@ -219,8 +220,7 @@ class _GroupRunner:
                                      split=item.schedule in SPLIT_BACKWARD, latency_s=latency,
                                      bandwidth_bytes_per_s=bandwidth)
             if bound > setting.threshold:
-                return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the k-th best "
-                               f"{setting.threshold:.4g} s", partition=cut, step_bound_s=bound)
+                return _beaten(item, bound, setting.threshold, setting.top, cut)
             held = peak_lower_bound(costs, self.order(item), multiplier)
             if held > setting.budget and setting.prune:
                 return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
@@ -316,7 +316,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     setting = _Setting(config=config, spec=spec, cluster=wiring, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap, allow_uneven=allow_uneven,
-                       prune=prune)
+                       prune=prune, top=top)
     space = list(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch, seq_len=s,
                                       placement=placement, allow_uneven=allow_uneven, zero=zero,
                                       dp_overlap=dp_overlap))
@@ -340,31 +340,33 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     queue.sort(key=lambda entry: (entry[0], entry[1]))
     done = len(outcomes)
     best: list[tuple[float, tuple[Any, ...]]] = []  # the k best fitting steps, as a max-heap
-    width = 1 if workers is None and scheduler is None else None
     position = 0
     while position < len(queue):
         threshold = -best[0][0] if prune and len(best) >= top else math.inf
         if queue[position][0] > threshold:
-            outcomes += [Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the "
-                                 f"{_ordinal(top)} best {threshold:.4g} s", partition=runner.shape(item).text,
-                                 step_bound_s=bound) for bound, _, item, _ in queue[position:]]
+            outcomes += [_beaten(item, bound, threshold, top, runner.shape(item).text)
+                         for bound, _, item, _ in queue[position:]]
             break
         runner.setting = replace(setting, threshold=threshold)
-        if width == 1:
-            batch = [queue[position]]
-            decided = [runner.decide(batch[0][2], batch[0][3])]
-        else:
-            batch = [entry for entry in queue[position:position + _round_size(workers)] if entry[0] <= threshold]
+        if workers is None and scheduler is None:
+            decided = [runner.decide(queue[position][2], queue[position][3])]
+        else:  # a round at this threshold; then settled one by one as in one process
+            batch = queue[position:position + _round_size(workers)]
             decided = _on_dask(runner.setting, [[entry[2]] for entry in batch], workers=workers, scheduler=scheduler,
                                progress=None, done=done, total=total)
-        for outcome in decided:
+        for (bound, _, item, _), outcome in zip(queue[position:], decided, strict=False):
+            threshold = -best[0][0] if prune and len(best) >= top else math.inf
+            if bound > threshold:
+                break
+            if outcome.status != "dropped" and outcome.step_bound_s > threshold:
+                outcome = _beaten(item, outcome.step_bound_s, threshold, top, outcome.partition)
             outcomes.append(outcome)
+            position += 1
+            done += 1
             if outcome.fits:
                 heapq.heappush(best, (-outcome.iteration_time_s, _order_key(outcome.candidate)))
                 if len(best) > top:
                     heapq.heappop(best)
-        position += len(batch)
-        done += len(batch)
         tick(bounded=total, decided=done)
     tick(bounded=total, decided=total)
     outcomes.sort(key=_rank)
@@ -375,6 +377,12 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
         outcomes[index] = runner.explain(outcome)
         explained += 1
     return outcomes
+
+
+def _beaten(item: Candidate, bound: float, threshold: float, top: int, partition: str) -> Outcome:
+    """A candidate pruned by its step bound."""
+    return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the {_ordinal(top)} best "
+                   f"{threshold:.4g} s", partition=partition, step_bound_s=bound)
 
 
 class _Ticker:
