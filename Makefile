@@ -105,7 +105,8 @@ bench-memory: $(STAMP)
 	$(PY) benchmarks/bench_memory_per_op.py
 
 .PHONY: bench-search
-# pipesim search for Llama-3 70B on 512 H100, against an import baseline, into benchmarks/RESULTS.md.
+# pipesim search for Llama-3 70B on 512 H100, GPT-3 175B on 384 A100-80GB and Llama-3 405B on 16,384
+# H100, against an import baseline (BASELINE=TREE also times an older tree once), into benchmarks/RESULTS.md.
 bench-search: $(STAMP)
 	$(PY) benchmarks/bench_search.py
 
