@@ -211,11 +211,20 @@ def comparison_html(runs: Sequence[dict[str, Any]], figures: Sequence[Figure], *
     return page(heading, sections, version=version)
 
 
+def _seconds(value: Any) -> str:
+    """A breakdown cell: seconds to 3 decimals, blank where the search did not split the step."""
+    try:
+        return f"{float(value):.3f}"
+    except (TypeError, ValueError):
+        return ""
+
+
 # A search's candidates as the report shows them: (column, header, how a value is written).
 _SEARCH_COLUMNS: tuple[tuple[str, str, Any], ...] = (
-    ("tp", "TP", str), ("pp", "PP", str), ("dp", "DP", str), ("microbatch_size", "b", str),
-    ("num_microbatches", "m", str), ("schedule", "schedule", str), ("stages_per_rank", "V", str),
-    ("recompute", "recompute", str), ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
+    ("tp", "TP", str), ("cp", "CP", str), ("pp", "PP", str), ("dp", "DP", str), ("ep", "EP", str),
+    ("microbatch_size", "b", str), ("num_microbatches", "m", str), ("schedule", "schedule", str),
+    ("stages_per_rank", "V", str), ("sequence_parallel", "SP", str), ("recompute", "recompute", str),
+    ("zero", "ZeRO", str), ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
     ("mfu", "MFU", lambda v: f"{v:.1%}"), ("iteration_time_s", "iteration time", lambda v: f"{v * 1e3:,.1f} ms"),
     ("peak_memory_bytes", "peak memory", _bytes), ("partition", "layers per stage", str),
 )
@@ -228,15 +237,23 @@ def search_html(frame: Any, figures: Sequence[Figure], *, version: str, title: s
     and the figures."""
     simulated = frame[frame["status"] == "simulated"]
     fitting = simulated[simulated["fits"]]
-    summary = [("candidates", len(frame)), ("dropped before simulation", len(frame) - len(simulated)),
+    pruned = frame[frame["status"] == "pruned"]
+    by_memory = int((pruned["peak_memory_bytes"] > 0).sum())
+    summary = [("rows", len(frame)), ("pruned by a memory bound", by_memory),
+               ("pruned by a step-time bound", len(pruned) - by_memory),
+               ("could not be formed or run", int((frame["status"] == "dropped").sum())),
                ("simulated", len(simulated)), ("fit", len(fitting)),
                ("memory budget per GPU", _bytes(budget) if budget is not None else "not recorded (report --memory)")]
     sections = ["<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
 
+    parts = [(f"step_{part}_s", part.replace("_", " "), _seconds) for part in
+             ("compute", "bubble", "tp_comm", "dp_comm", "pp_comm", "optimizer") if f"step_{part}_s" in frame.columns]
+    columns = [column for column in _SEARCH_COLUMNS if column[0] in frame.columns] + parts
+
     def best(rows: Any) -> str:
         rows = rows.sort_values("tokens_per_s", ascending=False, kind="stable").head(top)
-        cells = [[show(record[c]) for c, _, show in _SEARCH_COLUMNS] for record in rows.to_dict(orient="records")]
-        return f'<div class="wide">{table([h for _, h, _ in _SEARCH_COLUMNS], cells)}</div>'
+        cells = [[show(record[c]) for c, _, show in columns] for record in rows.to_dict(orient="records")]
+        return f'<div class="wide">{table([h for _, h, _ in columns], cells)}</div>'
 
     if len(fitting):
         sections += [f"<h2>Fastest that fit ({min(top, len(fitting))} of {len(fitting)})</h2>", best(fitting)]
@@ -247,8 +264,10 @@ def search_html(frame: Any, figures: Sequence[Figure], *, version: str, title: s
         sections += [f"<h2>Fastest over the budget ({min(top, len(over))} of {len(over)})</h2>", best(over)]
     dropped = frame[frame["status"] != "simulated"]
     if len(dropped):
-        counts = dropped["reason"].value_counts(sort=True).head(top)
-        sections += ["<h2>Why candidates were dropped</h2>",
+        # One row per kind of reason: its numbers (bounds, thresholds) as "…".
+        counts = dropped["reason"].str.replace(r"\d[\d.,]*(?:st|nd|rd|th)?", "…", regex=True) \
+            .value_counts(sort=True).head(top)
+        sections += ["<h2>Why candidates were pruned or dropped</h2>",
                      table(["reason", "candidates"], list(counts.items()), text_columns=1)]
     sections += ["<h2>Figures</h2>", *(figure(item) for item in figures)]
     heading = title or f"pipesim search: {len(frame)} candidates, {len(fitting)} fit"
