@@ -123,14 +123,19 @@ def test_a_search_folders_report_counts_what_the_table_holds(search_folder: Path
     simulated = table[table["status"] == "simulated"]
     for source in (search_folder, search_folder / "candidates.csv"):
         page = report(source, tmp_path / "search.html", "--memory", "80GB")
-        assert page.value("candidates") == str(len(table))
+        assert page.value("rows") == str(len(table))
+        pruned = table[table["status"] == "pruned"]
+        by_memory = int((pruned["peak_memory_bytes"] > 0).sum())
+        assert page.value("pruned by a memory bound") == str(by_memory) and by_memory > 0
+        assert page.value("pruned by a step-time bound") == str(len(pruned) - by_memory)
         assert page.value("simulated") == str(len(simulated))
         assert page.value("fit") == str(int(simulated["fits"].sum()))
         assert page.value("memory budget per GPU") == "80.00 GB"
-        assert page.headings[:2] == ["Summary", f"Fastest that fit (10 of {int(simulated['fits'].sum())})"]
+        fitting = int(simulated["fits"].sum())
+        assert page.headings[:2] == ["Summary", f"Fastest that fit ({min(10, fitting)} of {fitting})"]
         fastest = simulated[simulated["fits"]].sort_values("tokens_per_s", ascending=False, kind="stable").iloc[0]
-        first = page.rows[page.rows.index(next(row for row in page.rows if row[:2] == ["TP", "PP"])) + 1]
-        assert first[:3] == [str(fastest["tp"]), str(fastest["pp"]), str(fastest["dp"])]
+        first = page.rows[page.rows.index(next(row for row in page.rows if row[:3] == ["TP", "CP", "PP"])) + 1]
+        assert first[:4] == [str(fastest["tp"]), str(fastest["cp"]), str(fastest["pp"]), str(fastest["dp"])]
         assert f"{fastest['tokens_per_s']:,.0f}" in first
         assert len(page.captions) == 1
 
