@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipesim.errors import ConfigError
@@ -96,12 +96,15 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         """One flat JSON-ready row (the breakdown as ``step_<part>_s`` columns when known)."""
-        row = asdict(self.candidate)
-        row.update({key: value for key, value in asdict(self).items()
-                    if key not in ("candidate", "step_breakdown_s")})
+        row = {name: getattr(self.candidate, name) for name in _CANDIDATE_FIELDS}
+        row.update({name: getattr(self, name) for name in _OUTCOME_FIELDS})
         for part, seconds in (self.step_breakdown_s or {}).items():
             row[f"step_{part}_s"] = seconds
         return row
+
+
+_CANDIDATE_FIELDS = tuple(field.name for field in fields(Candidate))
+_OUTCOME_FIELDS = tuple(field.name for field in fields(Outcome) if field.name not in ("candidate", "step_breakdown_s"))
 
 
 def layer_cut(config: TransformerConfig, num_stages: int, *, allow_uneven: bool) -> str:
