@@ -47,7 +47,12 @@ from pipesim.plan.search_space import (
     SPLIT_BACKWARD,
     Candidate as Candidate,
     Outcome as Outcome,
+    beaten,
     enumerate_candidates as enumerate_candidates,
+    held_over,
+    order_key,
+    rank_key,
+    search_counts as search_counts,
     stage_ranks,
 )
 from pipesim.reuse import Reuse
@@ -58,6 +63,7 @@ from pipesim.spec.device import Device, load_device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.parallel import zero_optimizer_multiplier
 from pipesim.spec.partition import balance_partition, megatron_cut
+from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import stage_costs
 from pipesim.spec.topology import Topology
@@ -76,7 +82,6 @@ from pipesim.training import model_throughput
 MAX_GPUS = 1_000_000
 # Candidates sent to Dask per round (with ``workers`` or ``scheduler``), per worker thread.
 DASK_ROUND_PER_WORKER = 4
-DASK_MIN_CANDIDATES = 1000  # kept for callers; Dask now runs only when asked for
 # A search runs dozens of simulations: numba's kernels (loaded from its disk cache after the first
 # run) unless PIPESIM_JIT or PIPESIM_NO_JIT says otherwise.
 _KERNELS: JitSetting = "always" if setting_from_environment() == "auto" and "PIPESIM_JIT" not in os.environ \
@@ -121,26 +126,30 @@ class _GroupRunner:
     def __init__(self, setting: _Setting) -> None:
         self.setting = setting
         self.reuse = Reuse()
-        self.profiles: dict[tuple[Any, ...], tuple[Profile, LayerSums]] = {}
+        self.profiles: dict[tuple[Any, ...], tuple[Profile, LayerSums, list[float], list[float]]] = {}
         self.inflight: dict[tuple[Any, ...], InFlight] = {}
         self.links: dict[tuple[Any, ...], tuple[float, float, Topology]] = {}
         self.shapes: dict[tuple[Any, ...], _Shape] = {}
         self.cuts: dict[tuple[Any, ...], StageMemory] = {}
 
-    def profile(self, item: Candidate, *, exact: bool) -> tuple[Profile, LayerSums]:
+    def profile(self, item: Candidate, *, exact: bool) -> tuple[Profile, LayerSums, list[float], list[float]]:
         """The candidate's profile (``exact``) or, for the first bounds, the one of its op shape:
-        no ZeRO and no update (its pipeline depth only where placement or a tied embedding needs it)."""
+        no ZeRO and no update (its pipeline depth only where placement or a tied embedding needs it);
+        with its running sums, and per layer its collectives' and its update's communication seconds."""
         setting = self.setting
         pp = item.pp if exact or setting.placement == "pp-in-node" else min(item.pp, 2)
         dp, zero = (item.dp, item.zero) if exact else (item.ep, 0)
         key = (item.tp, item.sequence_parallel, item.cp, item.ep, item.microbatch_size, item.recompute, pp, dp, zero)
         if key not in self.profiles:
+            collectives: list[float] = []
+            communication: list[float] = []
             profile = transformer_profile(
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
                 seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
                 recompute=item.recompute, pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep,
-                dp_overlap=setting.dp_overlap and exact, placement=setting.placement)
-            self.profiles[key] = (profile, LayerSums.of(profile))
+                dp_overlap=setting.dp_overlap and exact, placement=setting.placement,
+                collectives=collectives if exact else None, update_communication=communication)
+            self.profiles[key] = (profile, LayerSums.of(profile), collectives, communication)
         return self.profiles[key]
 
     def link(self, item: Candidate) -> tuple[float, float, Topology]:
@@ -162,7 +171,7 @@ class _GroupRunner:
                item.dp, item.schedule, item.stages_per_rank)
         known = self.shapes.get(key)
         if known is None:
-            profile, sums = self.profile(item, exact=False)
+            profile, sums, _, _ = self.profile(item, exact=False)
             num_stages = item.num_stages
             partition = _megatron_cut(self.setting.config.num_layers, num_stages) \
                 or balance_partition(profile, num_stages)
@@ -202,30 +211,22 @@ class _GroupRunner:
     def decide(self, item: Candidate, partition: tuple[tuple[int, int], ...]) -> Outcome:
         """Stage 2 (the exact stage costs' bounds) and, if neither prunes it, the simulation."""
         setting, cut = self.setting, self.shape(item).text
-        multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp, item.zero)
         latency, bandwidth, topology = self.link(item)
         try:
-            if setting.prune:
-                held = self.held_bound(item)
-                if held > setting.budget:
-                    return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
-                                   f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut)
-            profile, _ = self.profile(item, exact=True)
-            plan = make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
-                             num_microbatches=item.num_microbatches, stages_per_rank=item.stages_per_rank,
-                             optimizer_state_multiplier=multiplier, partition=partition)
+            if setting.prune and (held := self.held_bound(item)) > setting.budget:
+                return held_over(item, held, setting.budget, cut)
+            profile = self.profile(item, exact=True)[0]
+            plan = self.plan(item, profile, partition)
             ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
             costs = stage_costs(profile, plan, topology, stage_devices=ranks)
             bound = step_lower_bound(StageTimes.of_costs(costs), ranks, item.num_microbatches,
                                      split=item.schedule in SPLIT_BACKWARD, latency_s=latency,
                                      bandwidth_bytes_per_s=bandwidth)
             if bound > setting.threshold:
-                return _beaten(item, bound, setting.threshold, setting.top, cut)
-            held = peak_lower_bound(costs, self.order(item), multiplier)
+                return beaten(item, bound, setting.threshold, setting.top, cut)
+            held = peak_lower_bound(costs, self.order(item), plan.optimizer_state_multiplier)
             if held > setting.budget and setting.prune:
-                return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device "
-                               f"> {setting.budget / 1e9:.1f} GB", peak_memory_bytes=held, partition=cut,
-                               step_bound_s=bound, memory_bound_bytes=held)
+                return held_over(item, held, setting.budget, cut, step_bound_s=bound)
             result = simulate_plan(profile, topology, plan, engine="auto", reuse=self.reuse, kernels=_KERNELS)
         except PipesimError as error:
             return Outcome(item, "dropped", str(error).splitlines()[0], partition=cut)
@@ -242,31 +243,25 @@ class _GroupRunner:
 
     def explain(self, outcome: Outcome) -> Outcome:
         """The outcome with its step split into parts (``pipesim.plan.search_breakdown``)."""
-        item, setting = outcome.candidate, self.setting
-        collectives: list[float] = []
-        communication: list[float] = []
-        profile = transformer_profile(
-            setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
-            seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel, recompute=item.recompute,
-            pp=item.pp, dp=item.dp, zero=item.zero, cp=item.cp, ep=item.ep, dp_overlap=setting.dp_overlap,
-            placement=setting.placement, collectives=collectives, update_communication=communication)
+        item = outcome.candidate
+        profile, _, collectives, communication = self.profile(item, exact=True)
         partition = self.shape(item).partition
-        plan = make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
+        plan = self.plan(item, profile, partition)
+        ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
+        costs = stage_costs(profile, plan, self.link(item)[2], stage_devices=ranks)
+        free = simulate_plan(profile, Topology.uniform(num_devices=item.pp), plan, engine="auto", reuse=self.reuse,
+                             kernels=_KERNELS)
+        steps = [(layer.update_s or 0.0) - comm for layer, comm in zip(profile.layers, communication, strict=True)]
+        parts = step_breakdown(costs, ranks, item.num_microbatches, step_s=outcome.iteration_time_s,
+                               free_links_step_s=free.metrics.iteration_time_s,
+                               collectives_s=stage_sums(collectives, partition), optimizer_s=stage_sums(steps, partition))
+        return replace(outcome, step_breakdown_s=parts)
+
+    def plan(self, item: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...]) -> Plan:
+        return make_plan(profile, schedule=item.schedule, num_stages=item.num_stages,
                          num_microbatches=item.num_microbatches, stages_per_rank=item.stages_per_rank,
                          optimizer_state_multiplier=zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, item.dp * item.cp,
                                                                               item.zero), partition=partition)
-        ranks = stage_ranks(item.schedule, item.pp, item.num_stages)
-        _, _, topology = self.link(item)
-        costs = stage_costs(profile, plan, topology, stage_devices=ranks)
-        free = simulate_plan(profile, Topology.uniform(num_devices=item.pp), plan, engine="auto", reuse=self.reuse,
-                             kernels=_KERNELS)
-        steps = [layer.update_s or 0.0 for layer in profile.layers]
-        parts = step_breakdown(costs, ranks, item.num_microbatches, step_s=outcome.iteration_time_s,
-                               free_links_step_s=free.metrics.iteration_time_s,
-                               collectives_s=stage_sums(collectives, partition),
-                               optimizer_s=stage_sums([step - comm for step, comm in zip(steps, communication,
-                                                                                          strict=True)], partition))
-        return replace(outcome, step_breakdown_s=parts)
 
     def run(self, group: Sequence[Candidate]) -> list[Outcome]:
         return [self.decide(item, self.first_bounds(item)[2]) for item in group]
@@ -335,7 +330,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
                                         f"{setting.budget / 1e9:.1f} GB", peak_memory_bytes=memory,
                                         partition=runner.shape(item).text, step_bound_s=bound))
             else:
-                queue.append((bound, _order_key(item), item, partition))
+                queue.append((bound, order_key(item), item, partition))
         tick(bounded=index + 1, decided=len(outcomes))
     queue.sort(key=lambda entry: (entry[0], entry[1]))
     done = len(outcomes)
@@ -344,7 +339,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     while position < len(queue):
         threshold = -best[0][0] if prune and len(best) >= top else math.inf
         if queue[position][0] > threshold:
-            outcomes += [_beaten(item, bound, threshold, top, runner.shape(item).text)
+            outcomes += [beaten(item, bound, threshold, top, runner.shape(item).text)
                          for bound, _, item, _ in queue[position:]]
             break
         runner.setting = replace(setting, threshold=threshold)
@@ -359,17 +354,17 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
             if bound > threshold:
                 break
             if outcome.status != "dropped" and outcome.step_bound_s > threshold:
-                outcome = _beaten(item, outcome.step_bound_s, threshold, top, outcome.partition)
+                outcome = beaten(item, outcome.step_bound_s, threshold, top, outcome.partition)
             outcomes.append(outcome)
             position += 1
             done += 1
             if outcome.fits:
-                heapq.heappush(best, (-outcome.iteration_time_s, _order_key(outcome.candidate)))
+                heapq.heappush(best, (-outcome.iteration_time_s, order_key(outcome.candidate)))
                 if len(best) > top:
                     heapq.heappop(best)
         tick(bounded=total, decided=done)
     tick(bounded=total, decided=total)
-    outcomes.sort(key=_rank)
+    outcomes.sort(key=rank_key)
     explained = 0
     for index, outcome in enumerate(outcomes):
         if not outcome.fits or explained >= top:
@@ -377,12 +372,6 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
         outcomes[index] = runner.explain(outcome)
         explained += 1
     return outcomes
-
-
-def _beaten(item: Candidate, bound: float, threshold: float, top: int, partition: str) -> Outcome:
-    """A candidate pruned by its step bound."""
-    return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the {_ordinal(top)} best "
-                   f"{threshold:.4g} s", partition=partition, step_bound_s=bound)
 
 
 class _Ticker:
@@ -402,35 +391,6 @@ class _Ticker:
 
 def _round_size(workers: int | None) -> int:
     return DASK_ROUND_PER_WORKER * max(1, workers or 4)
-
-
-def _order_key(item: Candidate) -> tuple[Any, ...]:
-    """A fixed order among candidates with equal bounds or steps."""
-    return (item.tp, item.cp, item.ep, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank,
-            item.sequence_parallel, item.recompute, item.zero)
-
-
-def _rank(outcome: Outcome) -> tuple[Any, ...]:
-    """Fitting first by tokens/s, then over budget, then pruned and dropped."""
-    order = {"simulated": 0, "pruned": 1, "dropped": 2}[outcome.status]
-    return (not outcome.fits, order, -outcome.tokens_per_s, outcome.step_bound_s, _order_key(outcome.candidate))
-
-
-def _ordinal(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def search_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
-    """``num_candidates`` (formed), ``num_simulated``, ``num_pruned_by_memory``, ``num_pruned_by_bound``,
-    ``num_dropped`` (what cannot be formed or run)."""
-    pruned = [o for o in outcomes if o.status == "pruned"]
-    memory = sum(o.peak_memory_bytes > 0 for o in pruned)
-    simulated = sum(o.status == "simulated" for o in outcomes)
-    dropped = sum(o.status == "dropped" for o in outcomes)
-    return {"num_candidates": simulated + len(pruned) + sum(o.status == "dropped" and o.candidate.schedule != "*"
-                                                               and bool(o.partition) for o in outcomes),
-            "num_simulated": simulated, "num_pruned_by_memory": memory, "num_pruned_by_bound": len(pruned) - memory,
-            "num_dropped": dropped}
 
 
 def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,

@@ -1,15 +1,15 @@
 """Proven lower bounds on a pipeline's step time and per-device peak memory, for pruning a search.
 
-Step time. On one rank ops run one at a time, each for at least its duration, and a flush
-schedule's optimizer steps (U) close each rank's order. Let head(s) be the forward of one
+Step time. On one rank ops run one at a time, each for at least its duration, and a stage's
+optimizer step (U) comes after its last backward. Let head(s) be the forward of one
 microbatch from stage 0 to the input of stage s (the stages' F and the sends between ranks),
 tail_B(s) (tail_I(s)) the backward from stage s's output gradient back through stage 0 (B, or
 I when the backward is split). Rank r, whose first stage is s_r, cannot start before head(s_r),
 then runs all its work: step >= head(s_r) + M sum(F + B) + U_r. With a fused backward its last
-op before the U is some stage's B (s >= s_r), after which the gradient must still cross stages
-s-1..0 and the first stage's rank then steps: step >= head(s_r) + M sum(F + B) + tail_B(s_r) + U_0.
+op but U is some stage's B (s >= s_r), after which the gradient must still cross stages s-1..0
+and stage 0 then steps: step >= head(s_r) + M sum(F + B) + tail_B(s_r) + U(stage 0).
 With a split backward (I, W) the rank's last I comes after all its F and I: step >= head(s_r) +
-M sum(F + I) + tail_I(s_r) + U_0. The bound is the largest of these over ranks; with equal
+M sum(F + I) + tail_I(s_r) + U(stage 0). The bound is the largest of these over ranks; with equal
 stages it is the 1F1B bubble (p-1)(F+B) exactly, and it leaves out only what contention and
 the schedule's own waits add.
 
@@ -114,7 +114,7 @@ def step_lower_bound(times: StageTimes, stage_to_rank: Sequence[int], num_microb
     np.minimum.at(first, ranks, np.arange(num_stages))
     work = np.bincount(ranks, times.forward + times.backward, minlength=num_ranks) * num_microbatches
     update = np.bincount(ranks, times.update, minlength=num_ranks)
-    closing = update[ranks[0]]
+    closing = times.update[0]  # stage 0's own step; the first rank's other stages may step earlier
     whole = head[first] + work + update
     if split:
         until_input = np.bincount(ranks, times.forward + times.input_grad, minlength=num_ranks) * num_microbatches

@@ -17,7 +17,7 @@ sequence parallelism and ZeRO stage a Megatron/NeMo user can run on N GPUs.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -203,3 +203,45 @@ def _configurations(config: TransformerConfig, base: Candidate, *, allow_uneven:
                     for stage in stages:
                         yield Candidate(shape.tp, shape.pp, shape.dp, shape.microbatch_size, count, schedule,
                                         per_rank, recompute, sequence_parallel, shape.cp, shape.ep, stage)
+
+
+def beaten(item: Candidate, bound: float, threshold: float, top: int, partition: str) -> Outcome:
+    """A candidate pruned by its step bound."""
+    return Outcome(item, "pruned", f"its step takes at least {bound:.4g} s, more than the {ordinal(top)} best "
+                   f"{threshold:.4g} s", partition=partition, step_bound_s=bound)
+
+
+def held_over(item: Candidate, held: float, budget: float, partition: str, step_bound_s: float = 0.0) -> Outcome:
+    """A candidate pruned by the memory its schedule's order holds."""
+    return Outcome(item, "pruned", f"its schedule holds at least {held / 1e9:.1f} GB on a device > {budget / 1e9:.1f} "
+                   "GB", peak_memory_bytes=held, partition=partition, step_bound_s=step_bound_s,
+                   memory_bound_bytes=held)
+
+
+def order_key(item: Candidate) -> tuple[Any, ...]:
+    """A fixed order among candidates with equal bounds or steps."""
+    return (item.tp, item.cp, item.ep, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank,
+            item.sequence_parallel, item.recompute, item.zero)
+
+
+def rank_key(outcome: Outcome) -> tuple[Any, ...]:
+    """Fitting first by tokens/s, then over budget, then pruned and dropped."""
+    order = {"simulated": 0, "pruned": 1, "dropped": 2}[outcome.status]
+    return (not outcome.fits, order, -outcome.tokens_per_s, outcome.step_bound_s, order_key(outcome.candidate))
+
+
+def ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def search_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    """``num_candidates`` (formed), ``num_simulated``, ``num_pruned_by_memory``, ``num_pruned_by_bound``,
+    ``num_dropped`` (what cannot be formed or run)."""
+    pruned = [o for o in outcomes if o.status == "pruned"]
+    memory = sum(o.peak_memory_bytes > 0 for o in pruned)
+    simulated = sum(o.status == "simulated" for o in outcomes)
+    dropped = sum(o.status == "dropped" for o in outcomes)
+    return {"num_candidates": simulated + len(pruned) + sum(o.status == "dropped" and o.candidate.schedule != "*"
+                                                               and bool(o.partition) for o in outcomes),
+            "num_simulated": simulated, "num_pruned_by_memory": memory, "num_pruned_by_bound": len(pruned) - memory,
+            "num_dropped": dropped}
