@@ -38,8 +38,8 @@ def shuffled(trace: Trace, seed: int) -> Trace:
                  memory={c: v[memory] for c, v in trace.memory.items()})
 
 
-def check_definitions(trace: Trace, metrics: Metrics) -> None:
-    """Every per-stage metric, recomputed from its definition."""
+def check_definitions(trace: Trace, metrics: Metrics, microbatch_size: int) -> None:
+    """Every metric, recomputed from its definition; ``microbatch_size``: the profile's samples per microbatch."""
     spans = list(trace.iter_spans())
     compute = [span for span in spans if span.stream == "compute"]
     ends: dict[int, float] = defaultdict(float)
@@ -47,8 +47,21 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
         ends[span.minibatch] = max(ends[span.minibatch], span.end_s)
     assert metrics.makespan_s == max(span.end_s for span in spans)
     low, high = metrics.window_start_s, metrics.window_end_s
-    if metrics.num_minibatches >= 2:
-        assert low == ends[0] and high == ends[metrics.num_minibatches - 1 - metrics.cooldown_minibatches]
+    # The window drops the first (warm-up) minibatch from 2 on and the last (drain) from 3 on.
+    k = metrics.num_minibatches
+    warmup, cooldown = int(k >= 2), int(k >= 3)
+    assert (metrics.warmup_minibatches, metrics.cooldown_minibatches) == (warmup, cooldown)
+    if k >= 2:
+        assert low == ends[0] and high == ends[k - 1 - cooldown]
+    else:
+        assert (low, high) == (0.0, metrics.makespan_s)
+    assert metrics.iteration_time_s == pytest.approx((high - low) / (k - warmup - cooldown), rel=1e-12)
+    samples = metrics.num_microbatches * microbatch_size
+    assert metrics.throughput_samples_per_s == pytest.approx(
+        samples / metrics.iteration_time_s if metrics.iteration_time_s > 0 else float("inf"), rel=1e-12)
+    assert metrics.bubble_fraction == pytest.approx(1 - sum(metrics.device_utilization) / metrics.num_ranks,
+                                                    rel=1e-9, abs=1e-12)
+    assert metrics.peak_memory_bytes == max(metrics.device_peak_memory_bytes)
     for device, utilization in enumerate(metrics.device_utilization):
         busy = sum(max(0.0, min(s.end_s, high) - max(s.start_s, low)) for s in compute if s.device == device)
         assert utilization == pytest.approx(busy / (high - low) if high > low else 1.0, rel=1e-9, abs=1e-12)
@@ -75,6 +88,15 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
         assert stage.discrepancy_max == max(discrepancies, default=0)
         assert stage.forward_delay_steps == max(delays, default=0)
         assert stage.forward_delay_mean == (sum(delays) / len(delays) if delays else 0.0)
+    events = sorted(zip(*(trace.memory[c].tolist() for c in trace.memory), strict=True), key=lambda e: e[0])
+    for device, device_peak in enumerate(metrics.device_peak_memory_bytes):
+        level, peak = 0.0, 0.0  # the device's stages summed, read after each instant
+        mine_only = [e for e in events if e[1] == device]
+        for index, event in enumerate(mine_only):
+            level += event[4]
+            if index + 1 == len(mine_only) or mine_only[index + 1][0] != event[0]:
+                peak = max(peak, level)
+        assert device_peak == pytest.approx(peak, rel=1e-9)
 
 
 def same_in_both_forms(trace: Trace) -> Metrics:
@@ -92,16 +114,16 @@ def test_generated_runs_meet_the_definitions(case: Case, jitter: float, seed: in
     plan = make_plan(case.profile, **case.kwargs)
     trace = simulate_plan(case.profile, case.topology, plan, engine="des", jitter=jitter, seed=seed).trace
     metrics = same_in_both_forms(trace)
-    check_definitions(trace, metrics)
+    check_definitions(trace, metrics, case.profile.microbatch_size)
     # Rows in another stored order: the same metrics, up to the order of the sums.
-    check_definitions(trace, same_in_both_forms(shuffled(trace, seed)))
+    check_definitions(trace, same_in_both_forms(shuffled(trace, seed)), case.profile.microbatch_size)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "pipedream", "2bw", "pipemare", "interleaved-1f1b", "zbv"])
 def test_larger_runs_meet_the_definitions(schedule: str) -> None:
     # Sizes that do not divide (1000.5 bytes) and a slow link, so that sums round and waits are exposed.
     profile = pipesim.uniform_profile(num_layers=24, forward_s=1.1e-3, backward_s=2.3e-3, activation_bytes=1000.5,
-                                      param_bytes=4e6 / 3)
+                                      param_bytes=4e6 / 3, microbatch_size=3)
     per_rank = 2 if schedule in ("interleaved-1f1b", "zbv") else 1
     topology = pipesim.Topology.uniform(num_devices=8 // per_rank, bandwidth="1MB/s", latency="5us")
     trace = pipesim.simulate(profile, topology, schedule=schedule, num_stages=8, num_microbatches=8,
@@ -109,8 +131,8 @@ def test_larger_runs_meet_the_definitions(schedule: str) -> None:
                              engine="analytic").trace
     metrics = same_in_both_forms(trace)
     assert any(stage.exposed_communication_s > 0 for stage in metrics.stages)
-    check_definitions(trace, metrics)
-    check_definitions(trace, same_in_both_forms(shuffled(trace, 7)))
+    check_definitions(trace, metrics, 3)
+    check_definitions(trace, same_in_both_forms(shuffled(trace, 7)), 3)
 
 
 @pytest.mark.parametrize("has_nan", [False, True])
