@@ -1,0 +1,78 @@
+"""The capacity study's headline numbers (tokens/s, MFU, the memory verdict and headroom) against
+arithmetic written out in the test, through the real entry point, with a microbatch size above 1."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Llama 3 8B (Llama 3 Herd of Models, Table 3): 32 layers, hidden 4096, FFN 14336 (gated: three
+# matrices), 32 heads of 128, 8 KV heads (K and V are 8 x 128 = 1024 wide), vocabulary 128256.
+LAYERS, HIDDEN, FFN, KV, VOCAB = 32, 4096, 14336, 1024, 128256
+H100_PEAK_FLOPS = 989e12  # H100 SXM, dense BF16 (NVIDIA's datasheet)
+
+
+def simulate_json(*args: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-m", "pipesim", "simulate", *args, "--json"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    data: dict[str, object] = json.loads(done.stdout)
+    return data
+
+
+def llama3_8b_forward_flops_per_token(seq_len: int) -> float:
+    """Narayanan et al.'s count: 2 FLOPs per weight of the layers' matrices, 2 x 2 s h for the
+    attention scores and their product with V (no saving for the causal mask), 2 h V for the logits."""
+    weights = HIDDEN * (HIDDEN + 2 * KV) + HIDDEN * HIDDEN + 3 * HIDDEN * FFN  # QKV, output, gated MLP
+    return LAYERS * (2 * weights + 4 * seq_len * HIDDEN) + 2 * HIDDEN * VOCAB
+
+
+def test_tokens_per_second_and_mfu_equal_hand_arithmetic() -> None:
+    # Global batch 32 = M x b x D = 8 microbatches of 2 samples on each of 2 pipelines of 4 stages.
+    data = simulate_json("--model", "llama3-8b", "--device", "h100", "--stages", "4", "--global-batch", "32",
+                         "--microbatch-size", "2", "--dp", "2", "--seq-len", "2048", "--schedule", "1f1b")
+    seconds = data["iteration_time_s"]
+    assert isinstance(seconds, float) and seconds > 0
+    assert data["num_microbatches"] == 8 and data["num_gpus"] == 4 * 1 * 2
+    # Every step trains 32 samples of 2048 tokens, in one iteration time.
+    assert data["throughput_samples_per_s"] == pytest.approx(8 * 2 / seconds, rel=1e-12)
+    assert data["global_throughput_samples_per_s"] == pytest.approx(32 / seconds, rel=1e-12)
+    tokens_per_s = 32 * 2048 / seconds
+    assert data["tokens_per_s"] == pytest.approx(tokens_per_s, rel=1e-12)
+    # MFU: 3 x forward FLOPs per token (forward, and a backward of twice its work) over 8 GPUs' peak.
+    flops = llama3_8b_forward_flops_per_token(2048)
+    # 32 x (2 x 218,103,808 weights + 33,554,432 for attention) + 1,050,673,152 for the logits
+    assert flops == 16_083_058_688
+    assert data["mfu"] == pytest.approx(3 * flops * tokens_per_s / (8 * H100_PEAK_FLOPS), rel=1e-12)
+
+
+UNIFORM = ("--uniform", "layers=4,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9", "--stages", "2",
+           "--partition", "0:1,1:4", "--microbatches", "4", "--schedule", "gpipe")
+
+
+def test_memory_verdict_and_headroom_equal_hand_arithmetic() -> None:
+    # GPipe holds all 4 microbatches' stashes at its peak (each layer stashes its 9e8-byte output),
+    # beside weights, one gradient buffer and optimizer state of 1 x the weights (the default).
+    # Stage 0 (layer 0):     3 x 1e9 + 4 x 9e8     =  6.6e9 bytes.
+    # Stage 1 (layers 1-3):  3 x 3e9 + 4 x 2.7e9   = 19.8e9 bytes.
+    peaks = [6.6e9, 19.8e9]
+    loose = simulate_json(*UNIFORM, "--memory", "20GB")
+    assert loose["device_peak_memory_bytes"] == peaks
+    assert loose["memory_budget_bytes"] == 20e9
+    assert loose["device_memory_headroom_bytes"] == [13.4e9, 0.2e9]
+    assert loose["fits"] is True
+    # A budget of exactly the larger peak still fits (headroom 0); 10 GB leaves stage 1 short by 9.8 GB.
+    exact = simulate_json(*UNIFORM, "--memory", "19.8GB")
+    assert exact["device_memory_headroom_bytes"] == [13.2e9, 0.0] and exact["fits"] is True
+    tight = simulate_json(*UNIFORM, "--memory", "10GB")
+    assert tight["device_memory_headroom_bytes"] == [3.4e9, -9.8e9] and tight["fits"] is False
+    # ZeRO-1 over 2 pipelines halves the optimizer state: stage 1 needs 3e9 x 2.5 + 10.8e9 = 18.3e9.
+    sharded = simulate_json(*UNIFORM, "--memory", "19.8GB", "--dp", "2", "--zero", "1")
+    assert sharded["device_peak_memory_bytes"] == [1e9 * 2.5 + 3.6e9, 3e9 * 2.5 + 10.8e9]
+    assert sharded["device_memory_headroom_bytes"] == [19.8e9 - 6.1e9, 19.8e9 - 18.3e9]
