@@ -64,7 +64,8 @@ def test_steps_and_steady_state_utilization() -> None:
         assert alternating.metrics.iteration_time_s == m * 3.0
 
 
-def test_engines_agree_bit_for_bit() -> None:
+def test_engines_plumb_the_shared_kernel_alike() -> None:
+    """Plumbing only: both engines run one timing kernel; the closed forms above check the times."""
     for update in ("minibatch", "microbatch"):
         des = run(4, 3, 6, update, tf=0.75, tb=1.5, engine="des")
         analytic = run(4, 3, 6, update, tf=0.75, tb=1.5, engine="analytic")
