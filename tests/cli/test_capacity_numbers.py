@@ -76,3 +76,21 @@ def test_memory_verdict_and_headroom_equal_hand_arithmetic() -> None:
     sharded = simulate_json(*UNIFORM, "--memory", "19.8GB", "--dp", "2", "--zero", "1")
     assert sharded["device_peak_memory_bytes"] == [1e9 * 2.5 + 3.6e9, 3e9 * 2.5 + 10.8e9]
     assert sharded["device_memory_headroom_bytes"] == [19.8e9 - 6.1e9, 19.8e9 - 18.3e9]
+
+
+@pytest.mark.parametrize(("placement", "bandwidth_bytes_per_s"), [("tp-in-node", 400e9 / 8), ("pp-in-node", 900e9)])
+def test_a_pipeline_hop_crosses_the_link_its_placement_puts_it_on(tmp_path: Path, placement: str,
+                                                                   bandwidth_bytes_per_s: float) -> None:
+    # A stage of Llama 3 8B hands on one microbatch's hidden states: b s h values of 2 bytes,
+    # 1 x 2048 x 4096 x 2 = 16,777,216 bytes. Megatron's placement (tp-in-node) puts pipeline
+    # neighbours on other nodes, over the H100's 400 Gbit/s NIC; pp-in-node keeps them on NVLink
+    # (900 GB/s). No latency is given, so a send lasts its bytes over the bandwidth.
+    from pipesim.engine.trace import Trace
+
+    simulate_json("--model", "llama3-8b", "--device", "h100", "--stages", "2", "--microbatches", "1", "--seq-len",
+                  "2048", "--schedule", "1f1b", "--placement", placement, "--out", str(tmp_path))
+    trace = Trace.from_json((tmp_path / "trace.json").read_text(encoding="utf-8"))
+    sends = [span for span in trace.iter_spans() if span.stream == "send"]
+    assert [span.op for span in sends] == ["0F0", "1B0"]
+    for span in sends:
+        assert span.end_s - span.start_s == pytest.approx(2048 * 4096 * 2 / bandwidth_bytes_per_s, rel=1e-9)
