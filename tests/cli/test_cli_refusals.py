@@ -95,6 +95,9 @@ def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
         ("layers=100000001,forward_ms=1,backward_ms=2",
          "uniform.layers='100000001': must be an integer from 1 to 100,000"),
         ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
+        ("layers=8,forward_ms=-1,backward_ms=2", "uniform.forward_ms='-1': must be >= 0"),
+        ("layers=8,forward_ms=1,backward_ms=2,activation_bytes=-0.5", "uniform.activation_bytes='-0.5': must be >= 0"),
+        ("layers=8,forward_ms=1,backward_ms=2,param_bytes=-1", "uniform.param_bytes='-1': must be >= 0"),
     ],
 )
 def test_uniform_profiles_are_bounded_and_keys_given_once(uniform: str, message: str) -> None:
