@@ -128,8 +128,10 @@ def baseline(tree: Path, tests: tuple[str, ...]) -> str:
     """Run ``tests`` on the unmutated copy at ``tree``: they must pass, or every mutation would look
     caught. The run also leaves the compiled files (Python's and numba's) in the copy, which each
     mutation's copy then reuses for the files it leaves alone. Returns "" or what failed."""
-    print(f"mutants: {len(tests)} guard test files on the unmutated tree first", flush=True)
+    started = time.perf_counter()
     done = subprocess.run(pytest_command(tests), cwd=tree, env=environment(tree), capture_output=True, text=True)
+    print(f"mutants: {len(tests)} guard test files pass on the unmutated tree in "
+          f"{time.perf_counter() - started:.0f} s" if done.returncode == 0 else "", flush=True)
     if done.returncode == 0:
         return ""
     return " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])

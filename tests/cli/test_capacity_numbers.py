@@ -94,3 +94,36 @@ def test_a_pipeline_hop_crosses_the_link_its_placement_puts_it_on(tmp_path: Path
     assert [span.op for span in sends] == ["0F0", "1B0"]
     for span in sends:
         assert span.end_s - span.start_s == pytest.approx(2048 * 4096 * 2 / bandwidth_bytes_per_s, rel=1e-9)
+
+
+def test_searchs_memory_lower_bound_is_what_every_stage_must_hold_and_no_more() -> None:
+    # search drops a candidate without simulating it when this bound already exceeds the budget,
+    # so it must never exceed the simulated peak. Two stages of layers with 1e9 weight bytes and
+    # 2e8 stash bytes each, Adam's state (multiplier 2): a stage holds at least its weights,
+    # gradients and optimizer state, 1e9 x (1 + 1 + 2) per layer, and one microbatch's stash.
+    from pipesim import Topology, simulate, uniform_profile
+    from pipesim.search import memory_lower_bound
+
+    profile = uniform_profile(num_layers=3, forward_s=1e-3, backward_s=2e-3, activation_bytes=2e8,
+                              param_bytes=1e9)
+    partition = ((0, 1), (1, 3))
+    bound = memory_lower_bound(profile, partition, 2.0)
+    assert bound == 2 * (4 * 1e9 + 2e8)
+    for schedule in ("1f1b", "gpipe"):
+        metrics = simulate(profile, Topology.uniform(num_devices=2), schedule=schedule, num_stages=2,
+                           num_microbatches=1, partition=partition, optimizer_state_multiplier=2.0).metrics
+        assert bound == metrics.peak_memory_bytes  # one microbatch: the bound is the peak itself
+
+
+def test_search_calls_a_candidate_whose_peak_is_exactly_the_budget_one_that_fits() -> None:
+    from pipesim.search import Candidate, Outcome, search
+
+    def outcome_of(memory_bytes: float | None, wanted: Candidate | None = None) -> Outcome:
+        found = search("llama3-8b", device="h100", num_gpus=4, global_batch=8, seq_len=1024, memory_bytes=memory_bytes)
+        return found[0] if wanted is None else next(o for o in found if o.candidate == wanted)
+
+    best = outcome_of(None)
+    assert best.status == "simulated" and best.fits
+    at_budget = outcome_of(best.peak_memory_bytes, best.candidate)
+    assert (at_budget.fits, at_budget.reason) == (True, "fits")
+    assert outcome_of(best.peak_memory_bytes - 1.0, best.candidate).fits is False

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import pipesim
-from pipesim.harness.comparison import Comparison, RunComparison, VersionCheck, relative_error
+from pipesim.harness.comparison import Comparison, RunComparison, VersionCheck, compare_versions, relative_error
 from pipesim.metrics import Metrics
 from validation_oracle import check_report_arithmetic
 
@@ -89,3 +89,32 @@ def test_utilization_and_memory_errors_per_stage() -> None:
     assert report["peak_memory_error"] == pytest.approx([0.50, -0.20], rel=1e-12)
     assert report["noise_floor"] == 0.0 and report["iteration_time_error"] == 0.0
     check_report_arithmetic(report)
+
+
+def test_the_measured_peak_is_the_largest_over_runs_and_utilization_the_median() -> None:
+    # Three runs measure stage 0 at 100, 130 and 110 B, and busy 0.5, 0.7 and 0.4: memory must fit
+    # the worst run (130 B), utilization is the typical run's (0.5). Predicted 120 B: -7.7%.
+    runs = tuple(RunComparison(predicted=metrics(1.0, peaks=(120.0, 50.0)),
+                               measured=metrics(1.0, utilization=(u, 0.5), peaks=(peak, 50.0)), replayed=metrics(1.0),
+                               versions=VersionCheck(num_ops=12, mismatches=()))
+                 for u, peak in ((0.5, 100.0), (0.7, 130.0), (0.4, 110.0)))
+    report = Comparison(runs=runs, partition=((0, 1), (1, 2))).to_dict()
+    assert report["measured"]["peak_memory_bytes"] == [130.0, 50.0]
+    assert report["measured"]["utilization"] == [0.5, 0.5]
+    assert report["peak_memory_error"] == pytest.approx([(120.0 - 130.0) / 130.0, 0.0], rel=1e-12)
+
+
+def test_versions_compare_every_op_either_side_ran() -> None:
+    def trace(microbatches: int) -> pipesim.Trace:
+        return pipesim.simulate(pipesim.uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3),
+                                schedule="pipedream", num_stages=2, num_microbatches=microbatches,
+                                num_minibatches=2).trace
+
+    same = compare_versions(trace(2), trace(2))
+    assert same.matches and same.num_ops == 4 * 3 * 2  # F, B and U of 4 microbatches on 2 stages
+    # A run of two microbatches more: its 12 ops beyond the prediction (F, B, U of microbatches 4 and
+    # 5 on 2 stages) are mismatches. Stage 0 runs F0 F1 B0 U0 F2 B1 U1 F3 B2 U2 F4: F4 on version 3.
+    longer = compare_versions(trace(2), trace(3))
+    assert not longer.matches and len(longer.mismatches) == 12
+    assert "0F4: predicted None, measured 3" in longer.mismatches
+    assert all(op[2] in "45" for op in longer.mismatches)

@@ -120,6 +120,17 @@ def test_device_speed_divides_the_times_of_every_stage_it_holds() -> None:
     forwards = frame[(frame["stream"] == "compute") & (frame["kind"] == "F")]
     by_stage = forwards.groupby("stage")["duration_s"].max().to_dict()
     assert by_stage == pytest.approx({0: TF / 2, 1: TF * 2, 2: TF * 2, 3: TF / 2})
+    # Every kind of op, the optimizer step included: stages 0 and 3 sit on the fast device.
+    layer = {"name": "layer", "forward_s": TF, "backward_s": TB, "backward_input_s": TB / 2,
+             "backward_weight_s": TB / 2, "update_s": TF / 4, "activation_bytes": 0.0, "param_bytes": 1.0}
+    updating = build(Profile, {"layers": [layer] * 4})
+    frame = simulate(updating, topology, schedule="zbv", num_stages=4, num_microbatches=4,
+                     stages_per_rank=2).trace.to_frame()
+    compute = frame[frame["stream"] == "compute"]
+    by_kind = compute.groupby(["kind", "stage"])["duration_s"].max().to_dict()
+    base = {"F": TF, "I": TB / 2, "W": TB / 2, "U": TF / 4}
+    assert by_kind == pytest.approx({(kind, stage): seconds * (0.5 if stage in (0, 3) else 2.0)
+                                     for kind, seconds in base.items() for stage in range(4)})
 
 
 def layered_profile() -> Profile:
