@@ -154,7 +154,8 @@ MUTATIONS: list[Mutation] = [
     Mutation("pipesim/schedule/versions.py",
              "    before -= updates\n",
              "",
-             "an update counts itself: flush schedules built from op lists report a delay of one step", VERSIONS),
+             "an update counts itself: a schedule read from a CSV updates each version one too high",
+             ("tests/schedule/test_multi_stage.py", *VERSIONS)),
     # --- schedules' order and dependencies, some blessed by a golden refresh ---
     Mutation("pipesim/schedule/one_f_one_b.py",
              "else np.minimum(warmup_rounds * (p - stages) - 1, n)",
