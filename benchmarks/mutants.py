@@ -12,6 +12,10 @@ the list must follow the code it mutates.
     python benchmarks/mutants.py --check    # only check that every mutation still applies
     python benchmarks/mutants.py --only 3,7 --no-write
     python benchmarks/mutants.py --full     # the whole non-slow suite against each (hours)
+    python benchmarks/mutants.py --only 52 --tests tests/harness/test_harness_emulated.py --no-write
+
+The guard files run once on the unmutated copy first (they must pass); a mutation marked
+``refresh_golden`` regenerates the golden wavefront files from the broken code before its tests.
 """
 
 from __future__ import annotations
@@ -124,17 +128,17 @@ def pytest_command(tests: tuple[str, ...]) -> list[str]:
             "--hypothesis-profile=mutants", *tests]
 
 
-def baseline(tree: Path, tests: tuple[str, ...]) -> str:
+def baseline(tree: Path, tests: tuple[str, ...]) -> tuple[float, str]:
     """Run ``tests`` on the unmutated copy at ``tree``: they must pass, or every mutation would look
     caught. The run also leaves the compiled files (Python's and numba's) in the copy, which each
-    mutation's copy then reuses for the files it leaves alone. Returns "" or what failed."""
+    mutation's copy then reuses for the files it leaves alone. Returns its seconds and "" or what failed."""
     started = time.perf_counter()
     done = subprocess.run(pytest_command(tests), cwd=tree, env=environment(tree), capture_output=True, text=True)
-    print(f"mutants: {len(tests)} guard test files pass on the unmutated tree in "
-          f"{time.perf_counter() - started:.0f} s" if done.returncode == 0 else "", flush=True)
+    seconds = time.perf_counter() - started
     if done.returncode == 0:
-        return ""
-    return " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        print(f"mutants: {len(tests)} guard test files pass on the unmutated tree in {seconds:.0f} s", flush=True)
+        return seconds, ""
+    return seconds, " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
 
 
 def run_one(number: int, mutation: Mutation, snapshot: Path, full: bool, tests: tuple[str, ...] = ()) -> Outcome:
@@ -189,26 +193,39 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(rows)
 
 
-def section(outcomes: list[Outcome], total_s: float, load: tuple[float, float, float], full: bool) -> str:
+def section(outcomes: list[Outcome], total_s: float, baseline_s: float, load: tuple[float, float, float],
+            full: bool) -> str:
     """The RESULTS.md section of a whole run."""
     caught = sum(o.verdict == "caught" for o in outcomes)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    suite = "the whole non-slow suite" if full else "each mutation's guard test files (`mutations.py`)"
+    suite = "the whole non-slow suite" if full else "its guard test files (`benchmarks/mutations.py`)"
     return f"""## Mutation benchmark (`make mutants`, issue 38)
 
 {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, {machine()}; load average at
 start {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} (a machine shared with other engineers' test runs: the seconds
 below are inflated by their load and vary between runs).
 
-Each mutation is applied to a fresh copy of the tree and {suite} run against it with `pytest -x -m "not slow"`.
-Why guard files rather than the whole suite: with `-x` a caught mutation stops at its first failing test,
-but the suite runs its files in alphabetical order, so a mutation of the harness's comparison would first
-sit through every CLI test; the whole suite takes 6 to 35 minutes here, depending on the load, and
-{len(outcomes)} mutations of it would take hours. Each mutation's guards are the test files of the module it
-mutates and of the outputs that read it (listed in `benchmarks/mutations.py`); `--full` runs the whole suite.
+Each mutation is a plausible slip in the code behind a headline number (timing kernel, memory events,
+each metric, versions and staleness, capacity tokens/s, MFU and the memory verdict, op costs and
+collectives, the planners' cost, validate's error and noise floor, readers and refusals), applied to a
+fresh copy of the tree, never to the working tree; then {suite} run against the copy with
+`pytest -x -m "not slow"`. Caught: a test failed. The three schedule mutations marked "golden files
+refreshed" first regenerate tests/golden/wavefronts/ from the broken code, as a careless
+`PIPESIM_REGEN_GOLDEN=1` would, so that the golden test itself passes.
 
-**{caught} of {len(outcomes)} caught** in {total_s / 60:.1f} minutes.
+Why guard files and not the whole suite: with `-x` a caught mutation stops at its first failing test,
+but the suite runs its files in alphabetical order, so a mutation of validate's comparison would first
+sit through every CLI test, and a missed one through all of it: the suite takes about 6 minutes on a
+quiet machine and 19 at this machine's usual load, so {len(outcomes)} mutations of it would take hours.
+Each mutation's guards are the test files of the module it mutates and of the outputs that read it,
+closest first; `python benchmarks/mutants.py --full` runs the whole suite instead. Before the mutations,
+the union of the guard files runs once on the unmutated copy ({baseline_s:.0f} s here): it must pass, or
+a "caught" would mean nothing, and it leaves compiled files (Python's, numba's) that each copy reuses for
+the files its mutation leaves alone. Hypothesis runs the ci profile's examples without shrinking a
+failure (the `mutants` profile in tests/conftest.py: whether a test fails is all that counts here).
+
+**{caught} of {len(outcomes)} caught** in {total_s / 60:.1f} minutes, the baseline included.
 
 {table(outcomes)}
 """
@@ -249,9 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="pipesim-mutants-") as folder:
         snapshot = Path(folder)
         copy_tree(ROOT, snapshot)
+        baseline_s = 0.0
         if not args.no_baseline:
             guards = tests or tuple(dict.fromkeys(test for n in chosen for test in MUTATIONS[n - 1].tests))
-            failed = baseline(snapshot / "tree", ("tests",) if args.full else guards)
+            baseline_s, failed = baseline(snapshot / "tree", ("tests",) if args.full else guards)
             if failed:
                 print(f"mutants: the guard tests fail on the tree as it is, so no verdict would mean anything: "
                       f"{failed}", file=sys.stderr)
@@ -265,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     caught = sum(o.verdict == "caught" for o in outcomes)
     print(f"mutants: {caught} of {len(outcomes)} caught in {total_s / 60:.1f} min")
     if not args.no_write and not args.tests and len(outcomes) == len(MUTATIONS):
-        write_section("mutants", section(outcomes, total_s, load, args.full))
+        write_section("mutants", section(outcomes, total_s, baseline_s, load, args.full))
     return 0 if caught == len(outcomes) else 1
 
 
