@@ -37,6 +37,7 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--partition", ""), "partition='': must not be empty"),
         (("--topology", ""), "topology='': must not be empty"),
         (("--stages", "0"), "stages=0: must be >= 1"),
+        (("--global-batch", "0"), "global_batch=0: must be >= 1"),
         (("--stages", "-1"), "stages=-1: must be >= 1"),
         (("--samples", "0"), "samples=0: must be an integer from 1 to 100,000"),
         (("--samples", str(10**12)), "samples=1000000000000: must be an integer from 1 to 100,000"),

@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 import pipesim
-from pipesim.harness.comparison import Comparison, RunComparison, VersionCheck, compare_versions, relative_error
+from pipesim.harness.comparison import (
+    Comparison,
+    RunComparison,
+    VersionCheck,
+    compare_versions,
+    op_means,
+    relative_error,
+)
 from pipesim.metrics import Metrics
 from validation_oracle import check_report_arithmetic
 
@@ -42,6 +49,7 @@ def test_relative_error_is_predicted_minus_measured_over_measured() -> None:
     assert relative_error(0.8, 1.0) == pytest.approx(-0.2, rel=1e-12)  # predicted 20% fast
     assert relative_error(3.0, 2.0) == pytest.approx(0.5, rel=1e-12)  # over the measurement, not the prediction
     assert relative_error(0.0, 0.0) == 0.0
+    assert relative_error(1.0, 0.0) == float("inf")  # a run that took no time: no finite error
 
 
 def test_three_runs_give_the_hand_computed_error_replay_error_and_noise_floor() -> None:
@@ -118,3 +126,20 @@ def test_versions_compare_every_op_either_side_ran() -> None:
     assert not longer.matches and len(longer.mismatches) == 12
     assert "0F4: predicted None, measured 3" in longer.mismatches
     assert all(op[2] in "45" for op in longer.mismatches)
+
+
+def test_op_means_average_the_steady_state_minibatches_only() -> None:
+    # Four minibatches with jittered op times: the means per stage and kind ("0F", "1B", ...) are over
+    # minibatches 1 and 2, the warm-up (0) and the drain (3) left out.
+    profile = pipesim.uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3)
+    trace = pipesim.simulate(profile, schedule="1f1b", num_stages=2, num_microbatches=2, num_minibatches=4,
+                             jitter=0.3, seed=5).trace
+    samples: dict[str, list[float]] = {}
+    for span in trace.iter_spans():
+        if span.stream == "compute" and span.minibatch in (1, 2):
+            samples.setdefault(f"{span.stage}{span.op[1]}", []).append(span.end_s - span.start_s)
+    means = op_means(trace)
+    assert sorted(means) == ["0B", "0F", "0U", "1B", "1F", "1U"]
+    assert means == pytest.approx({key: sum(values) / len(values) for key, values in samples.items()}, rel=1e-12)
+    everything = [span.end_s - span.start_s for span in trace.iter_spans() if span.op[1] == "F" and span.stage == 0]
+    assert means["0F"] != pytest.approx(sum(everything) / len(everything), rel=1e-9)  # the jitter tells them apart

@@ -71,3 +71,19 @@ def test_a_send_that_arrived_before_its_op_started_counts_only_while_in_flight()
     # A 1 MB message holds the 1 GB/s link 1 ms: moved 0.5 ms earlier, it is in flight for less of each wait.
     assert sum(s.exposed_communication_s for s in metrics.stages) < sum(s.exposed_communication_s
                                                                           for s in before.stages)
+
+
+def test_an_input_gradient_on_a_newer_version_than_its_forward_is_a_discrepancy() -> None:
+    # No simulated split-backward schedule updates between an F and its I (they flush), but a measured
+    # trace may show it: version(I) - version(F) counts as B's does. One I of stage 0 moved a version on.
+    profile = pipesim.uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3,
+                                      backward_weight_s=1e-3)
+    trace = pipesim.simulate(profile, schedule="zb-h1", num_stages=2, num_microbatches=2, num_minibatches=2).trace
+    spans = list(trace.iter_spans())
+    row = next(index for index, span in enumerate(spans) if span.stream == "compute" and span.op == "0I1")
+    version = trace.spans["weight_version"].copy()
+    assert version[row] == 0
+    version[row] = 1
+    moved = Trace(info=trace.info, spans={**trace.spans, "weight_version": version}, memory=trace.memory)
+    assert [stage.discrepancy_max for stage in compute_metrics(moved).stages] == [1, 0]
+    assert [stage.discrepancy_max for stage in compute_metrics(trace).stages] == [0, 0]

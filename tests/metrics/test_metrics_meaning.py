@@ -66,6 +66,9 @@ def check_definitions(trace: Trace, metrics: Metrics, microbatch_size: int) -> N
         busy = sum(max(0.0, min(s.end_s, high) - max(s.start_s, low)) for s in compute if s.device == device)
         assert utilization == pytest.approx(busy / (high - low) if high > low else 1.0, rel=1e-9, abs=1e-12)
     for stage in metrics.stages:
+        assert stage.device == trace.info.stage_to_rank[stage.stage]
+        assert stage.utilization == metrics.device_utilization[stage.device]  # a stage's is its device's
+        assert stage.bubble_fraction == pytest.approx(1 - stage.utilization, rel=1e-12, abs=1e-15)
         levels, counts, totals, held = dict.fromkeys(CATEGORIES, 0.0), dict.fromkeys(CATEGORIES, 0), [], []
         events = sorted((e for e in zip(*(trace.memory[c].tolist() for c in trace.memory), strict=True)
                          if e[2] == stage.stage), key=lambda e: e[0])

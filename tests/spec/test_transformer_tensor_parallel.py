@@ -1,5 +1,6 @@
-"""The output head of a transformer profile under tensor parallelism, against hand arithmetic: its
-logits are split over the TP ranks by vocabulary (Megatron's vocabulary-parallel cross-entropy)."""
+"""A transformer profile under tensor parallelism, against hand arithmetic: the head's logits split over
+the TP ranks by vocabulary (Megatron's vocabulary-parallel cross-entropy), and the hidden states a
+layer hands on, whole on every rank unless sequence parallelism splits them."""
 
 from __future__ import annotations
 
@@ -24,3 +25,13 @@ def test_the_head_splits_its_logits_over_the_tensor_parallel_ranks() -> None:
     # over 8 GPUs at 600 GB/s), as the embedding's forward does.
     allreduce = 2 * 7 / 8 * (2048 * 12288 * 2) / 600e9
     assert eight.backward_input_s == pytest.approx(logits / 8 + allreduce / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize(("sequence_parallel", "share"), [(False, 1), (True, 8)])
+def test_a_layer_hands_on_its_hidden_states_whole_unless_sequence_parallel(sequence_parallel: bool,
+                                                                           share: int) -> None:
+    # b s h bf16 values: 1 x 2048 x 12288 x 2 bytes = 50,331,648; after the layer's all-reduce every
+    # TP rank holds them whole, and sequence parallelism leaves each rank an eighth of the sequence.
+    layer = pipesim.transformer_profile("gpt3-175b", device="a100-80gb", tp=8,
+                                        sequence_parallel=sequence_parallel).layers[1]
+    assert layer.activation_bytes == 50_331_648 / share
