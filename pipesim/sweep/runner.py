@@ -15,7 +15,9 @@ from typing import Any
 from pipesim import allocator
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
+from pipesim.sweep.cluster import CONNECT_TIMEOUT_S, CtrlCHeld, check_answers
 from pipesim.sweep.local import HERE, ON_DASK, Progress, WorkDone, point_cost, run_here
+from pipesim.sweep.parts import has_chunks
 from pipesim.sweep.points import COLUMNS, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
@@ -35,6 +37,8 @@ class SweepSummary:
         num_batches: chunks written here plus Dask tasks; wall_s: seconds, end to end;
         startup_s: of which starting the cluster or connecting to it (0 without one);
         num_here: points simulated in this process (``pipesim.sweep.local``), the rest on Dask.
+        dropped: per chunk a resume found damaged (or repeated) and removed, a line naming it and
+            why; its points were simulated again.
     """
 
     out: Path
@@ -46,6 +50,7 @@ class SweepSummary:
     wall_s: float
     startup_s: float = 0.0
     num_here: int = 0
+    dropped: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -84,9 +89,10 @@ def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]]) -> list[dic
 
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
-    """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
-    single-threaded processes listening on 127.0.0.1 (closed on exit). Dask's own loggers are
-    set to CRITICAL.
+    """A Dask client: to ``scheduler`` when given (``cluster.check_answers`` first), else to an
+    embedded LocalCluster of ``workers`` single-threaded processes listening on 127.0.0.1 (closed
+    on exit; Ctrl-C held back while it starts, ``cluster.CtrlCHeld``). Dask's own loggers are set
+    to CRITICAL.
 
     Raises:
         ConfigError: the scheduler cannot be reached, or ``workers < 1``.
@@ -100,8 +106,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
         if name.split(".")[0] in ("distributed", "tornado"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if scheduler is not None:
+        check_answers(scheduler, CONNECT_TIMEOUT_S)
         try:
-            client = Client(scheduler, timeout="10s")  # type: ignore[no-untyped-call]
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError("scheduler", scheduler, f"cannot connect: {exc}") from None
         try:
@@ -116,7 +123,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # columns a point frees would go back to the OS and be faulted in again by the next point
     # (benchmarks/RESULTS.md, sweeps): workers start with pipesim's thresholds (pipesim.allocator).
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **allocator.ENVIRONMENT}
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), CtrlCHeld() as held:
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
             # another cluster holds that port, so let the OS choose one.
@@ -125,14 +132,15 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
             # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
             dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
         )
-    try:
-        client = Client(cluster)  # type: ignore[no-untyped-call]
         try:
-            yield client
+            client = Client(cluster)  # type: ignore[no-untyped-call]
+            try:
+                held.release()  # a Ctrl-C held back while the cluster started is raised here
+                yield client
+            finally:
+                client.close()  # type: ignore[no-untyped-call]
         finally:
-            client.close()  # type: ignore[no-untyped-call]
-    finally:
-        cluster.close()
+            cluster.close()
 
 
 def run_sweep(
@@ -147,6 +155,7 @@ def run_sweep(
     base_dir: Path | None = None,
     worker_timeout_s: float = WORKER_TIMEOUT_S,
     in_process: bool | None = None,
+    warn: Callable[[str], None] = lambda line: None,
 ) -> SweepSummary:
     """Simulate every point of a sweep and write one row per point to ``out``: on the cluster at
     ``scheduler``, else in this process for as long as an embedded cluster of ``workers`` would
@@ -165,9 +174,12 @@ def run_sweep(
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
         in_process: None chooses where points run (above); False sends every point to Dask, True
             runs every point in this process.
+        warn: called with a line for each chunk of an interrupted run that ``resume`` found
+            damaged and removed (also in ``SweepSummary.dropped``).
 
     Raises:
-        ConfigError: a bad spec, existing chunks without ``resume``, or no scheduler.
+        ConfigError: a bad spec, another sweep writing ``out``, existing chunks without ``resume``,
+            or no scheduler.
         SweepFailedError: the scheduler was lost, no worker came for ``worker_timeout_s``, a batch
             killed its workers, or the disk refused a write; finished points stay in ``OUT.parts/``.
     """
@@ -190,7 +202,7 @@ def run_sweep(
         raise ConfigError(exc.field, exc.value, exc.rule, source=spec_path) from None
     points = resolved.points()
     digest = resolved.digest()
-    if resume and not Path(f"{target}.parts").exists() and finished_digest(target) == digest:
+    if resume and not has_chunks(Path(f"{target}.parts")) and finished_digest(target) == digest:
         frame = read_table(target)
         if progress:
             progress(len(points), len(points), HERE, 1.0)
@@ -201,7 +213,21 @@ def run_sweep(
     command = command_line(["sweep", spec_file["name"]]) if spec_file else None
     run = {"command": command, "pipesim_version": __version__, "spec": spec_file, "digest": digest, **resolved.inputs}
     store = ResultStore(target, digest, len(points), COLUMNS, resume=resume, run=run)
+    try:
+        return _run_points(store, resolved, points, target, started, workers=workers, scheduler=scheduler,
+                           batch_size=batch_size, progress=progress, worker_timeout_s=worker_timeout_s,
+                           in_process=in_process, warn=warn)
+    finally:
+        store.close()
+
+
+def _run_points(store: ResultStore, resolved: Resolved, points: list[dict[str, Any]], target: Path, started: float,
+                *, workers: int | None, scheduler: str | None, batch_size: int | None, progress: Progress | None,
+                worker_timeout_s: float, in_process: bool | None, warn: Callable[[str], None]) -> SweepSummary:
+    """The points ``store`` does not hold yet, run and written (``run_sweep``, its store locked)."""
     resumed = len(store.done)
+    for line in store.dropped:
+        warn(f"{line}; removed, its points run again")
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
     todo = shared_work_order([point for point in points if point["point"] not in store.done])
     work = WorkDone(todo)
@@ -232,7 +258,7 @@ def run_sweep(
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
         num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=chunks + len(batches),
-        wall_s=time.perf_counter() - started, startup_s=startup, num_here=num_here,
+        wall_s=time.perf_counter() - started, startup_s=startup, num_here=num_here, dropped=tuple(store.dropped),
     )
 
 

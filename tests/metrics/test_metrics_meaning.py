@@ -47,9 +47,16 @@ def check_definitions(trace: Trace, metrics: Metrics, microbatch_size: int) -> N
         ends[span.minibatch] = max(ends[span.minibatch], span.end_s)
     assert metrics.makespan_s == max(span.end_s for span in spans)
     low, high = metrics.window_start_s, metrics.window_end_s
-    # The window drops the first (warm-up) minibatch from 2 on and the last (drain) from 3 on.
+    # The window drops the first (warm-up) minibatch from 2 on and, from 3 on, the drain: the last
+    # minibatch and every one from the first with an op ending after its device's last forward,
+    # keeping at least one minibatch in the window.
     k = metrics.num_minibatches
-    warmup, cooldown = int(k >= 2), int(k >= 3)
+    last_forward: dict[int, float] = defaultdict(lambda: float("-inf"))
+    for span in compute:
+        if "F" in span.op:
+            last_forward[span.device] = max(last_forward[span.device], span.end_s)
+    drained = min((s.minibatch for s in compute if s.end_s > last_forward[s.device]), default=k)
+    warmup, cooldown = int(k >= 2), (k - 1 - min(k - 2, max(1, drained - 1)) if k >= 3 else 0)
     assert (metrics.warmup_minibatches, metrics.cooldown_minibatches) == (warmup, cooldown)
     if k >= 2:
         assert low == ends[0] and high == ends[k - 1 - cooldown]
