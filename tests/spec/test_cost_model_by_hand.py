@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from pipesim.spec.collectives import Group
 from pipesim.spec.device import Device
-from pipesim.spec.opcost import OpCost, Setting, layer_ops, matmul_op, totals
+from pipesim.spec.layout import Parallelism
+from pipesim.spec.opcost import OpCost, Setting, head_ops, layer_ops, matmul_op, memory_op, totals
 from pipesim.spec.transformer import TransformerConfig
 from pipesim.spec.transformer_profile import transformer_profile
 from pipesim.training import simulate_training
@@ -176,3 +178,88 @@ def test_zero1_splits_the_optimizer_state_over_dp_times_cp() -> None:
     assert held["optimizer"] == pytest.approx(12 * psi / 4, rel=1e-12)
     assert held["weights"] == pytest.approx(2 * psi, rel=1e-12) and held["gradients"] == pytest.approx(2 * psi,
                                                                                                         rel=1e-12)
+
+
+def test_a_memory_op_launches_a_kernel_each_way() -> None:
+    # 8 MB forward and 12 MB backward on round_device: 1 us a launch, 0.8 TB/s; no backward bytes, no backward.
+    op = memory_op(setting(), "norm", 8e6, 12e6, "norm")
+    assert (op.forward_s, op.input_grad_s) == pytest.approx((1e-6 + 8e6 / 0.8e12, 1e-6 + 12e6 / 0.8e12), rel=1e-12)
+    assert memory_op(setting(), "add", 8e6, 0.0, "elementwise").input_grad_s == 0.0
+
+
+def test_the_cross_entropy_streams_the_logits_and_its_fp32_softmax() -> None:
+    # T = 2048 tokens, V / t = 32000 / 2 logits a token on each TP rank: forward reads the bf16 logits (2
+    # bytes), writes the fp32 softmax and reads it back (4 + 4); backward reads it (4) and writes the bf16
+    # gradient (2). round_device streams at 0.8 TB/s after a 1 us launch.
+    logits = 2048 * 16000
+    loss = next(op for op in head_ops(LLAMA, setting(tp=2)) if op.name == "cross-entropy")
+    assert loss.forward_s == pytest.approx(1e-6 + logits * 10 / 0.8e12, rel=1e-12)
+    assert loss.input_grad_s == pytest.approx(1e-6 + logits * 6 / 0.8e12, rel=1e-12)
+
+
+def test_tf32_keeps_activations_in_4_bytes() -> None:
+    # A norm reads and writes T h values: 2048 x 1024 x 4 bytes each way under tf32.
+    card = device(peak_flops={"bf16": 100e12, "tf32": 50e12})
+    norm = next(op for op in layer_ops(LLAMA, setting(device=card, precision="tf32")) if op.name == "norm")
+    assert norm.forward_s == pytest.approx(1e-6 + 2 * 2048 * 1024 * 4 / 0.8e12, rel=1e-12)
+
+
+def test_an_overlapped_gradient_all_reduce_leaves_its_compute_share_in_the_step() -> None:
+    # As in the ZeRO-1 test: 16 GPUs over two nodes, the all-reduce of 4 Psi bytes is the tree's (faster);
+    # overlapped with the backward it is the layer's gradient_allreduce_s and the step keeps only the
+    # SMs it takes from compute: its tier's share (0.25) of it.
+    psi, bus = GPT_LAYER, 180 * GB
+    allreduce = min(2 * 15 * 5e-6 + 2 * 15 / 16 * 4 * psi / bus, 2 * (5e-6 + 7 * 1e-6) + 2 * 4 * psi / bus)
+    layer = transformer_profile(GPT, device=round_device(), cluster=two_nodes(compute_share=0.25), dp=16,
+                                dp_overlap=True).layers[1]
+    assert layer.gradient_allreduce_s == pytest.approx(allreduce, rel=1e-12)
+    assert layer.update_s == pytest.approx(1e-6 + 34 * psi / 0.8e12 + 0.25 * allreduce, rel=1e-12)
+
+
+TIED = TransformerConfig(**{**GPT.__dict__, "name": "gpt-tied", "has_tied_embeddings": True})
+
+
+def test_a_tied_output_layer_keeps_its_own_table_only_on_another_stage_and_syncs_it_across_the_pipeline() -> None:
+    # One stage: the head is the final norm (2 h) and uses the embedding's table. Four stages: the last keeps
+    # its own V h table, whose fp32 gradient (V h x 4 bytes) the first and the last stage all-reduce. With
+    # DP 4 under tp-in-node, pipeline neighbours sit 4 GPUs apart: stages 0 and 3 are 12 apart, on two
+    # nodes: one NIC each (25 GB/s x 0.9), a ring of 2: 2 hops of 5 us and the table's bytes once.
+    h, vocab = 1024, 32000
+    one, four = (transformer_profile(TIED, device=round_device(), cluster=two_nodes(), pp=pp, dp=4).layers
+                 for pp in (1, 4))
+    assert one[-1].param_bytes == 2 * (2 * h)
+    assert four[-1].param_bytes == 2 * (vocab * h + 2 * h)
+    sync = 2 * 5e-6 + vocab * h * 4 / (22.5 * GB)
+    assert four[0].update_s == pytest.approx(one[0].update_s + sync, rel=1e-12)
+
+
+def test_expert_parallelisms_all_to_all_crosses_the_tier_its_group_spans() -> None:
+    # TP 4, EP 4 with EP ranks TP apart: members 4 GPUs apart span 13, two nodes, two members a node.
+    # Each rank sends 2/4 of its token copies over its NIC (22.5 GB/s) and 1/4 over NVLink: the NIC
+    # decides, S / 45 GB/s (test_collectives.py), after 3 hops of 5 us and a 1 us launch. T = 4096
+    # tokens, top-2: S = 8192 copies x h x 2 bytes.
+    from tests.spec.test_moe import MOE
+
+    size = 4096 * 2 * 1024 * 2
+    ops = layer_ops(MOE, setting(seq_len=4096, tp=4, ep=4, ep_stride=4), moe=True)
+    dispatch = next(op for op in ops if op.name == "dispatch")
+    assert dispatch.forward_s == pytest.approx(1e-6 + 3 * 5e-6 + size / (45 * GB), rel=1e-12)
+
+
+def test_a_job_exactly_at_its_memory_budget_fits() -> None:
+    run = simulate_training(GPT, device=round_device(), cluster=two_nodes(), global_batch=2)
+    peak = run.peak_memory_bytes
+    at = simulate_training(GPT, device=round_device(), cluster=two_nodes(), global_batch=2, memory_bytes=peak)
+    under = simulate_training(GPT, device=round_device(), cluster=two_nodes(), global_batch=2,
+                              memory_bytes=peak - 1.0)
+    assert (at.peak_memory_bytes, at.fits, under.fits) == (peak, True, False)
+
+
+def test_pp_in_node_numbers_pipeline_stages_first_then_tp_then_cp() -> None:
+    # pp-in-node: GPU = stage + pp (tp rank + tp (cp rank + cp dp rank)). With PP 4, TP 2, CP 2, DP 2 a CP
+    # neighbour is pp x tp = 8 GPUs on, a DP neighbour pp x tp x cp = 16; the ranks with the same dense
+    # weights are the DP x CP = 4 of them, 8 apart. Megatron's tp-in-node: TP first, so CP is tp = 2 on.
+    layout = Parallelism(tp=2, pp=4, dp=2, cp=2, placement="pp-in-node")
+    assert (layout.cp_stride, layout.strides) == (8, (4, 1, 16))
+    assert layout.data_group == Group(4, 8)
+    assert Parallelism(tp=2, pp=4, dp=2, cp=2).cp_stride == 2
