@@ -199,7 +199,8 @@ def section(outcomes: list[Outcome], total_s: float, baseline_s: float, load: tu
     caught = sum(o.verdict == "caught" for o in outcomes)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
-    suite = "the whole non-slow suite" if full else "its guard test files (`benchmarks/mutations.py`)"
+    suite = "the whole non-slow suite" if full else \
+        "its guard test files (`benchmarks/mutations.py`, `benchmarks/mutations_cost_model.py`)"
     return f"""## Mutation benchmark (`make mutants`, issue 38)
 
 {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, {machine()}; load average at
@@ -207,8 +208,9 @@ start {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} (a machine shared with other e
 below are inflated by their load and vary between runs).
 
 Each mutation is a plausible slip in the code behind a headline number (timing kernel, memory events,
-each metric, versions and staleness, capacity tokens/s, MFU and the memory verdict, op costs and
-collectives, the planners' cost, validate's error and noise floor, readers and refusals), applied to a
+each metric, versions and staleness, capacity tokens/s, MFU and the memory verdict, the op cost model's
+device curves, op FLOPs and bytes and collectives, Adam's bytes, ZeRO, context and expert parallelism,
+the planners' cost, validate's error and noise floor, readers and refusals), applied to a
 fresh copy of the tree, never to the working tree; then {suite} run against the copy with
 `pytest -x -m "not slow"`. Caught: a test failed. The three schedule mutations marked "golden files
 refreshed" first regenerate tests/golden/wavefronts/ from the broken code, as a careless
