@@ -17,7 +17,7 @@ from pipesim.spec.opcost import OpCost, Setting, head_ops, layer_ops, matmul_op,
 from pipesim.spec.transformer import TransformerConfig
 from pipesim.spec.transformer_profile import transformer_profile
 from pipesim.training import simulate_training
-from tests.support.cost_fixtures import GB, round_device, two_nodes
+from tests.support.cost_fixtures import GB, ideal_device, round_device, two_nodes
 
 PEAK = 100e12  # round_device's bf16 peak
 # Llama-style: grouped-query attention (16 heads of 64, 4 KV heads), SwiGLU, RMSNorm, rotary, no biases.
@@ -34,13 +34,6 @@ GPT_LAYER = 12 * 1024**2 + 13 * 1024
 def device(**update: Any) -> Device:
     """round_device with ``update`` applied."""
     return Device.model_validate({**round_device().model_dump(by_alias=True), **update})
-
-
-def ideal_device() -> Device:
-    """Every product at exactly 2 m n k FLOPs over the peak (1 x 1 tiles on one SM, no overhead), memory
-    and launches free; fused attention at 0.6 (forward) and 0.4 (backward) of the peak."""
-    return device(num_sms=1, launch_s=0.0, memory_bandwidth_bytes_per_s=1e30,
-                  matmul={"max_efficiency": 1.0, "k_overhead": 0, "tiles": [{"m": 1, "n": 1, "efficiency": 1.0}]})
 
 
 def setting(**fields: Any) -> Setting:
