@@ -101,8 +101,8 @@ def _build(config: dict[str, Any], attention: str) -> Any:
 
 def _kind(name: str) -> str:
     lowered = name.lower()
-    for kind, marks in (("gemm", ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "nvjet", "wgmma")),
-                        ("attention", ("flash", "fmha", "attention", "cudnn")),
+    for kind, marks in (("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),  # cuDNN's are wgmma too
+                        ("gemm", ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "nvjet", "wgmma")),
                         ("nccl", ("nccl",)), ("optimizer", ("adam", "multi_tensor"))):
         if any(mark in lowered for mark in marks):
             return kind
@@ -160,11 +160,11 @@ def measure(out: str, steps: int, seconds: float) -> None:
                 torch.cuda.synchronize()
             for event in profiler.events():
                 if event.device_type == torch.autograd.DeviceType.CUDA:
-                    seconds = event.device_time_total / 1e6
-                    kinds[_kind(event.name)] = kinds.get(_kind(event.name), 0.0) + seconds
+                    kernel_s = event.device_time_total / 1e6
+                    kinds[_kind(event.name)] = kinds.get(_kind(event.name), 0.0) + kernel_s
                     kernels.setdefault(event.name[:160], [0, 0.0])
                     kernels[event.name[:160]][0] += 1
-                    kernels[event.name[:160]][1] += seconds
+                    kernels[event.name[:160]][1] += kernel_s
         except (RuntimeError, AttributeError) as error:  # the timings above stand without the breakdown
             kinds = {"error": str(error)[:200]}  # type: ignore[dict-item]
         results["models"][name] = {
