@@ -18,6 +18,7 @@ from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.reuse import Reuse
+from pipesim.schedule.registry import default_num_minibatches
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.devices import DeviceSpec, PlacedLinks, Placement, device_preset, placed_links
 from pipesim.spec.parallel import data_parallel_profile, divisors, zero_optimizer_multiplier
@@ -26,6 +27,8 @@ from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token, preset
 from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_profile
+from pipesim.sweep.batches import plan_batches, run_cost
+from pipesim.sweep.cluster import Cluster
 
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
@@ -230,26 +233,36 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
-    # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
-    # configuration's recomputation modes (a group) are neighbours, full to none.
-    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
-                                        placement=placement),
-                   key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
-                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
-                    item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
-    outcomes = [item for item in space if isinstance(item, Outcome)]
-    groups: list[list[Candidate]] = []
-    for item in space:
-        if isinstance(item, Candidate):
-            if groups and _group_key(groups[-1][0]) == _group_key(item):
-                groups[-1].append(item)
-            else:
-                groups.append([item])
-    done, total = len(outcomes), len(space)
-    if progress is not None:
-        progress(done, total)
-    is_large = total - done > DASK_MIN_CANDIDATES
-    if workers is None and scheduler is None and not is_large:
+    cluster = None
+    if workers is not None or scheduler is not None:  # it starts while the space is enumerated
+        cluster = Cluster(workers=workers, scheduler=scheduler, shared=setting)
+        cluster.start()
+    try:
+        # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
+        # configuration's recomputation modes (a group) are neighbours, full to none.
+        space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
+                                            placement=placement),
+                       key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
+                       (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
+                        item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
+        outcomes = [item for item in space if isinstance(item, Outcome)]
+        groups: list[list[Candidate]] = []
+        for item in space:
+            if isinstance(item, Candidate):
+                if groups and _group_key(groups[-1][0]) == _group_key(item):
+                    groups[-1].append(item)
+                else:
+                    groups.append([item])
+        done, total = len(outcomes), len(space)
+        if progress is not None:
+            progress(done, total)
+    except BaseException:
+        if cluster is not None:
+            cluster.close()
+        raise
+    if cluster is None and total - done > DASK_MIN_CANDIDATES:
+        cluster = Cluster(workers=None, scheduler=None, shared=setting)
+    if cluster is None:
         runner = _GroupRunner(setting)
         for group in groups:
             outcomes += runner.run(group)
@@ -257,8 +270,7 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             if progress is not None:
                 progress(done, total)
     else:
-        outcomes += _on_dask(setting, groups, workers=workers, scheduler=scheduler,
-                             progress=progress, done=done, total=total)
+        outcomes += _on_dask(cluster, setting, groups, progress=progress, done=done, total=total)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
 
@@ -268,26 +280,59 @@ def _group_key(item: Candidate) -> tuple[Any, ...]:
     return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
 
 
-def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,
+def _on_dask(cluster: Cluster, setting: _Setting, groups: list[list[Candidate]], *,
              progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
-    """``run_groups`` over batches of neighbouring groups on Dask, the outcomes in the groups' order."""
+    """``run_groups`` on Dask, the outcomes in the groups' order: groups evaluated here, cheapest
+    first, until the cluster (started by the caller, or here) is ready; the rest in batches by
+    predicted cost, heaviest first (``pipesim.sweep.batches``), each family of groups that share
+    a schedule order kept together where it fits."""
     from distributed import as_completed
 
-    from pipesim.sweep.runner import BATCHES_PER_WORKER, dask_client
-
-    with dask_client(workers=workers, scheduler=scheduler) as client:
-        num_batches = BATCHES_PER_WORKER * max(1, sum(client.nthreads().values()))
-        size = max(1, -(-len(groups) // num_batches))
-        batches = [groups[i : i + size] for i in range(0, len(groups), size)]
-        futures = [client.submit(run_groups, setting, batch, pure=False) for batch in batches]
-        results: dict[int, list[Outcome]] = {}
-        index = {future.key: position for position, future in enumerate(futures)}
-        for future in as_completed(futures):  # type: ignore[no-untyped-call]
-            results[index[future.key]] = future.result()
-            done += sum(len(group) for group in batches[index[future.key]])
+    cluster.start()
+    found: dict[int, list[Outcome]] = {}
+    try:
+        runner = _GroupRunner(setting)
+        cheapest = sorted(range(len(groups)), key=lambda index: _group_cost(groups[index]))
+        while cheapest and not cluster.is_ready():  # the cheapest groups run here while the cluster starts
+            index = cheapest.pop(0)
+            found[index] = runner.run(groups[index])
+            done += len(groups[index])
             if progress is not None:
                 progress(done, total)
-    return [outcome for position in range(len(batches)) for outcome in results[position]]
+        client = cluster.client()
+        families: list[list[list[int]]] = []
+        for index in sorted(cheapest):
+            if families and _order_key(groups[families[-1][-1][0]][0]) == _order_key(groups[index][0]):
+                families[-1].append([index])
+            else:
+                families.append([[index]])
+        batches = plan_batches(families, lambda index: _group_cost(groups[index]),
+                               max(1, sum(client.nthreads().values())), split_groups=False)
+        futures = [client.submit(run_groups, cluster.shared, [groups[index] for index in batch], pure=False,
+                                 priority=len(batches) - position)
+                   for position, batch in enumerate(batches)]
+        position_of = {future.key: position for position, future in enumerate(futures)}
+        for future in as_completed(futures):  # type: ignore[no-untyped-call]
+            outcomes = iter(future.result())
+            for index in batches[position_of[future.key]]:
+                found[index] = [next(outcomes) for _ in groups[index]]
+                done += len(groups[index])
+            if progress is not None:
+                progress(done, total)
+    finally:
+        cluster.close()
+    return [outcome for index in range(len(groups)) for outcome in found[index]]
+
+
+def _order_key(item: Candidate) -> tuple[Any, ...]:
+    """What decides a candidate's schedule order: its neighbours with the same one share it (``Reuse``)."""
+    return (item.schedule, item.pp * item.stages_per_rank, item.num_microbatches)
+
+
+def _group_cost(group: Sequence[Candidate]) -> int:
+    """Predicted work of a group of candidates, in ops (``pipesim.sweep.batches.run_cost``)."""
+    return sum(run_cost(item.schedule, item.pp * item.stages_per_rank, item.num_microbatches,
+                        default_num_minibatches(item.schedule)) for item in group)
 
 
 def _text(partition: tuple[tuple[int, int], ...]) -> str:

@@ -52,9 +52,13 @@ def writing(path: Path, parts: Path, done: int) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        text = str(exc).strip()
-        reason = exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
-        raise SweepFailedError(f"cannot write {path}: {reason}; {resume_hint(parts, done)}") from exc
+        raise SweepFailedError(f"cannot write {path}: {write_reason(exc)}; {resume_hint(parts, done)}") from exc
+
+
+def write_reason(error: OSError) -> str:
+    """Why a write failed, in a few words: the system's reason ("No space left on device")."""
+    text = str(error).strip()
+    return error.strerror or (text.splitlines()[0] if text else type(error).__name__)
 
 
 def table_format(path: Path, field: str = "out") -> str:
@@ -276,6 +280,9 @@ class ResultStore:
         self.num_points = num_points
         self.columns = tuple(columns)
         self.done: set[int] = set()
+        # Names this run in the manifest: a worker writes its batch's chunk only where it reads this token
+        # there (the folder it sees is this run's), and a task left running by an interrupted run does not.
+        self.writer = uuid.uuid4().hex
         manifest = self.parts / "manifest.json"
         # A sweep that ended before its first chunk left nothing to keep: it starts over, --resume or not.
         chunks = sorted(self.parts.glob("chunk-*.parquet")) if self.parts.exists() else []
@@ -296,7 +303,8 @@ class ResultStore:
             stray.unlink()
         with writing(manifest, self.parts, len(self.done)):
             self.parts.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points}))
+            write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points,
+                                               "writer": self.writer}))
         # The writer's libraries now, before any work is sent out: imported at the first chunk, with both cores
         # busy with workers, they held that chunk back by about a second (2026-11-25).
         import pandas  # noqa: F401
@@ -318,11 +326,21 @@ class ResultStore:
             SweepFailedError: the chunk could not be written (the earlier chunks are kept).
         """
         points = [int(row["point"]) for row in rows]
-        path = self.parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
+        path = chunk_path(self.parts, points)
         with writing(path, self.parts, len(self.done)):
-            write_table(rows_frame(rows, self.columns), path)
+            write_chunk(self.parts, rows, self.columns)
         self.done.update(points)
         return path
+
+    def add_written(self, points: Sequence[int]) -> None:
+        """Mark ``points`` done: their chunk was written by a worker (``write_chunk``)."""
+        self.done.update(points)
+
+    def recount(self) -> int:
+        """Read the points done again from the chunks on disk (after workers that may have written
+        chunks unreported have stopped); the count."""
+        self.done = self._read_done(sorted(self.parts.glob("chunk-*.parquet")))
+        return len(self.done)
 
     def finish(self) -> Any:
         """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table.
@@ -343,6 +361,31 @@ class ResultStore:
             write_table(frame, self.out, digest=self.digest, run=self.run)
         shutil.rmtree(self.parts)
         return frame
+
+
+def chunk_path(parts: Path, points: Sequence[int]) -> Path:
+    """Where the chunk of a batch of ``points`` goes: named by its first and last point (each point is
+    in one batch, so no two batches share a first point)."""
+    return parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
+
+
+def write_chunk(parts: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
+    """Write a batch's rows into ``parts`` as one chunk, atomically; its path. Workers call it for the
+    batches they ran, where they see the folder (``writer_of``), and the sweep for the others."""
+    path = chunk_path(parts, [int(row["point"]) for row in rows])
+    write_table(rows_frame(rows, columns), path)
+    return path
+
+
+def writer_of(parts: Path) -> str | None:
+    """The token of the sweep writing ``parts`` now (its manifest's ``writer``), or None where the
+    folder or its manifest cannot be read: a worker on another host without the folder, say."""
+    try:
+        manifest = json.loads((parts / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    writer = manifest.get("writer") if isinstance(manifest, dict) else None
+    return writer if isinstance(writer, str) else None
 
 
 def csv_digest_path(out: Path) -> Path:

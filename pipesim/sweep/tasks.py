@@ -1,0 +1,77 @@
+"""What a sweep's Dask worker does: simulate a batch, write its chunk where it sees the output, report back.
+
+A worker that reads this run's token in ``OUT.parts/manifest.json`` (``store.writer_of``: the
+same folder, on this host or a shared file system) writes the batch's chunk itself and sends
+back only the points' numbers; one that cannot sends the rows, which the sweep writes. Either
+way a chunk is written once, atomically, and its rows are read once, by the final merge.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipesim.sweep.points import COLUMNS, PointRunner
+from pipesim.sweep.store import chunk_path, write_chunk, write_reason, writer_of
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """A batch a worker finished.
+
+    Attributes:
+        points: its points' numbers, in the order run.
+        rows: its rows, when the worker did not write them (else None).
+        chunk: the chunk the worker wrote ("" when it did not).
+        write_error: why the worker's write failed, as ``OSError.strerror`` ("" when it did not).
+        worker: the worker, as ``host:pid``.
+        started_s, finished_s: the batch's start and end, ``time.time()`` on the worker.
+    """
+
+    points: tuple[int, ...]
+    rows: list[dict[str, Any]] | None
+    chunk: str
+    write_error: str
+    worker: str
+    started_s: float
+    finished_s: float
+
+
+def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]], parts: str, writer: str) -> BatchDone:
+    """The Dask task: simulate ``points`` and write their chunk into ``parts`` when this worker
+    reads ``writer`` there; the rows come back otherwise."""
+    started = time.time()
+    rows = runner.run_batch(points)
+    numbers = tuple(int(row["point"]) for row in rows)
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    folder = Path(parts)
+    if writer_of(folder) != writer:
+        return BatchDone(numbers, rows, "", "", worker, started, time.time())
+    try:
+        chunk = write_chunk(folder, rows, COLUMNS)
+    except OSError as exc:  # the sweep reports it (a full disk, say), naming the chunk
+        return BatchDone(numbers, None, str(chunk_path(folder, numbers)), write_reason(exc), worker, started,
+                         time.time())
+    return BatchDone(numbers, None, str(chunk), "", worker, started, time.time())
+
+
+def warm_up(runner: PointRunner, points: Sequence[dict[str, Any]]) -> None:
+    """Simulate ``points`` and drop their rows: the worker unpickles the runner and loads the
+    kernels those points' schedules use before its first batch."""
+    runner.run_batch(points)
+
+
+def warm_points(points: Sequence[dict[str, Any]], cost: Any) -> list[dict[str, Any]]:
+    """The cheapest of ``points`` (by ``cost``) for each schedule, recomputation setting and PipeMare
+    update: together they use every kernel the sweep will."""
+    cheapest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for point in points:
+        key = (point["schedule"], point["recompute"], point["pipemare_update"], point["stages_per_rank"])
+        if key not in cheapest or cost(point) < cost(cheapest[key]):
+            cheapest[key] = point
+    return list(cheapest.values())
