@@ -1,6 +1,7 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
 Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--baseline TREE [--label L]] [--no-write]
+       python benchmarks/bench_sweep.py --scaling 1,2 [--every N] [--repeats R] [--out FILE] [--no-write]
 (``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
 Measurements, each quoted against a baseline taken in the same run (the machines are shared and
@@ -233,7 +234,15 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="source tree of a commit to compare with, in the same run")
     parser.add_argument("--label", default="", help="what the baseline is (e.g. its commit)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--scaling", help="worker counts, e.g. 2,14: the serial part by phase, alternated "
+                        "(benchmarks/sweep_scaling.py); only that")
+    parser.add_argument("--every", type=int, default=1, help="with --scaling: only the stage counts divisible by N")
+    parser.add_argument("--repeats", type=int, default=2, help="with --scaling: runs per worker count")
+    parser.add_argument("--out", type=Path, help="with --scaling: also write the report to this file")
     args = parser.parse_args()
+    if args.scaling:
+        scaling(args)
+        return
 
     spec = load_spec(SPEC)
     resolved = Resolved(spec)
@@ -335,6 +344,26 @@ def main() -> None:
         return
     write_section("sweep", section)
     print(f"wrote {RESULTS}")
+
+
+def scaling(args: argparse.Namespace) -> None:
+    """``--scaling``: the serial part of the sweep by phase at each worker count (``sweep_scaling.py``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_file import machine, write_section
+    from sweep_scaling import report
+
+    counts = [int(count) for count in args.scaling.split(",")]
+    lines = report(counts, args.every, args.repeats)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    text = "\n".join([f"## Sweeps on W workers: the serial part (`bench_sweep.py --scaling {args.scaling}`)", "",
+                      f"{stamp}; {machine()}; jit backend: {jit.backend()}; load average "
+                      f"{open('/proc/loadavg').read().split()[0]} at the end.", "", *lines])
+    print(text, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    if not args.no_write:
+        write_section("sweep-scaling", text)
 
 
 if __name__ == "__main__":

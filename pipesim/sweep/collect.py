@@ -69,15 +69,15 @@ def submit_and_collect(client: Any, shared: Any, batches: Sequence[Sequence[dict
                 done = _done(result, watch, lambda: _span(future, futures, batches))
                 if done.write_error:
                     raise Stopped(f"cannot write {done.chunk}: {done.write_error}")
-                if done.rows is not None:  # a worker that does not see the folder: written here
+                if not done.chunk:  # a worker that does not see the folder: written here
                     try:
-                        write_chunk(store.parts, done.rows, store.columns)
+                        write_chunk(store.parts, done.table)
                     except OSError as exc:
                         raise Stopped(f"cannot write {chunk_path(store.parts, done.points)}: "
                                       f"{write_reason(exc)}") from exc
-                store.add_written(done.points)
+                store.add_written(done.points, done.table)
                 share = work.add([{"point": point} for point in done.points])
-                finished.append(dataclasses.replace(done, rows=None))
+                finished.append(dataclasses.replace(done, table=None))
                 future.release()
                 if progress:
                     progress(len(store.done), total, ON_DASK, share)

@@ -280,6 +280,7 @@ class ResultStore:
         self.num_points = num_points
         self.columns = tuple(columns)
         self.done: set[int] = set()
+        self.tables: dict[str, Any] = {}
         # Names this run in the manifest: a worker writes its batch's chunk only where it reads this token
         # there (the folder it sees is this run's), and a task left running by an interrupted run does not.
         self.writer = uuid.uuid4().hex
@@ -327,14 +328,17 @@ class ResultStore:
         """
         points = [int(row["point"]) for row in rows]
         path = chunk_path(self.parts, points)
+        table = chunk_table(rows, self.columns)
         with writing(path, self.parts, len(self.done)):
-            write_chunk(self.parts, rows, self.columns)
-        self.done.update(points)
+            write_chunk(self.parts, table)
+        self.add_written(points, table)
         return path
 
-    def add_written(self, points: Sequence[int]) -> None:
-        """Mark ``points`` done: their chunk was written by a worker (``write_chunk``)."""
+    def add_written(self, points: Sequence[int], table: Any) -> None:
+        """Mark ``points`` done, their chunk written (``write_chunk``) with ``table``, which the merge
+        takes instead of reading the chunk back."""
         self.done.update(points)
+        self.tables[chunk_path(self.parts, points).name] = table
 
     def recount(self) -> int:
         """Read the points done again from the chunks on disk (after workers that may have written
@@ -343,16 +347,26 @@ class ResultStore:
         return len(self.done)
 
     def finish(self) -> Any:
-        """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table.
+        """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table. The
+        chunks written in this run are taken from memory; only those of an interrupted run are read.
 
         Raises:
             ConfigError: the chunks do not hold every point exactly once.
             SweepFailedError: ``out`` could not be written (the chunks are kept).
         """
-        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        frames = [pd.read_parquet(chunk) for chunk in sorted(self.parts.glob("chunk-*.parquet"))]
-        frame = pd.concat(frames, ignore_index=True) if frames else rows_frame([], self.columns)
+        chunks = sorted(self.parts.glob("chunk-*.parquet"))
+        tables = [pq.read_table(chunk) if chunk.name not in self.tables else self.tables[chunk.name]
+                  for chunk in chunks]
+        if tables:
+            # One schema for all: a column that is all null in one chunk (no point had an error) and
+            # text in another is text; the chunks' pandas metadata (their own index) is dropped.
+            merged = pa.concat_tables(tables, promote_options="default").replace_schema_metadata(None)
+            frame = merged.to_pandas()
+        else:
+            frame = rows_frame([], self.columns)
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
         points = frame["point"].tolist()
         if points != list(range(self.num_points)):
@@ -369,11 +383,21 @@ def chunk_path(parts: Path, points: Sequence[int]) -> Path:
     return parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
 
 
-def write_chunk(parts: Path, rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Path:
-    """Write a batch's rows into ``parts`` as one chunk, atomically; its path. Workers call it for the
-    batches they ran, where they see the folder (``writer_of``), and the sweep for the others."""
-    path = chunk_path(parts, [int(row["point"]) for row in rows])
-    write_table(rows_frame(rows, columns), path)
+def chunk_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
+    """A batch's rows as the Arrow table its chunk holds."""
+    import pyarrow as pa
+
+    return pa.Table.from_pandas(rows_frame(rows, columns), preserve_index=False)
+
+
+def write_chunk(parts: Path, table: Any) -> Path:
+    """Write a batch's table (``chunk_table``) into ``parts`` as one chunk, atomically; its path.
+    Workers call it for the batches they ran, where they see the folder (``writer_of``), and the
+    sweep for the others."""
+    import pyarrow.parquet as pq
+
+    path = chunk_path(parts, table.column("point").to_pylist())
+    write_atomic(path, lambda temporary: pq.write_table(table, temporary))
     return path
 
 

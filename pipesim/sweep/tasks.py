@@ -1,9 +1,10 @@
 """What a sweep's Dask worker does: simulate a batch, write its chunk where it sees the output, report back.
 
 A worker that reads this run's token in ``OUT.parts/manifest.json`` (``store.writer_of``: the
-same folder, on this host or a shared file system) writes the batch's chunk itself and sends
-back only the points' numbers; one that cannot sends the rows, which the sweep writes. Either
-way a chunk is written once, atomically, and its rows are read once, by the final merge.
+same folder, on this host or a shared file system) writes the batch's chunk itself; one that
+cannot leaves it to the sweep. Either way the batch's rows come back once, as the chunk's Arrow
+table, which the final merge takes from memory: a chunk is written once and never read back
+(except after an interruption, by ``--resume``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.sweep.points import COLUMNS, PointRunner
-from pipesim.sweep.store import chunk_path, write_chunk, write_reason, writer_of
+from pipesim.sweep.store import chunk_path, chunk_table, write_chunk, write_reason, writer_of
 
 
 @dataclass(frozen=True)
@@ -26,15 +27,15 @@ class BatchDone:
 
     Attributes:
         points: its points' numbers, in the order run.
-        rows: its rows, when the worker did not write them (else None).
-        chunk: the chunk the worker wrote ("" when it did not).
+        table: its rows as the chunk's Arrow table (``store.chunk_table``); None once recorded.
+        chunk: the chunk the worker wrote ("" when it did not: the sweep writes ``table``).
         write_error: why the worker's write failed, as ``OSError.strerror`` ("" when it did not).
         worker: the worker, as ``host:pid``.
         started_s, finished_s: the batch's start and end, ``time.time()`` on the worker.
     """
 
     points: tuple[int, ...]
-    rows: list[dict[str, Any]] | None
+    table: Any
     chunk: str
     write_error: str
     worker: str
@@ -48,16 +49,17 @@ def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]], parts: str,
     started = time.time()
     rows = runner.run_batch(points)
     numbers = tuple(int(row["point"]) for row in rows)
+    table = chunk_table(rows, COLUMNS)
     worker = f"{socket.gethostname()}:{os.getpid()}"
     folder = Path(parts)
     if writer_of(folder) != writer:
-        return BatchDone(numbers, rows, "", "", worker, started, time.time())
+        return BatchDone(numbers, table, "", "", worker, started, time.time())
     try:
-        chunk = write_chunk(folder, rows, COLUMNS)
+        chunk = write_chunk(folder, table)
     except OSError as exc:  # the sweep reports it (a full disk, say), naming the chunk
         return BatchDone(numbers, None, str(chunk_path(folder, numbers)), write_reason(exc), worker, started,
                          time.time())
-    return BatchDone(numbers, None, str(chunk), "", worker, started, time.time())
+    return BatchDone(numbers, table, str(chunk), "", worker, started, time.time())
 
 
 def warm_up(runner: PointRunner, points: Sequence[dict[str, Any]]) -> None:
