@@ -213,7 +213,11 @@ def against_baseline(baseline: Path, label: str) -> list[str]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from sweep_ab import REPEATS, rows
 
-    found = rows(baseline, ROOT, every=20)
+    from sweep_ab import same_tables
+
+    with tempfile.TemporaryDirectory() as keep:
+        found = rows(baseline, ROOT, every=20, keep=keep)
+        count, same = same_tables(keep)
     lines = [f"Against {label}, in the same run (`bench_sweep.py --baseline`, `benchmarks/sweep_ab.py`): each tree "
              "in its own worker process, the steps asked of both alternately, the fastest of "
              f"{REPEATS['serial']} (serial) and {REPEATS['run_sweep']} (run_sweep) runs per side kept. `serial`: "
@@ -223,6 +227,8 @@ def against_baseline(baseline: Path, label: str) -> list[str]:
              "|---|---|---|---|---|"]
     lines += [f"| {row['point']} | {row['step']} | {row['baseline_s']:.2f} | {row['candidate_s']:.2f} | "
               f"{row['candidate_s'] / row['baseline_s']:.2f} |" for row in found]
+    lines += ["", f"The {count} tables of the run_sweep steps, both trees: {'all equal' if same else 'NOT all equal'} "
+              "(pandas `equals`)."]
     return lines
 
 

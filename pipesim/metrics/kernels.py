@@ -8,6 +8,8 @@ reads (a stable sort) only when they are not in it already, as the engines write
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
@@ -27,53 +29,74 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-# What _exposed found: the sums are done, or the caller must first sort the compute rows,
+# What _exposure_links found: the links are made, or the caller must first sort the compute rows,
 # renumber the microbatches, or reject the trace.
 _DONE, _UNSORTED, _TOO_LARGE, _OUT_OF_RANGE = range(4)
 
 
-@jit
-def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
-             start: FloatArray, end: FloatArray, peer: IntArray, position: IntArray, rows: IntArray,
-             low: float, high: float, num_devices: int, num_stages: int, per_stage: bool) -> tuple[FloatArray, int]:
-    """Exposed communication per stage (or device) from the compute spans ``rows``, which must
-    be in (device, position) order (else _UNSORTED); see ``exposed_communication``.
+@dataclass(frozen=True)
+class ExposureLinks:
+    """Which compute span each send may feed, from the order alone (``_exposure_links``): the same
+    for every trace of one schedule (``pipesim.simulation`` keeps it beside the schedule's span
+    columns), so a sweep's points that share a schedule compute it once.
 
-    A gap is the idle time before a compute op after the previous op of its device (from 0 for
-    the device's first). A send is matched to the gap of the op it feeds on its peer (an
-    activation to the F of the next stage, a gradient to the B, then the I, of the one before;
-    of several gaps with that op's key there, the last), and their overlap inside
-    [low, high] is added, in send order, to that op's stage (or the peer device)."""
-    num_groups = num_stages if per_stage else num_devices
-    sums = np.zeros(num_groups)
+    Attributes:
+        rows: the compute spans in (device, position) order; previous: per entry of ``rows``, the
+            entry before it on its device (-1 for a device's first).
+        send, stage_group, device_group: per send that feeds a compute span (in send order, a
+            gradient's B before its I): its row, and the stage and device it is summed into.
+        first: the slots' candidates are ``targets[first[k]:first[k + 1]]`` (entries of ``rows``,
+            latest first).
+    """
+
+    rows: IntArray
+    previous: IntArray
+    send: IntArray
+    stage_group: IntArray
+    device_group: IntArray
+    first: IntArray
+    targets: IntArray
+
+
+@jit
+def _exposure_links(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
+                    peer: IntArray, position: IntArray, rows: IntArray, num_devices: int,
+                    num_stages: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, int]:
+    """The order-only half of ``exposed_communication``: ``ExposureLinks``' arrays but ``rows``, from
+    the compute spans ``rows``, which must be in (device, position) order (else _UNSORTED).
+
+    A send is matched to the compute span it feeds on its peer (an activation to the F of the next
+    stage, a gradient to the B, then the I, of the one before): every span with that op's key
+    (stage, kind, microbatch) on the peer is a candidate, latest first; ``_exposure_sums`` takes the
+    first that waited (its start after its device's previous end)."""
+    empty = np.zeros(0, dtype=np.int64)
     total = 1
     for r in range(stream.size):
         if stage[r] < 0 or stage[r] >= num_stages or micro[r] < 0 or kind[r] < 0 or kind[r] >= _NUM_KINDS:
-            return sums, _OUT_OF_RANGE
+            return empty, empty, empty, empty, empty, empty, _OUT_OF_RANGE
         total = max(total, micro[r] + 1)
     # Slots for target stages -1..num_stages (a gradient from stage 0, an activation from the last).
     num_slots = num_stages + 2
     if num_slots * _NUM_KINDS * total > MAX_TABLE:
-        return sums, _TOO_LARGE
-    table = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
-    # Per gap j (written and read for gaps only): where it starts, and the gap before it with its key.
-    gap_start = np.empty(rows.size)
-    earlier = np.empty(rows.size, dtype=np.int64)
-    previous = 0.0
-    last_device = -1
+        return empty, empty, empty, empty, empty, empty, _TOO_LARGE
+    latest = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
+    earlier = np.empty(rows.size, dtype=np.int64)  # per entry: the entry before it with its key
+    previous = np.empty(rows.size, dtype=np.int64)
     for j in range(rows.size):
         r = rows[j]
-        if j > 0 and (device[r] < last_device or (device[r] == last_device and position[r] <= position[rows[j - 1]])):
-            return sums, _UNSORTED
-        if j == 0 or device[r] != last_device:
-            previous = 0.0
-            last_device = device[r]
-        if start[r] > previous:
-            key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
-            earlier[j] = table[key]
-            table[key] = j
-            gap_start[j] = previous
-        previous = end[r]
+        if j > 0 and (device[r] < device[rows[j - 1]] or
+                      (device[r] == device[rows[j - 1]] and position[r] <= position[rows[j - 1]])):
+            return empty, empty, empty, empty, empty, empty, _UNSORTED
+        previous[j] = j - 1 if j > 0 and device[r] == device[rows[j - 1]] else -1
+        key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
+        earlier[j] = latest[key]
+        latest[key] = j
+    send, stage_group, device_group = [0], [0], [0]
+    first, targets = [0], [0]
+    send.pop()
+    stage_group.pop()
+    device_group.pop()
+    targets.pop()
     for s in range(stream.size):
         if stream[s] != _SEND or peer[s] < 0 or peer[s] >= num_devices:
             continue
@@ -83,18 +106,44 @@ def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray
                 target, target_kind = stage[s] + 1, _F
             else:
                 target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
-            j = table[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
-            while j >= 0 and device[rows[j]] != peer[s]:
+            j = latest[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
+            found = len(targets)
+            while j >= 0:
+                if device[rows[j]] == peer[s]:
+                    targets.append(j)
                 j = earlier[j]
-            if j < 0:
-                continue
-            low_edge = max(max(gap_start[j], start[s]), low)
-            high_edge = min(min(start[rows[j]], end[s]), high)
-            overlap = high_edge - low_edge
-            if overlap > 0.0:
-                group = min(max(target, 0), max(num_stages - 1, 0)) if per_stage else peer[s]
-                sums[group] += overlap
-    return sums, _DONE
+            if len(targets) > found:
+                send.append(s)
+                stage_group.append(min(max(target, 0), max(num_stages - 1, 0)))
+                device_group.append(peer[s])
+                first.append(len(targets))
+    return (previous, np.array(send, dtype=np.int64), np.array(stage_group, dtype=np.int64),
+            np.array(device_group, dtype=np.int64), np.array(first, dtype=np.int64),
+            np.array(targets, dtype=np.int64), _DONE)
+
+
+@jit
+def _exposure_sums(start: FloatArray, end: FloatArray, rows: IntArray, previous: IntArray, send: IntArray,
+                   group: IntArray, first: IntArray, targets: IntArray, low: float, high: float,
+                   num_groups: int) -> FloatArray:
+    """The timing half of ``exposed_communication``: for each send (in order), of its candidates the
+    first that waited, a gap from its device's previous end (0 for a device's first) to its start;
+    the overlap of that gap with the send, inside [low, high], added to the send's group."""
+    sums = np.zeros(num_groups)
+    for k in range(send.size):
+        s = send[k]
+        for t in range(first[k], first[k + 1]):
+            j = targets[t]
+            r = rows[j]
+            gap_start = end[rows[previous[j]]] if previous[j] >= 0 else 0.0
+            if start[r] > gap_start:
+                low_edge = max(max(gap_start, start[s]), low)
+                high_edge = min(min(start[r], end[s]), high)
+                overlap = high_edge - low_edge
+                if overlap > 0.0:
+                    sums[group[k]] += overlap
+                break
+    return sums
 
 
 @jit
@@ -251,28 +300,58 @@ def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: 
 
 def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
                           per_stage: bool = True, compiled: bool,
-                          compute_rows: npt.NDArray[np.intp] | None = None) -> list[float]:
+                          compute_rows: npt.NDArray[np.intp] | None = None,
+                          links: ExposureLinks | None = None) -> list[float]:
     """Per stage (or, with ``per_stage=False``, per device) the idle time before an op that
-    overlaps, inside [low, high], the arrival of the send the op waited for (see ``_exposed``).
+    overlaps, inside [low, high], the arrival of the send the op waited for.
+
+    A gap is the idle time before a compute op after the previous op of its device (from 0 for
+    the device's first). A send is matched to the gap of the op it feeds on its peer (an
+    activation to the F of the next stage, a gradient to the B, then the I, of the one before;
+    of several gaps with that op's key there, the last), and their overlap inside [low, high]
+    is added, in send order, to that op's stage (or the peer device).
 
     Args:
         compute_rows: the compute spans' rows, when the caller has them.
+        links: ``exposure_links(trace)``, or that of a trace of the same spans but their times.
 
     Raises:
         ConfigError: a span's stage outside 0..num_stages-1, or a negative microbatch or kind.
     """
+    if links is None:
+        links = exposure_links(trace, num_devices, num_stages, compiled=compiled, compute_rows=compute_rows)
     s = trace.spans
-    rows = np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows
+    sums = pick(_exposure_sums, compiled)(
+        s["start_s"], s["end_s"], links.rows, links.previous, links.send,
+        links.stage_group if per_stage else links.device_group, links.first, links.targets, float(low), float(high),
+        num_stages if per_stage else num_devices)
+    found: list[float] = sums.tolist()
+    return found
+
+
+def exposure_links(trace: Trace, num_devices: int, num_stages: int, *, compiled: bool,
+                   compute_rows: npt.NDArray[np.intp] | None = None) -> ExposureLinks:
+    """The sends' candidate compute spans (``ExposureLinks``), from the trace's order alone.
+
+    Raises:
+        ConfigError: a span's stage outside 0..num_stages-1, a negative microbatch or kind, or
+            two compute spans at one (device, position).
+    """
+    s = trace.spans
+    rows = (np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows).astype(np.int64)
     micro = s["microbatch"]
-    kernel = pick(_exposed, compiled)
+    kernel = pick(_exposure_links, compiled)
     ordered = False
     while True:
-        sums, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["start_s"], s["end_s"],
-                              s["peer"], s["position"], rows.astype(np.int64, copy=False), float(low), float(high),
-                              num_devices, num_stages, per_stage)
+        *found, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["peer"], s["position"],
+                                rows, num_devices, num_stages)
         if status == _DONE:
-            found: list[float] = sums.tolist()
-            return found
+            previous, send, stage_group, device_group, first, targets = found
+            links = ExposureLinks(rows=rows, previous=previous, send=send, stage_group=stage_group,
+                                  device_group=device_group, first=first, targets=targets)
+            for values in (rows, previous, send, stage_group, device_group, first, targets):
+                values.flags.writeable = False
+            return links
         if status == _UNSORTED and ordered:  # sorted by (device, position), two compute spans share both
             twice = shared_position(s, rows)
             assert twice is not None  # the kernel found rows out of (device, position) order
