@@ -41,29 +41,28 @@ class ExposureLinks:
     columns), so a sweep's points that share a schedule compute it once.
 
     Attributes:
-        rows: the compute spans in (device, position) order; previous: per entry of ``rows``, the
-            entry before it on its device (-1 for a device's first).
         send, stage_group, device_group: per send that feeds a compute span (in send order, a
             gradient's B before its I): its row, and the stage and device it is summed into.
-        first: the slots' candidates are ``targets[first[k]:first[k + 1]]`` (entries of ``rows``,
-            latest first).
+        first: the sends' candidates are ``target[first[k]:first[k + 1]]`` (latest first).
+        target, before: per candidate, its row and the row of the compute span before it on its
+            device (-1 for a device's first).
     """
 
-    rows: IntArray
-    previous: IntArray
     send: IntArray
     stage_group: IntArray
     device_group: IntArray
     first: IntArray
-    targets: IntArray
+    target: IntArray
+    before: IntArray
 
 
 @jit
 def _exposure_links(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
-                    peer: IntArray, position: IntArray, rows: IntArray, num_devices: int,
-                    num_stages: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, int]:
-    """The order-only half of ``exposed_communication``: ``ExposureLinks``' arrays but ``rows``, from
-    the compute spans ``rows``, which must be in (device, position) order (else _UNSORTED).
+                    peer: IntArray, position: IntArray, rows: IntArray, num_devices: int, num_stages: int,
+                    max_table: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, int]:
+    """The order-only half of ``exposed_communication``: ``ExposureLinks``' arrays, from the compute
+    spans ``rows``, which must be in (device, position) order (else _UNSORTED), with a
+    table of waits of at most ``max_table`` cells (else _TOO_LARGE).
 
     A send is matched to the compute span it feeds on its peer (an activation to the F of the next
     stage, a gradient to the B, then the I, of the one before): every span with that op's key
@@ -77,7 +76,7 @@ def _exposure_links(stream: IntArray, device: IntArray, stage: IntArray, kind: I
         total = max(total, micro[r] + 1)
     # Slots for target stages -1..num_stages (a gradient from stage 0, an activation from the last).
     num_slots = num_stages + 2
-    if num_slots * _NUM_KINDS * total > MAX_TABLE:
+    if num_slots * _NUM_KINDS * total > max_table:
         return empty, empty, empty, empty, empty, empty, _TOO_LARGE
     latest = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
     earlier = np.empty(rows.size, dtype=np.int64)  # per entry: the entry before it with its key
@@ -91,41 +90,66 @@ def _exposure_links(stream: IntArray, device: IntArray, stage: IntArray, kind: I
         key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
         earlier[j] = latest[key]
         latest[key] = j
-    send, stage_group, device_group = [0], [0], [0]
-    first, targets = [0], [0]
-    send.pop()
-    stage_group.pop()
-    device_group.pop()
-    targets.pop()
+    # Two passes over the sends: count the slots (a send and one key of the op it feeds) and their
+    # candidates, then write them.
+    num_slots_found = num_targets = 0
     for s in range(stream.size):
         if stream[s] != _SEND or peer[s] < 0 or peer[s] >= num_devices:
             continue
-        forward = kind[s] == _F
-        for candidate in range(1 if forward else 2):
-            if forward:
-                target, target_kind = stage[s] + 1, _F
-            else:
-                target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
-            j = latest[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
-            found = len(targets)
-            while j >= 0:
-                if device[rows[j]] == peer[s]:
-                    targets.append(j)
-                j = earlier[j]
-            if len(targets) > found:
-                send.append(s)
-                stage_group.append(min(max(target, 0), max(num_stages - 1, 0)))
-                device_group.append(peer[s])
-                first.append(len(targets))
-    return (previous, np.array(send, dtype=np.int64), np.array(stage_group, dtype=np.int64),
-            np.array(device_group, dtype=np.int64), np.array(first, dtype=np.int64),
-            np.array(targets, dtype=np.int64), _DONE)
+        for candidate in range(1 if kind[s] == _F else 2):
+            found = _candidates(s, candidate, stage, kind, micro, device, peer, rows, latest, earlier, total, empty, 0)
+            num_slots_found += 1 if found else 0
+            num_targets += found
+    send = np.empty(num_slots_found, dtype=np.int64)
+    stage_group = np.empty(num_slots_found, dtype=np.int64)
+    device_group = np.empty(num_slots_found, dtype=np.int64)
+    first = np.zeros(num_slots_found + 1, dtype=np.int64)
+    targets = np.empty(num_targets, dtype=np.int64)
+    k = 0
+    for s in range(stream.size):
+        if stream[s] != _SEND or peer[s] < 0 or peer[s] >= num_devices:
+            continue
+        for candidate in range(1 if kind[s] == _F else 2):
+            found = _candidates(s, candidate, stage, kind, micro, device, peer, rows, latest, earlier, total, targets,
+                                first[k])
+            if found:
+                target = stage[s] + 1 if kind[s] == _F else stage[s] - 1
+                send[k], device_group[k] = s, peer[s]
+                stage_group[k] = min(max(target, 0), max(num_stages - 1, 0))
+                first[k + 1] = first[k] + found
+                k += 1
+    before = np.empty(num_targets, dtype=np.int64)
+    for t in range(num_targets):
+        before[t] = rows[previous[targets[t]]] if previous[targets[t]] >= 0 else -1
+        targets[t] = rows[targets[t]]
+    return send, stage_group, device_group, first, targets, before, _DONE
+
+
+@jit(inline=True)
+def _candidates(s: int, candidate: int, stage: IntArray, kind: IntArray, micro: IntArray, device: IntArray,
+                peer: IntArray, rows: IntArray, latest: IntArray, earlier: IntArray, total: int, out: IntArray,
+                at: int) -> int:
+    """The compute spans send ``s`` may feed by its ``candidate``-th key (an activation: the next
+    stage's F; a gradient: the stage before's B, then its I), on its peer, latest first: written to
+    ``out`` from ``at`` when ``out`` is large enough (else only counted); how many."""
+    if kind[s] == _F:
+        target, target_kind = stage[s] + 1, _F
+    else:
+        target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
+    j = latest[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
+    found = 0
+    while j >= 0:
+        if device[rows[j]] == peer[s]:
+            if at + found < out.size:
+                out[at + found] = j
+            found += 1
+        j = earlier[j]
+    return found
 
 
 @jit
-def _exposure_sums(start: FloatArray, end: FloatArray, rows: IntArray, previous: IntArray, send: IntArray,
-                   group: IntArray, first: IntArray, targets: IntArray, low: float, high: float,
-                   num_groups: int) -> FloatArray:
+def _exposure_sums(start: FloatArray, end: FloatArray, send: IntArray, group: IntArray, first: IntArray,
+                   target: IntArray, before: IntArray, low: float, high: float, num_groups: int) -> FloatArray:
     """The timing half of ``exposed_communication``: for each send (in order), of its candidates the
     first that waited, a gap from its device's previous end (0 for a device's first) to its start;
     the overlap of that gap with the send, inside [low, high], added to the send's group."""
@@ -133,9 +157,8 @@ def _exposure_sums(start: FloatArray, end: FloatArray, rows: IntArray, previous:
     for k in range(send.size):
         s = send[k]
         for t in range(first[k], first[k + 1]):
-            j = targets[t]
-            r = rows[j]
-            gap_start = end[rows[previous[j]]] if previous[j] >= 0 else 0.0
+            r = target[t]
+            gap_start = end[before[t]] if before[t] >= 0 else 0.0
             if start[r] > gap_start:
                 low_edge = max(max(gap_start, start[s]), low)
                 high_edge = min(min(start[r], end[s]), high)
@@ -322,9 +345,8 @@ def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: 
         links = exposure_links(trace, num_devices, num_stages, compiled=compiled, compute_rows=compute_rows)
     s = trace.spans
     sums = pick(_exposure_sums, compiled)(
-        s["start_s"], s["end_s"], links.rows, links.previous, links.send,
-        links.stage_group if per_stage else links.device_group, links.first, links.targets, float(low), float(high),
-        num_stages if per_stage else num_devices)
+        s["start_s"], s["end_s"], links.send, links.stage_group if per_stage else links.device_group, links.first,
+        links.target, links.before, float(low), float(high), num_stages if per_stage else num_devices)
     found: list[float] = sums.tolist()
     return found
 
@@ -344,12 +366,10 @@ def exposure_links(trace: Trace, num_devices: int, num_stages: int, *, compiled:
     ordered = False
     while True:
         *found, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["peer"], s["position"],
-                                rows, num_devices, num_stages)
+                                rows, num_devices, num_stages, MAX_TABLE)
         if status == _DONE:
-            previous, send, stage_group, device_group, first, targets = found
-            links = ExposureLinks(rows=rows, previous=previous, send=send, stage_group=stage_group,
-                                  device_group=device_group, first=first, targets=targets)
-            for values in (rows, previous, send, stage_group, device_group, first, targets):
+            links = ExposureLinks(*found)
+            for values in found:
                 values.flags.writeable = False
             return links
         if status == _UNSORTED and ordered:  # sorted by (device, position), two compute spans share both
