@@ -233,36 +233,26 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
     setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
-    cluster = None
-    if workers is not None or scheduler is not None:  # it starts while the space is enumerated
-        cluster = Cluster(workers=workers, scheduler=scheduler, shared=setting)
-        cluster.start()
-    try:
-        # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
-        # configuration's recomputation modes (a group) are neighbours, full to none.
-        space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
-                                            placement=placement),
-                       key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
-                       (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
-                        item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
-        outcomes = [item for item in space if isinstance(item, Outcome)]
-        groups: list[list[Candidate]] = []
-        for item in space:
-            if isinstance(item, Candidate):
-                if groups and _group_key(groups[-1][0]) == _group_key(item):
-                    groups[-1].append(item)
-                else:
-                    groups.append([item])
-        done, total = len(outcomes), len(space)
-        if progress is not None:
-            progress(done, total)
-    except BaseException:
-        if cluster is not None:
-            cluster.close()
-        raise
-    if cluster is None and total - done > DASK_MIN_CANDIDATES:
-        cluster = Cluster(workers=None, scheduler=None, shared=setting)
-    if cluster is None:
+    # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
+    # configuration's recomputation modes (a group) are neighbours, full to none.
+    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
+                                        placement=placement),
+                   key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
+                   (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
+                    item.microbatch_size, RECOMPUTE_ORDER.index(item.recompute)))
+    outcomes = [item for item in space if isinstance(item, Outcome)]
+    groups: list[list[Candidate]] = []
+    for item in space:
+        if isinstance(item, Candidate):
+            if groups and _group_key(groups[-1][0]) == _group_key(item):
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+    done, total = len(outcomes), len(space)
+    if progress is not None:
+        progress(done, total)
+    is_large = total - done > DASK_MIN_CANDIDATES
+    if workers is None and scheduler is None and not is_large:
         runner = _GroupRunner(setting)
         for group in groups:
             outcomes += runner.run(group)
@@ -270,7 +260,8 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             if progress is not None:
                 progress(done, total)
     else:
-        outcomes += _on_dask(cluster, setting, groups, progress=progress, done=done, total=total)
+        outcomes += _on_dask(Cluster(workers=workers, scheduler=scheduler, shared=setting), setting, groups,
+                             progress=progress, done=done, total=total)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
 
@@ -282,10 +273,10 @@ def _group_key(item: Candidate) -> tuple[Any, ...]:
 
 def _on_dask(cluster: Cluster, setting: _Setting, groups: list[list[Candidate]], *,
              progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
-    """``run_groups`` on Dask, the outcomes in the groups' order: groups evaluated here, cheapest
-    first, until the cluster (started by the caller, or here) is ready; the rest in batches by
-    predicted cost, heaviest first (``pipesim.sweep.batches``), each family of groups that share
-    a schedule order kept together where it fits."""
+    """``run_groups`` on Dask, the outcomes in the groups' order: while ``cluster`` starts in the
+    background, groups are evaluated here, cheapest first; the rest go in batches by predicted
+    cost, heaviest first (``pipesim.sweep.batches``), groups that share a schedule order together
+    where they fit. The cluster is closed at the end."""
     from distributed import as_completed
 
     cluster.start()

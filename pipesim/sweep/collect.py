@@ -50,7 +50,7 @@ def submit_and_collect(client: Any, shared: Any, batches: Sequence[Sequence[dict
         try:
             # Batches submitted together share a Dask generation, within which the scheduler picks by its own
             # order; falling priorities make it take them heaviest first, as planned.
-            parts = str(store.parts)
+            parts = str(store.parts.absolute())  # as a worker started in another folder finds it
             futures = [client.submit(run_batch, shared, batch, parts, store.writer, pure=False,
                                      priority=len(batches) - index)
                        for index, batch in enumerate(batches)]

@@ -19,7 +19,8 @@ from pipesim.sweep.collect import Stopped, submit_and_collect
 from pipesim.sweep.local import HERE, Progress, WorkDone, cluster_at_once, run_here
 from pipesim.sweep.points import COLUMNS, SHARED_COSTS, SHARED_WORK, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
-from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
+from pipesim.sweep.store import (ResultStore, SweepFailedError, finished_chunks, finished_digest, read_table,
+                                 resume_hint)
 from pipesim.sweep.tasks import BatchDone, warm_points, warm_up
 
 WORKER_TIMEOUT_S = 120.0
@@ -151,34 +152,35 @@ def run_sweep(
             progress(len(points), len(points), HERE, 1.0)
         return SweepSummary(target, len(points), 0, len(points), int((frame["error"].fillna("") != "").sum()), 0,
                             time.perf_counter() - started)
-    # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
-    # table must be byte for byte the uninterrupted one.
-    command = command_line(["sweep", spec_file["name"]]) if spec_file else None
-    run = {"command": command, "pipesim_version": __version__, "spec": spec_file, "digest": digest, **resolved.inputs}
-    store = ResultStore(target, digest, len(points), COLUMNS, resume=resume, run=run)
-    resumed = len(store.done)
+    num_workers = workers if workers is not None else (os.cpu_count() or 1)
+    if scheduler is None and num_workers < 1:
+        raise ConfigError("workers", num_workers, "must be >= 1")
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
-    todo = shared_work_order([point for point in points if point["point"] not in store.done])
-    work = WorkDone(todo)
-    if progress:
-        progress(len(store.done), len(points), "", work.share())
-    phases = {"expand": time.perf_counter() - started}
+    ordered = shared_work_order(points)
+    runner = cluster = None
+    if not resume and not finished_chunks(Path(f"{target}.parts")):
+        # Every point is to run: the cluster may start while the result store opens.
+        runner, cluster = _runner_and_cluster(resolved, points, num_workers, workers, scheduler, in_process)
+    phases: dict[str, float] = {}
     num_here, chunks, finished = 0, 0, []
-    cluster: Cluster | None = None
     closing: threading.Thread | None = None
-    if todo:
-        num_workers = workers if workers is not None else (os.cpu_count() or 1)
-        if scheduler is None and num_workers < 1:
-            raise ConfigError("workers", num_workers, "must be >= 1")
-        runner = PointRunner(resolved, sweep_kernels(todo, num_workers))
-        if scheduler is not None or (num_workers >= 2 and in_process is not True):
-            cluster = Cluster(workers=workers, scheduler=scheduler, shared=runner,
-                              warm=functools.partial(warm_up, points=warm_points(todo, point_cost)))
-            # An existing cluster (--scheduler) takes every point; an embedded one starts at once where the
-            # predicted work pays for it, else once the points run here say it would (pipesim.sweep.local).
-            if scheduler is not None or in_process is False or cluster_at_once(todo):
-                cluster.start()
-        try:
+    try:
+        # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
+        # table must be byte for byte the uninterrupted one.
+        command = command_line(["sweep", spec_file["name"]]) if spec_file else None
+        run = {"command": command, "pipesim_version": __version__, "spec": spec_file, "digest": digest,
+               **resolved.inputs}
+        store = ResultStore(target, digest, len(points), COLUMNS, resume=resume, run=run)
+        resumed = len(store.done)
+        todo = [point for point in ordered if point["point"] not in store.done]
+        work = WorkDone(todo)
+        if progress:
+            progress(len(store.done), len(points), "", work.share())
+        if runner is None and todo:
+            runner, cluster = _runner_and_cluster(resolved, todo, num_workers, workers, scheduler, in_process)
+        phases["expand"] = time.perf_counter() - started
+        if todo:
+            assert runner is not None
             if scheduler is None and in_process is not False:
                 mark = time.perf_counter()
                 num_here, chunks = run_here(runner, todo, store, cluster=cluster, num_workers=num_workers,
@@ -197,17 +199,17 @@ def run_sweep(
                 finished = submit_and_collect(client, cluster.shared, batches, store, progress, len(points), work,
                                               worker_timeout_s)
                 phases["dask"] = time.perf_counter() - mark
-        except Stopped as stop:  # what is kept is counted once the workers that may still write are stopped
-            _close(cluster, phases)
-            raise SweepFailedError(f"{stop.what}; {resume_hint(store.parts, store.recount())}") from stop.__cause__
-        except BaseException:
-            _close(cluster, phases)
-            raise
-        if cluster is not None and cluster.is_started:
-            phases["cluster"] = _ready_s(cluster)
-            # The cluster closes while the table is merged.
-            closing = threading.Thread(target=_close, args=(cluster, phases), name="pipesim-cluster-close")
-            closing.start()
+    except Stopped as stop:  # what is kept is counted once the workers that may still write are stopped
+        _close(cluster, phases)
+        raise SweepFailedError(f"{stop.what}; {resume_hint(store.parts, store.recount())}") from stop.__cause__
+    except BaseException:
+        _close(cluster, phases)
+        raise
+    if cluster is not None and cluster.is_started:
+        phases["cluster"] = _ready_s(cluster)
+        # The cluster closes while the table is merged.
+        closing = threading.Thread(target=_close, args=(cluster, phases), name="pipesim-cluster-close")
+        closing.start()
     mark = time.perf_counter()
     try:
         frame = store.finish()
@@ -221,6 +223,22 @@ def run_sweep(
         wall_s=time.perf_counter() - started, startup_s=phases.get("cluster", 0.0), num_here=num_here,
         phases=phases, batches=tuple(finished), started_epoch_s=epoch,
     )
+
+
+def _runner_and_cluster(resolved: Resolved, points: list[dict[str, Any]], num_workers: int, workers: int | None,
+                        scheduler: str | None, in_process: bool | None) -> tuple[PointRunner, Cluster | None]:
+    """The runner of ``points`` (in shared-work order) and, where they may go to Dask, their cluster:
+    started now when it takes every point (``--scheduler``, ``in_process=False``) or when their
+    predicted work pays for an embedded one (``local.cluster_at_once``); else ``run_here`` starts it
+    if the points it runs say it would pay."""
+    runner = PointRunner(resolved, sweep_kernels(points, num_workers))
+    if scheduler is None and (num_workers < 2 or in_process is True):
+        return runner, None
+    cluster = Cluster(workers=workers, scheduler=scheduler, shared=runner,
+                      warm=functools.partial(warm_up, points=warm_points(points, point_cost)))
+    if scheduler is not None or in_process is False or cluster_at_once(points):
+        cluster.start()
+    return runner, cluster
 
 
 def _ready_s(cluster: Cluster) -> float:

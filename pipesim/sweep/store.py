@@ -286,7 +286,7 @@ class ResultStore:
         self.writer = uuid.uuid4().hex
         manifest = self.parts / "manifest.json"
         # A sweep that ended before its first chunk left nothing to keep: it starts over, --resume or not.
-        chunks = sorted(self.parts.glob("chunk-*.parquet")) if self.parts.exists() else []
+        chunks = finished_chunks(self.parts)
         if chunks and not resume:
             raise ConfigError(
                 "resume", False, f"{self.parts} holds {len(chunks)} finished chunks of an interrupted sweep: "
@@ -343,7 +343,7 @@ class ResultStore:
     def recount(self) -> int:
         """Read the points done again from the chunks on disk (after workers that may have written
         chunks unreported have stopped); the count."""
-        self.done = self._read_done(sorted(self.parts.glob("chunk-*.parquet")))
+        self.done = self._read_done(finished_chunks(self.parts))
         return len(self.done)
 
     def finish(self) -> Any:
@@ -357,7 +357,7 @@ class ResultStore:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        chunks = sorted(self.parts.glob("chunk-*.parquet"))
+        chunks = finished_chunks(self.parts)
         tables = [pq.read_table(chunk) if chunk.name not in self.tables else self.tables[chunk.name]
                   for chunk in chunks]
         if tables:
@@ -375,6 +375,11 @@ class ResultStore:
             write_table(frame, self.out, digest=self.digest, run=self.run)
         shutil.rmtree(self.parts)
         return frame
+
+
+def finished_chunks(parts: Path) -> list[Path]:
+    """The chunks in ``parts`` (none when the folder is missing), by name."""
+    return sorted(parts.glob("chunk-*.parquet")) if parts.exists() else []
 
 
 def chunk_path(parts: Path, points: Sequence[int]) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ import pytest
 
 from pipesim.search import search
 from pipesim.sweep import read_table, run_sweep
-from sweep_specs import spec_fixture
+from sweep_specs import spec_fixture, user_namespaces_work
 
 SPEC = """\
 profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
@@ -134,17 +133,6 @@ def test_a_search_on_a_dask_scheduler_gives_the_outcomes_of_one_process(dask_clu
     assert on_dask == alone and any(outcome.status == "simulated" for outcome in alone)
 
 
-def _unshare_works(folder: Path) -> bool:
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return False
-    try:
-        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                               capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
 def test_workers_that_cannot_see_the_output_send_their_rows_and_the_table_is_the_same(
     spec_path: Path, embedded: Any, tmp_path: Path
 ) -> None:
@@ -152,7 +140,7 @@ def test_workers_that_cannot_see_the_output_send_their_rows_and_the_table_is_the
     mount namespace of the worker's own; the sweep writes the chunks of the rows it sends."""
     hidden = tmp_path / "out"
     hidden.mkdir()
-    if not _unshare_works(hidden):
+    if not user_namespaces_work(hidden):
         pytest.skip("no unprivileged user and mount namespaces here (unshare -rm) to hide a folder from a worker")
     cluster = DaskProcesses(tmp_path)
     try:
