@@ -112,10 +112,12 @@ FINDINGS = (
     "columns go back to the OS and are faulted in again. "
     "Against the merge base of issue 17's work (eb4a112), all 10,080 points serially in one process: 69.5 s "
     "against 102.7 s of CPU time, every row identical (a hash over the rows). "
-    "The progress line's time left (`sweep.local.WorkDone`): on one run of this sweep, at 13%, 24%, 48%, 63% "
-    "and 78% of its wall time the points done held 2%, 14%, 36%, 53% and 74% of the sweep's ops (p x m x K) "
-    "and 26%, 51%, 71%, 81% and 90% of its points; weighing each point by its ops plus 10,000 "
-    "(`POINT_OVERHEAD_COST`, its own overhead) gives 9%, 24%, 46%, 61% and 78%."
+    "The progress line's time left (`sweep.local.WorkDone`): on one run of this sweep (points then run in "
+    "shared-work order), at 13%, 24%, 48%, 63% and 78% of its wall time the points done held 2%, 14%, 36%, 53% "
+    "and 74% of the sweep's ops (p x m x K) and 26%, 51%, 71%, 81% and 90% of its points; weighing each point "
+    "by its ops plus 10,000 for its own overhead gave 9%, 24%, 46%, 61% and 78%. Since 2026-11-28 a point "
+    "weighs its schedule's op count plus 12,500 (`sweep.batches.point_cost`, a fit of 1.2 ms + 0.1 us per op "
+    "to every point's CPU time, in one process: see the section on the serial part)."
 )
 
 PHASES = ("plan + row", "build + lower", "engine", "metrics")

@@ -105,6 +105,13 @@ if __name__ == "__main__":
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--every", type=int, default=20)
     parser.add_argument("--keep", default="")
+    parser.add_argument("--baseline", type=Path, help="alone: this tree against BASELINE, printed (bench_sweep.py "
+                        "--baseline runs it with the rest of the sweep benchmark)")
     args = parser.parse_args()
     if args.worker:
         worker(args.every, args.keep)
+    elif args.baseline:
+        with tempfile.TemporaryDirectory() as folder:
+            rows(args.baseline, Path(__file__).resolve().parents[1], args.every, folder)
+            count, same = same_tables(folder)
+        print(f"{count} run_sweep tables, both trees: {'all equal' if same else 'NOT all equal'} (pandas equals)")

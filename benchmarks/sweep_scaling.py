@@ -12,7 +12,8 @@ on the workers (``SweepSummary.batches``):
 - first batch: from the first batch's submission to the median worker's first batch starting;
 - busy / W: the workers' batch time summed, over W: the part that shrinks with workers;
 - tail: from the first worker running out of batches to the last batch's end (imbalance);
-- merge: the table merged and written (``close``, the cluster's shutdown, runs beside it).
+- merge: the table merged and written (``close``, the cluster's shutdown, runs beside it;
+  ``close wait``: what is left of it after the merge).
 
 The serial part is the wall minus ``busy / W``; fitting ``T = S + P / W`` to two counts gives
 the same from walls alone. Every run's table must equal the first's (pandas ``equals``).
@@ -60,7 +61,8 @@ def phases(summary: SweepSummary, workers: int) -> dict[str, float]:
     """The phases of one run (module docstring), in seconds."""
     row = {"wall": summary.wall_s, "expand": summary.phases.get("expand", 0.0),
            "cluster": summary.phases.get("cluster", 0.0), "here": summary.phases.get("here", 0.0),
-           "merge": summary.phases.get("merge", 0.0), "close": summary.phases.get("close", 0.0)}
+           "merge": summary.phases.get("merge", 0.0), "close": summary.phases.get("close", 0.0),
+           "close wait": summary.phases.get("close wait", 0.0)}
     batches = summary.batches
     if not batches:
         return {**row, "first batch": 0.0, "busy / W": 0.0, "tail": 0.0, "serial": summary.wall_s,
@@ -101,7 +103,8 @@ def measure(counts: list[int], every: int, repeats: int) -> tuple[list[dict[str,
     return rows, same, spec
 
 
-COLUMNS = ("wall", "expand", "cluster", "here", "first batch", "busy / W", "tail", "merge", "close", "serial")
+COLUMNS = ("wall", "expand", "cluster", "here", "first batch", "busy / W", "tail", "merge", "close", "close wait",
+           "serial")
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:

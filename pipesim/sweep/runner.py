@@ -40,7 +40,7 @@ class SweepSummary:
         phases: wall seconds of each phase in this process, from the start: ``expand`` (spec,
             points, result store), ``here`` (points run here), ``cluster`` (start to ready, beside
             ``here``), ``dask`` (first batch submitted to last recorded), ``merge`` (the table),
-            ``close`` (the cluster, beside ``merge``).
+            ``close`` (the cluster, beside ``merge``), ``close wait`` (for the close, after the merge).
         batches: each Dask batch's timing (rows left out), in the order they finished.
         started_epoch_s: ``time.time()`` at the start, to place the batches' times.
     """
@@ -213,10 +213,11 @@ def run_sweep(
     mark = time.perf_counter()
     try:
         frame = store.finish()
+        phases["merge"] = time.perf_counter() - mark
     finally:
         if closing is not None:
             closing.join()
-    phases["merge"] = time.perf_counter() - mark
+    phases["close wait"] = time.perf_counter() - mark - phases.get("merge", 0.0)
     return SweepSummary(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
         num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=chunks + len(finished),
