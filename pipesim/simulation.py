@@ -20,7 +20,6 @@ from pipesim.engine.noise import Distribution, check_cv, check_seed, draw_op_dur
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
 from pipesim.metrics import Metrics, compute_metrics, seconds_per_minibatch, stage_staleness, window_of
-from pipesim.metrics.kernels import ExposureLinks, exposure_links
 from pipesim.reuse import Reuse
 from pipesim.schedule.ir import Schedule
 from pipesim.schedule.registry import build_schedule, default_num_minibatches
@@ -307,26 +306,10 @@ def simulate_plan(
         engine_startup = jit.startup_s() - startup
         known = None if reuse is None else reuse.staleness(program.schedule,
                                                            lambda: stage_staleness(trace, compiled=compiled))
-        links = None if reuse is None else _exposure_links(program, trace, compiled)
-        metrics = compute_metrics(trace, staleness=known, exposure=links, compiled=compiled)
+        metrics = compute_metrics(trace, staleness=known, compiled=compiled)
     check_finite_memory(metrics)
     return Result(plan=plan, schedule=program.schedule, trace=trace, metrics=metrics,
                   engine_wall_s=wall - engine_startup, startup_s=jit.startup_s() - startup)
-
-
-def _exposure_links(program: Program, trace: Trace, compiled: bool) -> ExposureLinks:
-    """The trace's exposure links (``metrics.kernels.exposure_links``), kept beside the program's span
-    columns (``Program.derived``): every trace whose columns but the times are those read-only arrays
-    (``engine.assemble.shared_span_columns``) has the same links."""
-    stream = trace.spans["stream"]
-    known = program.derived.get("exposure_links")
-    if known is not None and known[0] is stream:
-        found: ExposureLinks = known[1]
-        return found
-    links = exposure_links(trace, trace.info.num_ranks, len(trace.info.stage_to_rank), compiled=compiled)
-    if not stream.flags.writeable:  # the shared columns (the entry keeps them alive, so the identity holds)
-        program.derived["exposure_links"] = (stream, links)
-    return links
 
 
 def check_finite_times(trace: Trace) -> None:

@@ -207,13 +207,11 @@ def _device_segments(devices: npt.NDArray[np.int64], num_devices: int) -> tuple[
     return order, np.searchsorted(ordered, np.arange(num_devices + 1), side="left")
 
 
-def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, exposure: kernels.ExposureLinks | None = None,
-                    compiled: bool | None = None) -> Metrics:
+def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, compiled: bool | None = None) -> Metrics:
     """All metrics of a trace.
 
     Args:
         staleness: ``stage_staleness`` of a trace of the same schedule, when known.
-        exposure: ``kernels.exposure_links`` of a trace with the same spans but their times, when known.
         compiled: run the numba-compiled kernels (True) or their plain-Python form (False);
             the same bits either way. None: ``use_compiled`` decides.
     """
@@ -239,7 +237,7 @@ def compute_metrics(trace: Trace, *, staleness: Staleness | None = None, exposur
     utilization_by_device = [float(busy[bounds[d]:bounds[d + 1]].sum()) / width if width > 0 else 1.0
                              for d in range(num_ranks)]
     exposed = kernels.exposed_communication(trace, num_ranks, num_stages, low, high, compiled=compiled,
-                                            compute_rows=compute_rows, links=exposure)
+                                            compute_rows=compute_rows)
     peaks, breakdowns, versions, inflight = kernels.level_peaks(trace, trace.memory["stage"], num_stages,
                                                                 compiled=compiled)
     if staleness is None:

@@ -8,8 +8,6 @@ reads (a stable sort) only when they are not in it already, as the engines write
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import numpy.typing as npt
 
@@ -29,144 +27,74 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-# What _exposure_links found: the links are made, or the caller must first sort the compute rows,
+# What _exposed found: the sums are done, or the caller must first sort the compute rows,
 # renumber the microbatches, or reject the trace.
 _DONE, _UNSORTED, _TOO_LARGE, _OUT_OF_RANGE = range(4)
 
 
-@dataclass(frozen=True)
-class ExposureLinks:
-    """Which compute span each send may feed, from the order alone (``_exposure_links``): the same
-    for every trace of one schedule (``pipesim.simulation`` keeps it beside the schedule's span
-    columns), so a sweep's points that share a schedule compute it once.
-
-    Attributes:
-        send, stage_group, device_group: per send that feeds a compute span (in send order, a
-            gradient's B before its I): its row, and the stage and device it is summed into.
-        first: the sends' candidates are ``target[first[k]:first[k + 1]]`` (latest first).
-        target, before: per candidate, its row and the row of the compute span before it on its
-            device (-1 for a device's first).
-    """
-
-    send: IntArray
-    stage_group: IntArray
-    device_group: IntArray
-    first: IntArray
-    target: IntArray
-    before: IntArray
-
-
 @jit
-def _exposure_links(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
-                    peer: IntArray, position: IntArray, rows: IntArray, num_devices: int, num_stages: int,
-                    max_table: int) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray, IntArray, int]:
-    """The order-only half of ``exposed_communication``: ``ExposureLinks``' arrays, from the compute
-    spans ``rows``, which must be in (device, position) order (else _UNSORTED), with a
-    table of waits of at most ``max_table`` cells (else _TOO_LARGE).
+def _exposed(stream: IntArray, device: IntArray, stage: IntArray, kind: IntArray, micro: IntArray,
+             start: FloatArray, end: FloatArray, peer: IntArray, position: IntArray, rows: IntArray,
+             low: float, high: float, num_devices: int, num_stages: int, per_stage: bool) -> tuple[FloatArray, int]:
+    """Exposed communication per stage (or device) from the compute spans ``rows``, which must
+    be in (device, position) order (else _UNSORTED); see ``exposed_communication``.
 
-    A send is matched to the compute span it feeds on its peer (an activation to the F of the next
-    stage, a gradient to the B, then the I, of the one before): every span with that op's key
-    (stage, kind, microbatch) on the peer is a candidate, latest first; ``_exposure_sums`` takes the
-    first that waited (its start after its device's previous end)."""
-    empty = np.zeros(0, dtype=np.int64)
+    A gap is the idle time before a compute op after the previous op of its device (from 0 for
+    the device's first). A send is matched to the gap of the op it feeds on its peer (an
+    activation to the F of the next stage, a gradient to the B, then the I, of the one before;
+    of several gaps with that op's key there, the last), and their overlap inside
+    [low, high] is added, in send order, to that op's stage (or the peer device)."""
+    num_groups = num_stages if per_stage else num_devices
+    sums = np.zeros(num_groups)
     total = 1
     for r in range(stream.size):
         if stage[r] < 0 or stage[r] >= num_stages or micro[r] < 0 or kind[r] < 0 or kind[r] >= _NUM_KINDS:
-            return empty, empty, empty, empty, empty, empty, _OUT_OF_RANGE
+            return sums, _OUT_OF_RANGE
         total = max(total, micro[r] + 1)
     # Slots for target stages -1..num_stages (a gradient from stage 0, an activation from the last).
     num_slots = num_stages + 2
-    if num_slots * _NUM_KINDS * total > max_table:
-        return empty, empty, empty, empty, empty, empty, _TOO_LARGE
-    latest = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
-    earlier = np.empty(rows.size, dtype=np.int64)  # per entry: the entry before it with its key
-    previous = np.empty(rows.size, dtype=np.int64)
+    if num_slots * _NUM_KINDS * total > MAX_TABLE:
+        return sums, _TOO_LARGE
+    table = np.full(num_slots * _NUM_KINDS * total, -1, dtype=np.int64)
+    # Per gap j (written and read for gaps only): where it starts, and the gap before it with its key.
+    gap_start = np.empty(rows.size)
+    earlier = np.empty(rows.size, dtype=np.int64)
+    previous = 0.0
+    last_device = -1
     for j in range(rows.size):
         r = rows[j]
-        if j > 0 and (device[r] < device[rows[j - 1]] or
-                      (device[r] == device[rows[j - 1]] and position[r] <= position[rows[j - 1]])):
-            return empty, empty, empty, empty, empty, empty, _UNSORTED
-        previous[j] = j - 1 if j > 0 and device[r] == device[rows[j - 1]] else -1
-        key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
-        earlier[j] = latest[key]
-        latest[key] = j
-    # Two passes over the sends: count the slots (a send and one key of the op it feeds) and their
-    # candidates, then write them.
-    num_slots_found = num_targets = 0
+        if j > 0 and (device[r] < last_device or (device[r] == last_device and position[r] <= position[rows[j - 1]])):
+            return sums, _UNSORTED
+        if j == 0 or device[r] != last_device:
+            previous = 0.0
+            last_device = device[r]
+        if start[r] > previous:
+            key = ((stage[r] + 1) * _NUM_KINDS + kind[r]) * total + micro[r]
+            earlier[j] = table[key]
+            table[key] = j
+            gap_start[j] = previous
+        previous = end[r]
     for s in range(stream.size):
         if stream[s] != _SEND or peer[s] < 0 or peer[s] >= num_devices:
             continue
-        for candidate in range(1 if kind[s] == _F else 2):
-            found = _candidates(s, candidate, stage, kind, micro, device, peer, rows, latest, earlier, total, empty, 0)
-            num_slots_found += 1 if found else 0
-            num_targets += found
-    send = np.empty(num_slots_found, dtype=np.int64)
-    stage_group = np.empty(num_slots_found, dtype=np.int64)
-    device_group = np.empty(num_slots_found, dtype=np.int64)
-    first = np.zeros(num_slots_found + 1, dtype=np.int64)
-    targets = np.empty(num_targets, dtype=np.int64)
-    k = 0
-    for s in range(stream.size):
-        if stream[s] != _SEND or peer[s] < 0 or peer[s] >= num_devices:
-            continue
-        for candidate in range(1 if kind[s] == _F else 2):
-            found = _candidates(s, candidate, stage, kind, micro, device, peer, rows, latest, earlier, total, targets,
-                                first[k])
-            if found:
-                target = stage[s] + 1 if kind[s] == _F else stage[s] - 1
-                send[k], device_group[k] = s, peer[s]
-                stage_group[k] = min(max(target, 0), max(num_stages - 1, 0))
-                first[k + 1] = first[k] + found
-                k += 1
-    before = np.empty(num_targets, dtype=np.int64)
-    for t in range(num_targets):
-        before[t] = rows[previous[targets[t]]] if previous[targets[t]] >= 0 else -1
-        targets[t] = rows[targets[t]]
-    return send, stage_group, device_group, first, targets, before, _DONE
-
-
-@jit(inline=True)
-def _candidates(s: int, candidate: int, stage: IntArray, kind: IntArray, micro: IntArray, device: IntArray,
-                peer: IntArray, rows: IntArray, latest: IntArray, earlier: IntArray, total: int, out: IntArray,
-                at: int) -> int:
-    """The compute spans send ``s`` may feed by its ``candidate``-th key (an activation: the next
-    stage's F; a gradient: the stage before's B, then its I), on its peer, latest first: written to
-    ``out`` from ``at`` when ``out`` is large enough (else only counted); how many."""
-    if kind[s] == _F:
-        target, target_kind = stage[s] + 1, _F
-    else:
-        target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
-    j = latest[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
-    found = 0
-    while j >= 0:
-        if device[rows[j]] == peer[s]:
-            if at + found < out.size:
-                out[at + found] = j
-            found += 1
-        j = earlier[j]
-    return found
-
-
-@jit
-def _exposure_sums(start: FloatArray, end: FloatArray, send: IntArray, group: IntArray, first: IntArray,
-                   target: IntArray, before: IntArray, low: float, high: float, num_groups: int) -> FloatArray:
-    """The timing half of ``exposed_communication``: for each send (in order), of its candidates the
-    first that waited, a gap from its device's previous end (0 for a device's first) to its start;
-    the overlap of that gap with the send, inside [low, high], added to the send's group."""
-    sums = np.zeros(num_groups)
-    for k in range(send.size):
-        s = send[k]
-        for t in range(first[k], first[k + 1]):
-            r = target[t]
-            gap_start = end[before[t]] if before[t] >= 0 else 0.0
-            if start[r] > gap_start:
-                low_edge = max(max(gap_start, start[s]), low)
-                high_edge = min(min(start[r], end[s]), high)
-                overlap = high_edge - low_edge
-                if overlap > 0.0:
-                    sums[group[k]] += overlap
-                break
-    return sums
+        forward = kind[s] == _F
+        for candidate in range(1 if forward else 2):
+            if forward:
+                target, target_kind = stage[s] + 1, _F
+            else:
+                target, target_kind = stage[s] - 1, (_B if candidate == 0 else _I)
+            j = table[((target + 1) * _NUM_KINDS + target_kind) * total + micro[s]]
+            while j >= 0 and device[rows[j]] != peer[s]:
+                j = earlier[j]
+            if j < 0:
+                continue
+            low_edge = max(max(gap_start[j], start[s]), low)
+            high_edge = min(min(start[rows[j]], end[s]), high)
+            overlap = high_edge - low_edge
+            if overlap > 0.0:
+                group = min(max(target, 0), max(num_stages - 1, 0)) if per_stage else peer[s]
+                sums[group] += overlap
+    return sums, _DONE
 
 
 @jit
@@ -323,55 +251,28 @@ def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: 
 
 def exposed_communication(trace: Trace, num_devices: int, num_stages: int, low: float, high: float, *,
                           per_stage: bool = True, compiled: bool,
-                          compute_rows: npt.NDArray[np.intp] | None = None,
-                          links: ExposureLinks | None = None) -> list[float]:
+                          compute_rows: npt.NDArray[np.intp] | None = None) -> list[float]:
     """Per stage (or, with ``per_stage=False``, per device) the idle time before an op that
-    overlaps, inside [low, high], the arrival of the send the op waited for.
-
-    A gap is the idle time before a compute op after the previous op of its device (from 0 for
-    the device's first). A send is matched to the gap of the op it feeds on its peer (an
-    activation to the F of the next stage, a gradient to the B, then the I, of the one before;
-    of several gaps with that op's key there, the last), and their overlap inside [low, high]
-    is added, in send order, to that op's stage (or the peer device).
+    overlaps, inside [low, high], the arrival of the send the op waited for (see ``_exposed``).
 
     Args:
         compute_rows: the compute spans' rows, when the caller has them.
-        links: ``exposure_links(trace)``, or that of a trace of the same spans but their times.
 
     Raises:
         ConfigError: a span's stage outside 0..num_stages-1, or a negative microbatch or kind.
     """
-    if links is None:
-        links = exposure_links(trace, num_devices, num_stages, compiled=compiled, compute_rows=compute_rows)
     s = trace.spans
-    sums = pick(_exposure_sums, compiled)(
-        s["start_s"], s["end_s"], links.send, links.stage_group if per_stage else links.device_group, links.first,
-        links.target, links.before, float(low), float(high), num_stages if per_stage else num_devices)
-    found: list[float] = sums.tolist()
-    return found
-
-
-def exposure_links(trace: Trace, num_devices: int, num_stages: int, *, compiled: bool,
-                   compute_rows: npt.NDArray[np.intp] | None = None) -> ExposureLinks:
-    """The sends' candidate compute spans (``ExposureLinks``), from the trace's order alone.
-
-    Raises:
-        ConfigError: a span's stage outside 0..num_stages-1, a negative microbatch or kind, or
-            two compute spans at one (device, position).
-    """
-    s = trace.spans
-    rows = (np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows).astype(np.int64)
+    rows = np.flatnonzero(s["stream"] == _COMPUTE) if compute_rows is None else compute_rows
     micro = s["microbatch"]
-    kernel = pick(_exposure_links, compiled)
+    kernel = pick(_exposed, compiled)
     ordered = False
     while True:
-        *found, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["peer"], s["position"],
-                                rows, num_devices, num_stages, MAX_TABLE)
+        sums, status = kernel(s["stream"], s["device"], s["stage"], s["kind"], micro, s["start_s"], s["end_s"],
+                              s["peer"], s["position"], rows.astype(np.int64, copy=False), float(low), float(high),
+                              num_devices, num_stages, per_stage)
         if status == _DONE:
-            links = ExposureLinks(*found)
-            for values in found:
-                values.flags.writeable = False
-            return links
+            found: list[float] = sums.tolist()
+            return found
         if status == _UNSORTED and ordered:  # sorted by (device, position), two compute spans share both
             twice = shared_position(s, rows)
             assert twice is not None  # the kernel found rows out of (device, position) order

@@ -75,8 +75,7 @@ from pipesim.metrics import kernels as metric_kernels
 profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e6)
 runs = [simulate(profile, schedule="1f1b", num_stages=4, num_microbatches=8, engine="analytic", kernels="always")
         for _ in range(2)]
-ran = [k.dispatcher().signatures != []
-       for k in (kernel.solve, metric_kernels._levels, metric_kernels._exposure_sums)]
+ran = [k.dispatcher().signatures != [] for k in (kernel.solve, metric_kernels._levels, metric_kernels._exposed)]
 print(json.dumps({"startup": [r.startup_s for r in runs], "ran_compiled": ran}))
 """
 

@@ -168,6 +168,5 @@ def test_compiled_metrics_run_numbas_kernels() -> None:
     trace = pipesim.simulate(profile, topology, schedule="1f1b", num_stages=2, num_microbatches=4).trace
     compute_metrics(trace, compiled=True)
     stage_staleness(trace, compiled=True)
-    for kernel in (kernels._exposure_links, kernels._exposure_sums, kernels._levels, kernels._staleness,
-                   kernels._minibatch_ends):
+    for kernel in (kernels._exposed, kernels._levels, kernels._staleness, kernels._minibatch_ends):
         assert kernel.dispatcher().signatures, kernel.__name__  # type: ignore[attr-defined]

@@ -212,20 +212,3 @@ def test_a_non_columnar_schedule_is_built_once_and_gives_a_fresh_runs_result(sch
         assert shared.trace.to_json() == fresh.trace.to_json()
         results.append(shared)
     assert results[0].schedule is results[1].schedule
-
-
-def test_the_exposure_links_of_an_order_are_made_once_and_give_a_fresh_runs_metrics() -> None:
-    """Which compute span each send may feed depends on the spans but their times: kept beside the
-    order's shared span columns, so points that differ in bandwidth or latency make them once."""
-    profile = uniform_profile(num_layers=8, forward_s=0.001, backward_s=0.002, activation_bytes=4e6, param_bytes=1e6)
-    plan = make_plan(profile, schedule="1f1b", num_stages=4, num_microbatches=8)
-    reuse = Reuse()
-    kept = []
-    for bandwidth in ("1GB/s", "10GB/s", "100GB/s"):
-        topology = Topology.uniform(num_devices=4, bandwidth=bandwidth, latency="5us")
-        result = simulate_plan(profile, topology, plan, engine="analytic", reuse=reuse)
-        kept.append(result.schedule.derived["exposure_links"][1])
-        fresh = simulate_plan(profile, topology, plan, engine="analytic")
-        assert result.metrics == fresh.metrics and "exposure_links" not in fresh.schedule.derived
-    assert kept[0] is kept[1] is kept[2]
-    assert any(stage.exposed_communication_s > 0 for stage in result.metrics.stages)
