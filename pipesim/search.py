@@ -28,7 +28,7 @@ from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token, preset
 from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_profile
 from pipesim.sweep.batches import plan_batches, run_cost
-from pipesim.sweep.cluster import Cluster
+from pipesim.sweep.dask_cluster import DaskCluster
 
 # (schedule, stages per rank): the flush schedules a training job would pick, with their V forms.
 SEARCH_SCHEDULES: tuple[tuple[str, int], ...] = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2))
@@ -260,7 +260,7 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
             if progress is not None:
                 progress(done, total)
     else:
-        outcomes += _on_dask(Cluster(workers=workers, scheduler=scheduler, shared=setting), setting, groups,
+        outcomes += _on_dask(DaskCluster(workers=workers, scheduler=scheduler, shared=setting), setting, groups,
                              progress=progress, done=done, total=total)
     outcomes.sort(key=lambda o: (not o.fits, o.status != "simulated", -o.tokens_per_s, o.peak_memory_bytes))
     return outcomes
@@ -271,7 +271,7 @@ def _group_key(item: Candidate) -> tuple[Any, ...]:
     return (item.tp, item.pp, item.dp, item.microbatch_size, item.schedule, item.stages_per_rank)
 
 
-def _on_dask(cluster: Cluster, setting: _Setting, groups: list[list[Candidate]], *,
+def _on_dask(cluster: DaskCluster, setting: _Setting, groups: list[list[Candidate]], *,
              progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
     """``run_groups`` on Dask, the outcomes in the groups' order: while ``cluster`` starts in the
     background, groups are evaluated here, cheapest first; the rest go in batches by predicted

@@ -3,7 +3,7 @@
 Starting an embedded cluster of W workers costs about ``CLUSTER_START_S`` and saves, at best,
 ``(1 - 1/W)`` of the serial time of the points it runs. A sweep whose predicted work
 (``batches.point_cost``) is at least ``CLUSTER_FROM_OPS`` starts its cluster at once, in the
-background (``cluster.Cluster``); a smaller one runs its points here, one after another, and
+background (``dask_cluster.DaskCluster``); a smaller one runs its points here, one after another, and
 projects the serial time of the rest from the points so far (the first one, which pays the
 one-time imports and kernel loads, not counted): per point and per unit of cost (medians), the
 larger of the two, since small points cost more per unit. Once a cluster would save more than it
@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from pipesim.errors import interrupted
 from pipesim.sweep.batches import point_cost
-from pipesim.sweep.cluster import Cluster
+from pipesim.sweep.dask_cluster import DaskCluster
 from pipesim.sweep.points import PointRunner
 from pipesim.sweep.store import ResultStore
 
@@ -90,7 +90,7 @@ def cluster_pays(measured: Sequence[tuple[float, int]], rest_points: int, rest_c
 
 
 def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: ResultStore, *,
-             cluster: Cluster | None, num_workers: int, progress: Progress | None, total: int, work: WorkDone,
+             cluster: DaskCluster | None, num_workers: int, progress: Progress | None, total: int, work: WorkDone,
              batch_size: int | None = None) -> tuple[int, int]:
     """Simulate ``points`` in order in this process until ``cluster`` is ready; start it once a
     cluster of ``num_workers`` would pay for the rest (``cluster_pays``) if it was not started

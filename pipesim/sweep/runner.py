@@ -1,4 +1,4 @@
-"""Running a sweep: points here until a Dask cluster is ready, then on it in batches by predicted cost, heaviest first."""
+"""Running a sweep: points here until its Dask cluster is ready, then on it in batches, heaviest first."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 from pipesim.errors import ConfigError
 from pipesim.spec.provenance import command_line, file_identity
 from pipesim.sweep.batches import plan_batches, point_cost
-from pipesim.sweep.cluster import Cluster
+from pipesim.sweep.dask_cluster import DaskCluster
 from pipesim.sweep.collect import Stopped, submit_and_collect
 from pipesim.sweep.local import HERE, Progress, WorkDone, cluster_at_once, run_here
 from pipesim.sweep.points import COLUMNS, SHARED_COSTS, SHARED_WORK, PointRunner, shared_work_order, sweep_kernels
@@ -227,7 +227,7 @@ def run_sweep(
 
 
 def _runner_and_cluster(resolved: Resolved, points: list[dict[str, Any]], num_workers: int, workers: int | None,
-                        scheduler: str | None, in_process: bool | None) -> tuple[PointRunner, Cluster | None]:
+                        scheduler: str | None, in_process: bool | None) -> tuple[PointRunner, DaskCluster | None]:
     """The runner of ``points`` (in shared-work order) and, where they may go to Dask, their cluster:
     started now when it takes every point (``--scheduler``, ``in_process=False``) or when their
     predicted work pays for an embedded one (``local.cluster_at_once``); else ``run_here`` starts it
@@ -235,21 +235,21 @@ def _runner_and_cluster(resolved: Resolved, points: list[dict[str, Any]], num_wo
     runner = PointRunner(resolved, sweep_kernels(points, num_workers))
     if scheduler is None and (num_workers < 2 or in_process is True):
         return runner, None
-    cluster = Cluster(workers=workers, scheduler=scheduler, shared=runner,
+    cluster = DaskCluster(workers=workers, scheduler=scheduler, shared=runner,
                       warm=functools.partial(warm_up, points=warm_points(points, point_cost)))
     if scheduler is not None or in_process is False or cluster_at_once(points):
         cluster.start()
     return runner, cluster
 
 
-def _ready_s(cluster: Cluster) -> float:
+def _ready_s(cluster: DaskCluster) -> float:
     """Seconds from the cluster's start to its workers being ready."""
     if cluster.started_s is None or cluster.ready_s is None:
         return 0.0
     return cluster.ready_s - cluster.started_s
 
 
-def _close(cluster: Cluster | None, phases: dict[str, float]) -> None:
+def _close(cluster: DaskCluster | None, phases: dict[str, float]) -> None:
     """Close ``cluster`` (if any) and note how long it took."""
     if cluster is None or not cluster.is_started:
         return

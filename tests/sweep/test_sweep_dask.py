@@ -133,7 +133,7 @@ def test_an_interrupted_sweep_resumes_to_exactly_the_uninterrupted_table(
 def test_embedded_workers_keep_freed_memory_instead_of_trimming_it() -> None:
     """Dask's default (trim at 64 KiB) made the workers fault every point's columns in again."""
     from pipesim.allocator import KEEP_BYTES
-    from pipesim.sweep.cluster import dask_client
+    from pipesim.sweep.dask_cluster import dask_client
 
     def thresholds() -> tuple[str | None, str | None]:
         return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_THRESHOLD_")

@@ -1,7 +1,7 @@
 """The Dask cluster of a sweep or a search: embedded or at a scheduler's address, started in the background.
 
 Starting an embedded cluster takes seconds (each worker process imports Dask, then pipesim and
-numba's kernels on its first task). ``Cluster.start`` does it in a thread, while the caller goes
+numba's kernels on its first task). ``DaskCluster.start`` does it in a thread, while the caller goes
 on with its own work (expanding the spec, opening the result store, simulating points here), and
 warms every worker that is there by then: the object the tasks share (a ``PointRunner``) is
 unpickled on it and a few small points load the kernels, so that the first batches start on
@@ -75,7 +75,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
         cluster.close()
 
 
-class Cluster:
+class DaskCluster:
     """A Dask client started in a background thread (``start``), with the object its tasks share.
 
     Args:
