@@ -11,6 +11,8 @@ on the workers (``SweepSummary.batches``):
 - here: points simulated in this process while the cluster started;
 - first batch: from the first batch's submission to the median worker's first batch starting;
 - busy / W: the workers' batch time summed, over W: the part that shrinks with workers;
+- CPU / busy: the workers' CPU seconds on their batches over that time (below 1: other processes
+  took their cores);
 - tail: from the first worker running out of batches to the last batch's end (imbalance);
 - merge: the table merged and written (``close``, the cluster's shutdown, runs beside it;
   ``close wait``: what is left of it after the merge).
@@ -65,7 +67,7 @@ def phases(summary: SweepSummary, workers: int) -> dict[str, float]:
            "close wait": summary.phases.get("close wait", 0.0)}
     batches = summary.batches
     if not batches:
-        return {**row, "first batch": 0.0, "busy / W": 0.0, "tail": 0.0, "serial": summary.wall_s,
+        return {**row, "first batch": 0.0, "busy / W": 0.0, "CPU / busy": 0.0, "tail": 0.0, "serial": summary.wall_s,
                 "points here": summary.num_here, "batches": 0}
     start = summary.started_epoch_s
     submitted = row["expand"] + row["here"]
@@ -77,6 +79,7 @@ def phases(summary: SweepSummary, workers: int) -> dict[str, float]:
     busy = sum(b.finished_s - b.started_s for b in batches)
     count = max(workers, len(by_worker))
     return {**row, "first batch": max(0.0, statistics.median(firsts) - submitted), "busy / W": busy / count,
+            "CPU / busy": sum(b.cpu_s for b in batches) / busy if busy > 0 else 0.0,
             "tail": max(lasts) - min(lasts) if len(lasts) == count else max(lasts) - submitted,
             "serial": summary.wall_s - busy / count, "points here": summary.num_here, "batches": len(batches)}
 
@@ -103,14 +106,15 @@ def measure(counts: list[int], every: int, repeats: int) -> tuple[list[dict[str,
     return rows, same, spec
 
 
-COLUMNS = ("wall", "expand", "cluster", "here", "first batch", "busy / W", "tail", "merge", "close", "close wait",
-           "serial")
+COLUMNS = ("wall", "expand", "cluster", "here", "first batch", "busy / W", "CPU / busy", "tail", "merge", "close",
+           "close wait", "serial")
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     """Median of each phase per worker count, as a Markdown table."""
     counts = sorted({row["workers"] for row in rows})
-    lines = ["| workers | runs | " + " | ".join(f"{name} s" for name in COLUMNS) + " | points here | batches |",
+    lines = ["| workers | runs | " + " | ".join(name if name == "CPU / busy" else f"{name} s" for name in COLUMNS) +
+             " | points here | batches |",
              "|---|---|" + "---|" * (len(COLUMNS) + 2)]
     for count in counts:
         mine = [row for row in rows if row["workers"] == count]

@@ -32,6 +32,8 @@ class BatchDone:
         write_error: why the worker's write failed, as ``OSError.strerror`` ("" when it did not).
         worker: the worker, as ``host:pid``.
         started_s, finished_s: the batch's start and end, ``time.time()`` on the worker.
+        cpu_s: the worker's CPU seconds on the batch (below ``finished_s - started_s`` where other
+            processes took the worker's core).
     """
 
     points: tuple[int, ...]
@@ -41,25 +43,26 @@ class BatchDone:
     worker: str
     started_s: float
     finished_s: float
+    cpu_s: float
 
 
 def run_batch(runner: PointRunner, points: Sequence[dict[str, Any]], parts: str, writer: str) -> BatchDone:
-    """The Dask task: simulate ``points`` and write their chunk into ``parts`` when this worker
-    reads ``writer`` there; the rows come back otherwise."""
-    started = time.time()
+    """The Dask task: simulate ``points``, write their chunk into ``parts`` when this worker reads
+    ``writer`` there, and send the chunk's table back either way (not after a refused write)."""
+    started, cpu = time.time(), time.process_time()
     rows = runner.run_batch(points)
     numbers = tuple(int(row["point"]) for row in rows)
     table = chunk_table(rows, COLUMNS)
     worker = f"{socket.gethostname()}:{os.getpid()}"
     folder = Path(parts)
-    if writer_of(folder) != writer:
-        return BatchDone(numbers, table, "", "", worker, started, time.time())
-    try:
-        chunk = write_chunk(folder, table)
-    except OSError as exc:  # the sweep reports it (a full disk, say), naming the chunk
-        return BatchDone(numbers, None, str(chunk_path(folder, numbers)), write_reason(exc), worker, started,
-                         time.time())
-    return BatchDone(numbers, table, str(chunk), "", worker, started, time.time())
+    chunk, error = "", ""
+    if writer_of(folder) == writer:
+        try:
+            chunk = str(write_chunk(folder, table))
+        except OSError as exc:  # the sweep reports it (a full disk, say), naming the chunk
+            chunk, error = str(chunk_path(folder, numbers)), write_reason(exc)
+    return BatchDone(numbers, None if error else table, chunk, error, worker, started, time.time(),
+                     time.process_time() - cpu)
 
 
 def warm_up(runner: PointRunner, points: Sequence[dict[str, Any]]) -> None:
