@@ -135,6 +135,9 @@ def fitted(rows: list[dict[str, Any]], spec: Any) -> list[str]:
     wall = {count: statistics.median(row["wall"] for row in rows if row["workers"] == count) for count in (low, high)}
     work = (wall[low] - wall[high]) / (1 / low - 1 / high)
     serial = wall[high] - work / high
+    if work <= 0:
+        return [f"No fit: {high} workers took {wall[high]:.1f} s, not less than {low} workers' {wall[low]:.1f} s "
+                "(the workers did not get cores of their own)."]
     scale = sum(map(point_cost, Resolved(load_spec(SPEC)).points())) / sum(map(point_cost, Resolved(spec).points()))
     full = {count: serial + work * scale / count for count in (low, high)}
     return [f"Fit T = S + P/W through {low} and {high} workers: S = {serial:.1f} s, P = {work:.1f} s; "
