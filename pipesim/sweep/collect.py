@@ -10,7 +10,8 @@ from contextlib import suppress
 from typing import Any
 
 from pipesim.sweep.local import ON_DASK, Progress, WorkDone
-from pipesim.sweep.store import ResultStore, chunk_path, write_chunk, write_reason
+from pipesim.sweep.parts import chunk_path, write_chunk, write_reason
+from pipesim.sweep.store import ResultStore
 from pipesim.sweep.tasks import BatchDone, run_batch
 
 POLL_S = 0.02

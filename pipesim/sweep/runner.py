@@ -19,8 +19,8 @@ from pipesim.sweep.collect import Stopped, submit_and_collect
 from pipesim.sweep.local import HERE, Progress, WorkDone, cluster_at_once, run_here
 from pipesim.sweep.points import COLUMNS, SHARED_COSTS, SHARED_WORK, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
-from pipesim.sweep.store import (ResultStore, SweepFailedError, finished_chunks, finished_digest, read_table,
-                                 resume_hint)
+from pipesim.sweep.parts import finished_chunks
+from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 from pipesim.sweep.tasks import BatchDone, warm_points, warm_up
 
 WORKER_TIMEOUT_S = 120.0

@@ -1,10 +1,10 @@
 """Sweep results on disk: finished batches as atomic Parquet chunks, merged into one table at the end.
 
-While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one ``chunk-FIRST-LAST.parquet``
-per finished batch, each written to a temporary name and renamed, so a killed sweep leaves only
-whole chunks. ``--resume`` reads the chunks back and skips their points. When every point is
-done, the chunks are merged, sorted by point, written atomically to OUT (Parquet, or CSV by
-suffix) and the folder is removed. A finished CSV table gets ``OUT.digest`` beside it (the
+While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one chunk per finished batch
+(``pipesim.sweep.parts``: written whole, by the sweep or by the Dask worker that ran the batch),
+so a killed sweep leaves only whole chunks. ``--resume`` reads the chunks back and skips their
+points. When every point is done, the chunks (this run's taken from memory) are merged, sorted by
+point, written atomically to OUT (Parquet, or CSV by suffix) and the folder is removed. A finished CSV table gets ``OUT.digest`` beside it (the
 spec's digest and the hash of the CSV's bytes), so that ``--resume`` on a finished CSV, as on
 a finished Parquet table (which holds the digest in its metadata), does nothing.
 """
@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.spec.files import dumps, read_json, write_text_atomic
+from pipesim.sweep.parts import (chunk_path, chunk_table, finished_chunks, rows_frame, write_atomic, write_chunk,
+                                 write_reason)
 
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
 CSV_DIGEST_SCHEMA = "pipesim.sweep-csv-digest/1"
@@ -55,12 +56,6 @@ def writing(path: Path, parts: Path, done: int) -> Iterator[None]:
         raise SweepFailedError(f"cannot write {path}: {write_reason(exc)}; {resume_hint(parts, done)}") from exc
 
 
-def write_reason(error: OSError) -> str:
-    """Why a write failed, in a few words: the system's reason ("No space left on device")."""
-    text = str(error).strip()
-    return error.strerror or (text.splitlines()[0] if text else type(error).__name__)
-
-
 def table_format(path: Path, field: str = "out") -> str:
     """``"parquet"`` or ``"csv"`` from the file's suffix; ``field`` names the argument in errors.
 
@@ -71,32 +66,6 @@ def table_format(path: Path, field: str = "out") -> str:
     if suffix not in FORMATS:
         raise ConfigError(field, str(path), f"must end in {', '.join(FORMATS)}")
     return FORMATS[suffix]
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary)`` then rename the temporary file onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        write(temporary)
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def rows_frame(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
-    """A DataFrame of ``rows`` with ``columns`` in order."""
-    import pandas as pd
-
-    return pd.DataFrame.from_records(list(rows), columns=list(columns))
 
 
 def write_table(frame: Any, path: Path, *, digest: str | None = None, run: dict[str, Any] | None = None) -> None:
@@ -375,46 +344,6 @@ class ResultStore:
             write_table(frame, self.out, digest=self.digest, run=self.run)
         shutil.rmtree(self.parts)
         return frame
-
-
-def finished_chunks(parts: Path) -> list[Path]:
-    """The chunks in ``parts`` (none when the folder is missing), by name."""
-    return sorted(parts.glob("chunk-*.parquet")) if parts.exists() else []
-
-
-def chunk_path(parts: Path, points: Sequence[int]) -> Path:
-    """Where the chunk of a batch of ``points`` goes: named by its first and last point (each point is
-    in one batch, so no two batches share a first point)."""
-    return parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
-
-
-def chunk_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
-    """A batch's rows as the Arrow table its chunk holds."""
-    import pyarrow as pa
-
-    return pa.Table.from_pandas(rows_frame(rows, columns), preserve_index=False)
-
-
-def write_chunk(parts: Path, table: Any) -> Path:
-    """Write a batch's table (``chunk_table``) into ``parts`` as one chunk, atomically; its path.
-    Workers call it for the batches they ran, where they see the folder (``writer_of``), and the
-    sweep for the others."""
-    import pyarrow.parquet as pq
-
-    path = chunk_path(parts, table.column("point").to_pylist())
-    write_atomic(path, lambda temporary: pq.write_table(table, temporary))
-    return path
-
-
-def writer_of(parts: Path) -> str | None:
-    """The token of the sweep writing ``parts`` now (its manifest's ``writer``), or None where the
-    folder or its manifest cannot be read: a worker on another host without the folder, say."""
-    try:
-        manifest = json.loads((parts / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return None
-    writer = manifest.get("writer") if isinstance(manifest, dict) else None
-    return writer if isinstance(writer, str) else None
 
 
 def csv_digest_path(out: Path) -> Path:

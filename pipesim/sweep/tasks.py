@@ -1,6 +1,6 @@
 """What a sweep's Dask worker does: simulate a batch, write its chunk where it sees the output, report back.
 
-A worker that reads this run's token in ``OUT.parts/manifest.json`` (``store.writer_of``: the
+A worker that reads this run's token in ``OUT.parts/manifest.json`` (``parts.writer_of``: the
 same folder, on this host or a shared file system) writes the batch's chunk itself; one that
 cannot leaves it to the sweep. Either way the batch's rows come back once, as the chunk's Arrow
 table, which the final merge takes from memory: a chunk is written once and never read back
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipesim.sweep.points import COLUMNS, PointRunner
-from pipesim.sweep.store import chunk_path, chunk_table, write_chunk, write_reason, writer_of
+from pipesim.sweep.parts import chunk_path, chunk_table, write_chunk, write_reason, writer_of
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class BatchDone:
 
     Attributes:
         points: its points' numbers, in the order run.
-        table: its rows as the chunk's Arrow table (``store.chunk_table``); None once recorded.
+        table: its rows as the chunk's Arrow table (``parts.chunk_table``); None once recorded.
         chunk: the chunk the worker wrote ("" when it did not: the sweep writes ``table``).
         write_error: why the worker's write failed, as ``OSError.strerror`` ("" when it did not).
         worker: the worker, as ``host:pid``.

@@ -167,3 +167,27 @@ def _worker_ids(address: str) -> list[str]:
 
     with Client(address, timeout="30s") as client:
         return list(client.run(identity).values())
+
+
+def test_a_batch_writes_its_chunk_only_under_the_token_of_the_run_writing_the_folder(spec_path: Path,
+                                                                                    tmp_path: Path) -> None:
+    """A worker writes where it reads the run's token in the manifest; a task left over from a stopped
+    run (the folder now another run's) or a folder it cannot see leaves the write to the sweep."""
+    import pyarrow.parquet as pq
+
+    from pipesim.sweep import COLUMNS, PointRunner, Resolved, load_spec
+    from pipesim.sweep.parts import finished_chunks
+    from pipesim.sweep.store import ResultStore
+    from pipesim.sweep.tasks import run_batch
+
+    resolved = Resolved(load_spec(spec_path))
+    points = resolved.points()[:3]
+    store = ResultStore(tmp_path / "results.parquet", resolved.digest(), len(points), COLUMNS, resume=False)
+    runner = PointRunner(resolved)
+    for folder, writer in ((store.parts, "another run"), (tmp_path / "elsewhere.parts", store.writer)):
+        stale = run_batch(runner, points, str(folder), writer)
+        assert (stale.chunk, stale.write_error) == ("", "") and stale.table.num_rows == 3
+    assert finished_chunks(store.parts) == []
+    done = run_batch(runner, points, str(store.parts), store.writer)
+    assert finished_chunks(store.parts) == [Path(done.chunk)]
+    assert pq.read_table(done.chunk).equals(done.table) and done.points == (0, 1, 2) and done.cpu_s > 0
