@@ -56,7 +56,29 @@ bench-engines: $(STAMP)
 
 # Every benchmark, each rewriting only its own section of benchmarks/RESULTS.md.
 bench: bench-engines bench-cold-start bench-peers bench-planner bench-schedules bench-sweep bench-prepare \
-	bench-variance bench-validate bench-search bench-op-cost bench-memory
+	bench-variance bench-validate bench-search bench-op-cost bench-memory bench-published
+
+.PHONY: bench-published
+# Published training runs (../shared/reference/published_runs.json, or RUNS=FILE) against the op cost
+# model's prediction with the shipped device and cluster files: error per row, mean, median, worst and
+# the direction of each scaling step, into benchmarks/RESULTS.md (a few seconds).
+bench-published: $(CORE_STAMP)
+	$(PY) benchmarks/bench_published.py $(if $(RUNS),--runs $(RUNS)) --write
+
+.PHONY: bench-model-cost
+# What the op cost model costs: simulate --model and search per candidate against BASELINE=TREE (e.g.
+# mkdir /tmp/base && git archive main | tar -x -C /tmp/base), alternated, into benchmarks/RESULTS.md.
+bench-model-cost: $(STAMP)
+	$(PY) benchmarks/bench_model_cost.py --baseline $(BASELINE) --write
+
+.PHONY: bench-device-step
+# A whole training step of three small transformers on one GPU against the op cost model: MEASURE=1
+# on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the measurement kept in
+# benchmarks/data is priced and the table goes into benchmarks/RESULTS.md.
+STEP ?= benchmarks/data/h200-step-2026-11-28.json
+bench-device-step: $(CORE_STAMP)
+	$(if $(MEASURE),$(PY) benchmarks/bench_device_step.py --measure --out $(STEP),\
+	$(PY) benchmarks/bench_device_step.py --predict $(STEP) --device $(or $(DEVICE),h200) --write)
 
 .PHONY: bench-gpu
 # Needs a CUDA GPU, so not part of bench: CUDA-event layer profiles against a whole stage's step
@@ -115,9 +137,12 @@ bench-variance: $(STAMP)
 .PHONY: bench-validate
 # Prediction against runs (the torch harness), one table: schedule x (emulated error, replay error, real
 # median error, noise floor, versions matched, peak memory error), MLP and transformer on 2 and 4 ranks,
-# runs interleaved across schedules, machine and load noted; into its section of benchmarks/RESULTS.md.
+# runs interleaved across schedules, machine and load noted, and where each error comes from, op by op;
+# into its section of benchmarks/RESULTS.md. CASES=4-rank (or 2-rank, mlp, transformer, a case's number;
+# comma-separated) picks cases, RUNS=N the runs per schedule, OUT=DIR also writes each case's tables there.
 bench-validate: $(STAMP)
-	$(PY) benchmarks/bench_validate.py
+	$(PY) benchmarks/bench_validate.py $(if $(CASES),--cases $(CASES)) $(if $(RUNS),--runs $(RUNS)) \
+		$(if $(OUT),--out $(OUT))
 
 # prepare() per point, fresh and with the schedule kept, compiled and plain kernels, into its
 # section of benchmarks/RESULTS.md (a minute or two); BASELINE=tree adds another tree's prepare()

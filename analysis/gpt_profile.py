@@ -1,9 +1,9 @@
 """A GPT-like synthetic transformer (``pipesim.transformer_profile`` on a bare stack) and its V100 cluster.
 
 The layers are pipesim's transformer layers (pipesim/spec/transformer.py, which cites the
-formulas): forward 24 b s h^2 + 4 b s^2 h FLOPs, backward twice that, 12h^2 + 13h fp16
-parameters, b s h output bytes and s b h (34 + 5 a s / h) stashed bytes (Korthikanti et al.,
-2022), at an assumed sustained 40 TFLOP/s on a V100 (0.32 of its 125 TFLOP/s peak).
+formulas): 12h^2 + 13h fp16 parameters, b s h output bytes and s b h (34 + 5 a s / h) stashed
+bytes (Korthikanti et al., 2022), their times from the op cost model on the shipped V100 device
+file (fp16, attention unfused as the papers' runs had it: pipesim/spec/opcost.py).
 Optimizer state: mixed-precision Adam, 6 x the fp16 weight bytes (OPTIMIZER_MULTIPLIER).
 
 Embedding and language-model head are left out (``include_embeddings=False``): every layer is
@@ -18,13 +18,12 @@ at 25 Gbit/s; 5 us latency everywhere (assumed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pipesim
 # The studies pass even cuts explicitly: simulate's default balancing can leave identical layers
 # unevenly split through floating-point ties (32 layers on 16 stages came out as ..., 3, 1).
 from pipesim.spec.partition import even_partition as even_partition
-from pipesim.spec.devices import device_preset
 from pipesim.spec.transformer import TransformerConfig
 from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
 
@@ -41,7 +40,6 @@ class TransformerSizes:
     heads: int = 16
     sequence: int = 1024
     microbatch: int = 1
-    device_flops: float = 40e12  # sustained fp16 rate assumed for a V100 (peak 125e12)
 
 
 def gpt_profile(sizes: TransformerSizes | None = None) -> pipesim.Profile:
@@ -50,10 +48,9 @@ def gpt_profile(sizes: TransformerSizes | None = None) -> pipesim.Profile:
     config = TransformerConfig(name=f"gpt-like-h{sizes.hidden}-L{sizes.layers}", num_layers=sizes.layers,
                                hidden_size=sizes.hidden, ffn_hidden_size=4 * sizes.hidden, num_heads=sizes.heads,
                                num_kv_heads=sizes.heads, vocab_size=0, seq_len=sizes.sequence, has_bias=True)
-    v100 = device_preset("v100")
-    device = replace(v100, memory_bytes=V100_MEMORY_BYTES, efficiency=sizes.device_flops / v100.peak_flops)
+    device = pipesim.load_device("v100").model_copy(update={"memory_bytes": V100_MEMORY_BYTES})
     return pipesim.transformer_profile(config, device=device, microbatch_size=sizes.microbatch,
-                                       include_embeddings=False)
+                                       include_embeddings=False, attention="unfused")
 
 
 def v100_cluster(num_devices: int) -> pipesim.Topology:

@@ -15,14 +15,20 @@ from pipesim.spec import (
     load_topology,
     uniform_profile,
 )
+from pipesim.spec.cluster import Cluster, load_cluster
+from pipesim.spec.device import Device, load_device
+from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer_profile import calibrated_efficiency, transformer_profile
+from pipesim.training import TrainingResult, simulate_training
 
 __version__ = "0.1.0"
 
 keep_freed_memory()  # before any run: a run's speed must not depend on what the process freed earlier
 
 __all__ = [
+    "Cluster",
     "ConfigError",
+    "Device",
     "Metrics",
     "Op",
     "OpKind",
@@ -34,17 +40,22 @@ __all__ = [
     "ScheduleError",
     "StageMetrics",
     "Topology",
+    "TrainingResult",
     "Trace",
     "__version__",
     "build_schedule",
     "calibrated_efficiency",
     "compute_metrics",
+    "load_cluster",
+    "load_device",
+    "load_model",
     "load_plan",
     "load_profile",
     "load_topology",
     "make_plan",
     "simulate",
     "simulate_plan",
+    "simulate_training",
     "transformer_profile",
     "uniform_profile",
     "validate",

@@ -5,9 +5,9 @@ batch; more stages than layers) or by a lower bound on its memory that already e
 budget (the weights, gradients and optimizer state of its heaviest stage plus one microbatch's
 stash), or simulated on the analytic engine, which then decides whether it fits from the
 simulated per-device peak. Large spaces run on Dask (the sweep's cluster). Placement is
-Megatron's unless told otherwise: TP inside a node, pipeline and data-parallel peers over the
-device's NIC; ``pp-in-node`` puts a pipeline inside a node instead (its hops over NVLink, TP
-groups across nodes over the NIC).
+Megatron's unless told otherwise: TP ranks neighbours (inside a node), then data-parallel peers,
+then pipeline stages, each group's traffic on the cluster tier it spans; ``pp-in-node`` makes a
+pipeline's stages neighbours instead (their hops inside a node, TP groups across nodes).
 """
 
 from __future__ import annotations
@@ -20,13 +20,24 @@ from pipesim.errors import ConfigError, PipesimError
 from pipesim.reuse import Reuse
 from pipesim.schedule.registry import default_num_minibatches
 from pipesim.simulation import make_plan, simulate_plan
-from pipesim.spec.devices import DeviceSpec, PlacedLinks, Placement, device_preset, placed_links
-from pipesim.spec.parallel import data_parallel_profile, divisors, zero_optimizer_multiplier
+from pipesim.spec.cluster import Cluster, load_cluster
+from pipesim.spec.device import Device, load_device
+from pipesim.spec.parallel import divisors, zero_optimizer_multiplier
 from pipesim.spec.profile import Profile
 from pipesim.spec.stages import balance_partition
 from pipesim.spec.topology import Topology
-from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token, preset
-from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER, transformer_profile
+from pipesim.spec.model_files import load_model
+from pipesim.spec.transformer import RECOMPUTE_MODES, Recompute, TransformerConfig, forward_flops_per_token
+from pipesim.training import model_throughput
+from pipesim.spec.transformer_profile import (
+    ADAM_STATE_MULTIPLIER,
+    PLACEMENTS,
+    Parallelism,
+    default_cluster,
+    pipeline_bandwidth_bytes_per_s,
+    pipeline_latency_s,
+    transformer_profile,
+)
 from pipesim.sweep.batches import plan_batches, run_cost
 from pipesim.sweep.dask_cluster import DaskCluster
 
@@ -40,14 +51,6 @@ MAX_GPUS = 1_000_000
 DASK_MIN_CANDIDATES = 1000
 # Least stash first: a peak over budget rules out the modes after it (see ``search``).
 RECOMPUTE_ORDER: tuple[Recompute, ...] = ("full", "selective", "none")
-
-
-def model_throughput(samples_per_s: float, *, dp: int, seq_len: int, forward_flops_per_token: float,
-                     num_gpus: int, peak_flops: float) -> tuple[float, float]:
-    """``(tokens/s, MFU)`` of D pipelines each at ``samples_per_s``: MFU counts 3 x forward FLOPs per
-    token (Narayanan et al.'s model FLOPs, recomputation not counted) over all GPUs' peak."""
-    tokens = samples_per_s * dp * seq_len
-    return tokens, 3 * forward_flops_per_token * tokens / (num_gpus * peak_flops)
 
 
 @dataclass(frozen=True)
@@ -95,13 +98,13 @@ class Outcome:
         return row
 
 
-def enumerate_candidates(config: TransformerConfig, device: DeviceSpec, *, num_gpus: int,
-                         global_batch: int, placement: Placement = "tp-in-node") -> Iterator[Candidate | Outcome]:
+def enumerate_candidates(config: TransformerConfig, cluster: Cluster, *, num_gpus: int,
+                         global_batch: int, placement: str = "tp-in-node") -> Iterator[Candidate | Outcome]:
     """Every configuration in the space, or an Outcome saying why one cannot be formed.
 
     A node bounds TP under ``tp-in-node`` and PP under ``pp-in-node``.
     """
-    per_node = device.gpus_per_node
+    per_node = cluster.gpus_per_node
     widest = min(per_node, num_gpus) if placement == "tp-in-node" else num_gpus
     for tp in (t for t in divisors(widest) if num_gpus % t == 0):
         if config.num_heads % tp or (config.num_kv_heads % tp and tp % config.num_kv_heads):
@@ -140,8 +143,9 @@ class _Setting:
     """What every candidate of one search shares (sent to Dask workers with their batches)."""
 
     config: TransformerConfig
-    spec: DeviceSpec
-    placement: Placement
+    spec: Device
+    cluster: Cluster
+    placement: str
     seq_len: int
     budget: float
     zero: int
@@ -156,17 +160,16 @@ class _GroupRunner:
     def __init__(self, setting: _Setting) -> None:
         self.setting = setting
         self.reuse = Reuse()
-        self.profiles: dict[tuple[int, int, str, int], Profile] = {}
+        self.profiles: dict[tuple[int, int, str, int, int], Profile] = {}
 
     def profile_of(self, item: Candidate, recompute: Recompute) -> Profile:
-        key = (item.tp, item.microbatch_size, recompute, item.dp)
+        key = (item.tp, item.microbatch_size, recompute, item.dp, item.pp)
         if key not in self.profiles:
             setting = self.setting
-            links = placed_links(setting.spec, setting.placement, tp=item.tp)
-            base = transformer_profile(setting.config, device=links.device, microbatch_size=item.microbatch_size,
-                                       seq_len=setting.seq_len, tp=item.tp, recompute=recompute)
-            self.profiles[key] = data_parallel_profile(base, item.dp, links.data_parallel_bytes_per_s,
-                                                       overlap=setting.dp_overlap)
+            self.profiles[key] = transformer_profile(
+                setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
+                seq_len=setting.seq_len, tp=item.tp, recompute=recompute, pp=item.pp, dp=item.dp, zero=setting.zero,
+                dp_overlap=setting.dp_overlap, placement=setting.placement)
         return self.profiles[key]
 
     def run(self, group: Sequence[Candidate]) -> list[Outcome]:
@@ -180,9 +183,7 @@ class _GroupRunner:
                                         f"{over.peak_memory_bytes / 1e9:.1f} GB",
                                         peak_memory_bytes=over.peak_memory_bytes, partition=_text(partition)))
                 continue
-            outcome = _evaluate(item, self.profile_of(item, item.recompute), partition,
-                                placed_links(setting.spec, setting.placement, tp=item.tp), setting.budget,
-                                setting.zero, setting.flops, setting.seq_len, self.reuse)
+            outcome = _evaluate(item, self.profile_of(item, item.recompute), partition, setting, self.reuse)
             if outcome.status == "simulated" and not outcome.fits:
                 over = outcome
             outcomes.append(outcome)
@@ -195,9 +196,10 @@ def run_groups(setting: _Setting, groups: Sequence[Sequence[Candidate]]) -> list
     return [outcome for group in groups for outcome in runner.run(group)]
 
 
-def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus: int, global_batch: int,
+def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: int, global_batch: int,
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int = 0,
-           placement: Placement = "tp-in-node", dp_overlap: bool = False, workers: int | None = None,
+           placement: str = "tp-in-node", dp_overlap: bool = False, cluster: str | Cluster | None = None,
+           workers: int | None = None,
            scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome, the fitting ones first by tokens/s, then the others.
 
@@ -221,21 +223,22 @@ def search(model: str | TransformerConfig, *, device: str | DeviceSpec, num_gpus
         ConfigError: a count or sequence length below 1, more than ``MAX_GPUS`` GPUs, an unknown
             placement or an unreachable scheduler.
     """
-    config = preset(model) if isinstance(model, str) else model
-    spec = device_preset(device) if isinstance(device, str) else device
+    config = load_model(model) if isinstance(model, str) else model
+    spec = load_device(device) if isinstance(device, str) else device
+    wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     s = config.seq_len if seq_len is None else seq_len
     for field, value in (("gpus", num_gpus), ("global_batch", global_batch), ("seq_len", s)):
         if value < 1:
             raise ConfigError(field, value, "must be >= 1")
     if num_gpus > MAX_GPUS:
         raise ConfigError("gpus", num_gpus, f"must be <= {MAX_GPUS:,}")
-    placed_links(spec, placement, tp=1)  # refuses an unknown placement before any work
-    setting = _Setting(config=config, spec=spec, placement=placement, seq_len=s,
+    Parallelism(placement=placement)  # refuses an unknown placement before any work
+    setting = _Setting(config=config, spec=spec, cluster=wiring, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes, zero=zero,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap)
     # Candidates sharing a schedule order run one after another, so that Reuse builds it once; a
     # configuration's recomputation modes (a group) are neighbours, full to none.
-    space = sorted(enumerate_candidates(config, spec, num_gpus=num_gpus, global_batch=global_batch,
+    space = sorted(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch,
                                         placement=placement),
                    key=lambda item: (0, "", 0, 0, 0, 0, 0) if isinstance(item, Outcome) else
                    (1, item.schedule, item.pp * item.stages_per_rank, item.num_microbatches, item.tp,
@@ -331,17 +334,19 @@ def _text(partition: tuple[tuple[int, int], ...]) -> str:
     return ",".join(f"{start}:{end}" for start, end in partition)
 
 
-def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], links: PlacedLinks,
-              budget: float, zero: int, flops: float, seq_len: int, reuse: Reuse) -> Outcome:
-    spec = links.device
-    multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, zero)
+def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int, int], ...], setting: _Setting,
+              reuse: Reuse) -> Outcome:
+    budget = setting.budget
+    multiplier = zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, candidate.dp, setting.zero)
     cut = _text(partition)
     bound = memory_lower_bound(profile, partition, multiplier)
     if bound > budget:
         return Outcome(candidate, "dropped", f"its heaviest stage needs at least {bound / 1e9:.1f} GB "
                        f"> {budget / 1e9:.1f} GB", peak_memory_bytes=bound, partition=cut)
-    topology = Topology.uniform(num_devices=candidate.pp, bandwidth=links.pipeline_bytes_per_s,
-                                memory_bytes=budget)
+    layout = Parallelism(tp=candidate.tp, pp=candidate.pp, dp=candidate.dp, placement=setting.placement)
+    topology = Topology.uniform(num_devices=candidate.pp,
+                                bandwidth=pipeline_bandwidth_bytes_per_s(setting.cluster, layout),
+                                latency=pipeline_latency_s(setting.cluster, layout), memory_bytes=budget)
     try:
         plan = make_plan(profile, schedule=candidate.schedule, num_stages=len(partition),
                          num_microbatches=candidate.num_microbatches, stages_per_rank=candidate.stages_per_rank,
@@ -351,9 +356,9 @@ def _evaluate(candidate: Candidate, profile: Profile, partition: tuple[tuple[int
         return Outcome(candidate, "dropped", str(error).splitlines()[0], partition=cut)
     metrics = result.metrics
     peak = max(metrics.device_peak_memory_bytes)
-    tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=candidate.dp, seq_len=seq_len,
-                                   forward_flops_per_token=flops, num_gpus=candidate.tp * candidate.pp * candidate.dp,
-                                   peak_flops=spec.peak_flops)
+    tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=candidate.dp, seq_len=setting.seq_len,
+                                   forward_flops_per_token=setting.flops, num_gpus=candidate.tp * candidate.pp * candidate.dp,
+                                   peak_flops=setting.spec.peak(setting.spec.default_precision))
     fits = peak <= budget
     return Outcome(candidate, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
                    iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut)

@@ -535,8 +535,7 @@ def sample_program(
          for rank in range(program.ops.num_ranks)))
     spans = shared_span_columns(program)
     num_minibatches = program.info.num_minibatches
-    iterations = [seconds_per_minibatch(window_of(spans["stream"], spans["minibatch"], ends, num_minibatches,
-                                                  compiled=compiled), num_minibatches)
+    iterations = [seconds_per_minibatch(window_of(spans, ends, num_minibatches, compiled=compiled), num_minibatches)
                   for ends in _span_ends(program, runs, compiled)]
     deterministic, times = iterations[0], iterations[1: 1 + num_samples]
     sensitivity = [(slow / deterministic - 1) / straggler_slowdown if deterministic > 0 else 0.0

@@ -19,7 +19,6 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 ROOT = Path(__file__).resolve().parents[1]
 # Shared helpers (strategies, the reference scheduler, trace invariants) import by module name.
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.fixture

@@ -109,12 +109,13 @@ def test_published_study2_the_planners_choice_is_the_fastest_on_every_model_and_
     assert len(frame.groupby(["model", "cluster"])) == 6
 
 
-def test_study6_predicts_megatron_rows_from_one_calibrated_row(tmp_path: Path) -> None:
+def test_study6_predicts_megatron_rows_without_calibration(tmp_path: Path) -> None:
+    """The quick run's two rows (1.7B and 3.6B, pp = 1) from the op cost model alone, within 8% of
+    the paper's 137 and 138 TFLOP/s per GPU (issue 31's worst-row target)."""
     run_study("study6_megatron.py", tmp_path)
     frame = read_table(tmp_path, "study6_megatron")
-    anchor = frame[frame["is_calibration_row"]].iloc[0]
-    assert anchor["predicted_tflops_per_gpu"] == pytest.approx(anchor["paper_tflops_per_gpu"], rel=1e-3)
-    assert len(frame) == 2 and (frame["predicted_tflops_per_gpu"] < 312).all()
+    assert list(frame["paper_tflops_per_gpu"]) == [137, 138]
+    assert ((frame["predicted_over_paper"] - 1).abs() < 0.08).all()
     memory = read_table(tmp_path, "study6_korthikanti")
     row = memory.iloc[0]
     assert row["layer_full_gb"] < row["layer_selective_sp_gb"] < row["layer_none_gb"]

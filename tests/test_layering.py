@@ -20,14 +20,17 @@ ALLOWED: dict[str, set[str]] = {
     "reuse": BASE | {"spec", "schedule"},
     "simulation": BASE | {"spec", "schedule", "engine", "metrics", "reuse"},
     "plan": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
-    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "sweep"},
+    "training": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
+    "search": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "sweep", "training"},
     "sweep": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan"},
     "export": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},
     "plots": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep"},
     "harness": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation"},
     "cli": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep", "export", "plots",
-                   "harness", "search"},
-    "__init__": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep", "export"},
+                   "harness", "search", "training"},
+    "__init__": BASE | {"spec", "schedule", "engine", "metrics", "reuse", "simulation", "plan", "sweep", "export",
+                        "training"},
+    "data": set(),
     "__main__": {"cli"},
 }
 
@@ -82,7 +85,8 @@ def test_importing_pipesim_loads_neither_matplotlib_nor_torch() -> None:
 
 HARNESS = PACKAGE / "harness"
 # Shared by the launcher side and the rank side of the harness.
-HARNESS_COMMON = {"pipesim.harness", "pipesim.harness.config", "pipesim.harness.recorder", "pipesim.harness.lifetime"}
+HARNESS_COMMON = {"pipesim.harness", "pipesim.harness.config", "pipesim.harness.recorder", "pipesim.harness.lifetime",
+                  "pipesim.harness.loopback"}
 
 
 # The trace and the run it records are data the harness writes; everything else of the engine it

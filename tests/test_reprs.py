@@ -33,6 +33,17 @@ def test_repr_of_a_result_schedule_and_trace_is_one_line() -> None:
     assert repr(result.trace) == "<Trace 1f1b p=4 m=8 K=1: 116 spans, 76 memory events, makespan 66 ms>"
 
 
+
+def test_repr_of_a_profile_is_one_short_line() -> None:
+    # VGG-16 as PipeDream measured it: 672 ms forward and backward at batch 128 (traces/README.md).
+    profile = pipesim.load_profile(ROOT / "traces" / "vgg16.json")
+    assert repr(profile) == str(profile) == (
+        "<Profile 'vgg16': 41 layers, microbatch 128, forward 233.9 ms + backward 438.6 ms, parameters 0.5534 GB, "
+        "float32 on 'V100 (assumed; PipeDream profiles)'>")
+    assert repr(pipesim.uniform_profile(num_layers=8, forward_s=1e-3, backward_s=2e-3, param_bytes=1e6)) == (
+        "<Profile 'uniform': 8 layers, microbatch 1, forward 8 ms + backward 16 ms, parameters 0.008 GB, "
+        "float32 on 'synthetic'>")
+
 def test_the_repl_echoes_one_line_per_object_and_nothing_for_validate() -> None:
     session = ("import pipesim\n"
                "p = pipesim.uniform_profile(num_layers=8, forward_s=1e-3, backward_s=2e-3)\n"

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from pipesim.errors import PipesimError, ScheduleError
+from pipesim.errors import PipesimError, ScheduleError, WriteFailedError
 
 
 class PipesimGroup(click.Group):
@@ -52,6 +52,9 @@ class PipesimGroup(click.Group):
             sys.exit(130)
         except click.exceptions.Exit as exc:
             sys.exit(exc.exit_code)
+        except WriteFailedError as exc:  # the disk, not the input: exit 1
+            click.echo(f"pipesim: error: {exc}", err=True)
+            sys.exit(1)
         except ScheduleError as exc:
             click.echo(f"pipesim: error: {exc.reason}", err=True)
             if exc.grid:
@@ -78,6 +81,8 @@ def cli() -> None:
 #: imports.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("pipesim.cli.check", "check_command"),
+    "cluster": ("pipesim.cli.device", "cluster_command"),
+    "device": ("pipesim.cli.device", "device_group"),
     "model": ("pipesim.cli.model", "model_command"),
     "plan": ("pipesim.cli.plan", "plan_command"),
     "schedule": ("pipesim.cli.schedule", "schedule_command"),

@@ -12,7 +12,7 @@ from pipesim.errors import ConfigError
 from pipesim.schedule.csv_format import CsvSchedule, read_csv_schedule
 from pipesim.schedule.invariants import CheckResult, check_schedule
 from pipesim.schedule.validate import Violation
-from pipesim.spec.files import read_text
+from pipesim.spec.files import MAX_INPUT_BYTES, decode_utf8, read_text
 
 
 @click.command("check")
@@ -50,16 +50,16 @@ def check_command(path: str, stages_per_rank: int | None, num_microbatches: int 
 
 
 def _read_stdin() -> str:
-    """Standard input as UTF-8 text.
+    """Standard input as UTF-8 text, at most ``MAX_INPUT_BYTES`` of it (an endless pipe is refused).
 
     Raises:
-        ConfigError: the bytes are not UTF-8.
+        ConfigError: more bytes than that, or bytes that are not UTF-8.
     """
-    data = sys.stdin.buffer.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("schedule", "<stdin>", f"is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise ConfigError("schedule", "<stdin>", f"holds more than {MAX_INPUT_BYTES:,} bytes, the most pipesim "
+                          "reads from one file")
+    return decode_utf8(data, "<stdin>", "schedule")
 
 
 def _column(parsed: CsvSchedule, violation: Violation) -> int | None:

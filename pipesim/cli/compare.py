@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pipesim.errors import ConfigError, PipesimError
+from pipesim.export.report import comparison_rows
 from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.simulation import Result
 
@@ -73,27 +74,15 @@ def run_schedules(names: list[str], is_all: bool, given_per_rank: int,
     return results, skipped
 
 
-def _gb(value: float) -> str:
-    return f"{value / 1e9:.2f}"
-
-
 def print_comparison(runs: list[dict[str, Any]], skipped: list[dict[str, str]]) -> None:
-    """One table: iteration time, throughput, bubble, peak device memory, fits, staleness per schedule."""
+    """One table of ``comparison_rows``, then the schedules skipped and why."""
     console = Console(highlight=False, width=None if Console().is_terminal else 160)
     table = Table(show_edge=False)
-    for header in ("schedule", "ranks x V", "iteration ms", "samples/s", "bubble", "peak device GB", "fits",
-                   "fwd delay max", "versions max"):
+    headers, rows = comparison_rows(runs)
+    for header in headers:
         table.add_column(header, justify="right")
-    for data in runs:
-        stages = data["stages"]
-        fits = "-" if "fits" not in data else ("yes" if data["fits"] else "NO")
-        table.add_row(
-            data["schedule"], f"{data['num_ranks']} x {data['num_stages'] // data['num_ranks']}",
-            f"{data['iteration_time_s'] * 1e3:.3f}", f"{data['throughput_samples_per_s']:.2f}",
-            f"{data['bubble_fraction']:.1%}", _gb(max(data["device_peak_memory_bytes"])), fits,
-            str(max(stage["forward_delay_steps"] for stage in stages)),
-            str(max(stage["weight_versions_max"] for stage in stages)),
-        )
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     for item in skipped:
         console.print(f"skipped {item['schedule']}: {item['reason']}")

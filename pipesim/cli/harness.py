@@ -36,7 +36,8 @@ def model_options(function: FuncT) -> FuncT:
     """The options that name a model: --model and the built-in models' sizes."""
     for option in reversed([
         click.option("--model", "model", default="mlp", show_default=True,
-                     help="mlp, transformer, or MODULE:CALLABLE / FILE.py:CALLABLE returning an nn.Sequential."),
+                     help="mlp, transformer, or MODULE:CALLABLE / FILE.py:CALLABLE returning an nn.Sequential (with "
+                          "validate --profile: the profile's user model, whose code runs only when named here)."),
         click.option("--depth", type=int, default=8, show_default=True, help="Layers (mlp) or blocks (transformer)."),
         click.option("--width", type=int, default=512, show_default=True, help="Hidden size of a built-in model."),
         click.option("--seq-len", type=int, default=32, show_default=True, help="Tokens per sample (transformer)."),
@@ -181,6 +182,10 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 
 @click.command("run")
 @click.option("--profile", "profile_path", required=True, help="A profile written by pipesim profile.")
+@click.option("--model", "model", default=None,
+              help="The user's model to rebuild, MODULE:CALLABLE or FILE.py:CALLABLE, when the profile's source names "
+                   "one: a profile never runs code, so its code runs only when named here. A built-in model's "
+                   "profile needs none.")
 @click.option("--schedule", required=True, help=f"One of: {', '.join(SCHEDULES)}.")
 @click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P (one process each).")
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
@@ -200,14 +205,17 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
 @click.option("--op-timeout", "op_timeout_s", type=float, default=120.0, show_default=True,
               help="Seconds a rank may stay on one op before the run is declared hung.")
 @click.option("--master-port", type=int, default=None,
-              help="Rendezvous port on 127.0.0.1 (default: one the OS reports free).")
+              help="Rendezvous port on 127.0.0.1 (default: one the OS reports free); the ranks' gloo and NCCL "
+                   "sockets listen on the loopback interface too.")
 @click.option("--weights-out", type=str, default="", help="Folder for each stage's final weights (stageS.pt).")
-@click.option("--run-dir", type=str, default=None, help="Keep the ranks' logs and records in this folder.")
+@click.option("--run-dir", type=str, default=None,
+              help="Keep the ranks' logs and records in this folder: a new or empty one, or one an earlier run wrote "
+                   "(only that run's files are replaced).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measured metrics as JSON.")
 @click.option("--out", "out_path", required=True, callback=out_file_option(None),
               help="Trace JSON to write (partial if the run fails).")
-def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int | None,
-                partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
+def run_command(profile_path: str, model: str | None, schedule: str, num_stages: int, num_microbatches: int,
+                num_minibatches: int | None, partition: str | None, num_ranks: int, backend: str, device: str, threads: int, compute: str,
                 realtime_priority: int, learning_rate: float,
                 pipemare_update: str, pipemare_warmup_updates: int, pipemare_correction: bool,
                 pipemare_correction_decay: float, op_timeout_s: float, master_port: int | None, weights_out: str,
@@ -217,7 +225,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
 
     require_torch()
     from pipesim.engine.trace import Trace
-    from pipesim.harness.config import RunConfig, check_partition, default_minibatches, spec_of
+    from pipesim.harness.config import RunConfig, check_partition, default_minibatches, model_to_rebuild, spec_of
     from pipesim.harness.launch import check_op_timeout, check_port, launch
     from pipesim.harness.prediction import emulation_of, predict
     from pipesim.harness.priority import check_realtime
@@ -232,6 +240,7 @@ def run_command(profile_path: str, schedule: str, num_stages: int, num_microbatc
     spec = spec_of(profile, profile_path)
     if spec is None:
         raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
+    spec = model_to_rebuild(spec, model, profile_path)
     if num_stages > profile.num_layers:
         raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
     cuts = parse_partition(partition) if partition else balance_partition(profile, num_stages)

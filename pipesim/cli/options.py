@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from pipesim.errors import ConfigError
@@ -69,10 +71,10 @@ def parse_uniform(text: str) -> Profile:
             raise ConfigError(f"uniform.{key}", raw, "must be a number") from None
 
     layers = number("layers")
-    if layers != int(layers) or not 1 <= layers <= MAX_UNIFORM_LAYERS:
+    if not 1 <= layers <= MAX_UNIFORM_LAYERS or layers != int(layers):  # the range first: int(inf) raises
         raise ConfigError("uniform.layers", values["layers"], f"must be an integer from 1 to {MAX_UNIFORM_LAYERS:,}")
     batch = number("microbatch_size", "1")
-    if batch != int(batch) or batch < 1:
+    if not 1 <= batch < math.inf or batch != int(batch):
         raise ConfigError("uniform.microbatch_size", values["microbatch_size"], "must be an integer >= 1")
     for key in ("forward_ms", "backward_ms", "activation_bytes", "param_bytes", *UNIFORM_EXTRA_KEYS):
         if number(key) < 0:

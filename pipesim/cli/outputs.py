@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import click
 
-from pipesim.errors import ConfigError
+from pipesim.errors import ConfigError, WriteFailedError
+from pipesim.sweep.cluster import blocked_in_thread
 
 # Suffixes that name a file, not a folder: ``--out result.json`` for a report folder is a mistake.
 FILE_SUFFIXES = (".json", ".html", ".htm", ".png", ".svg", ".pdf", ".csv", ".parquet", ".pq", ".txt", ".yaml")
@@ -117,13 +120,56 @@ def check_out_files(folder: Path, names: Iterable[str], field: str = "out") -> N
                                   "writable (permission denied)")
 
 
+# Errors of the path (the input's fault: exit 2); any other refusal is the disk's (exit 1).
+PATH_ERRORS = (errno.EEXIST, errno.ENOTDIR, errno.EACCES, errno.EPERM, errno.EISDIR, errno.EROFS)
+
+
 @contextmanager
 def writing(path: str | Path, field: str = "out") -> Iterator[None]:
-    """Turn an OSError raised while writing under ``path`` into a one-line ConfigError."""
+    """Turn an OSError raised while writing under ``path`` into one line: a ConfigError for a path
+    that cannot take the file (exit 2), a WriteFailedError for a disk that refused it (full, a
+    file-size limit, an I/O error: exit 1).
+    """
     try:
         yield
     except OSError as exc:
-        raise ConfigError(field, str(path), _reason(exc)) from None
+        if exc.errno in PATH_ERRORS:
+            raise ConfigError(field, str(path), _reason(exc)) from None
+        raise WriteFailedError(f"cannot write {path}: {exc.strerror or _reason(exc)}") from None
+
+
+def write_together(folder: Path, write: Callable[[Path], list[Path]], field: str = "out") -> list[Path]:
+    """Call ``write(stage)`` on a hidden folder inside ``folder``, then move every file it wrote into
+    ``folder``, so that a disk that refuses a write leaves ``folder`` as it was (no file of the set
+    replaced, none half there); return the files' final paths.
+
+    Raises:
+        ConfigError: the path cannot take the files (exit 2).
+        WriteFailedError: the disk refused a write; nothing in ``folder`` changed, and a folder
+            this created is removed again.
+    """
+    missing = [ancestor for ancestor in [folder, *folder.parents] if not ancestor.exists()]
+    stage: Path | None = None
+    try:
+        with writing(folder, field):
+            folder.mkdir(parents=True, exist_ok=True)
+            stage = Path(tempfile.mkdtemp(prefix=".pipesim-writing-", dir=folder))
+            written = [folder / path.relative_to(stage) for path in write(stage)]
+            for path in sorted(path for path in stage.rglob("*") if path.is_file()):
+                target = folder / path.relative_to(stage)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_file():  # a replaced file keeps its mode, as write_text_atomic keeps it
+                    os.chmod(path, target.stat().st_mode & 0o7777)
+                os.replace(path, target)
+    except WriteFailedError as exc:
+        raise WriteFailedError(f"{exc}; nothing was written to {folder}") from None
+    finally:
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        for created in missing:  # deepest first; only empty ones, so only after a failure
+            with suppress(OSError):
+                created.rmdir()
+    return written
 
 
 def out_file_option(suffixes: tuple[str, ...] | None) -> Any:
@@ -172,7 +218,8 @@ class ProgressBar:
     def __call__(self, done: int, total: int, where: str = "", work: float | None = None) -> None:
         place = f" {where}" if where else ""
         if self.task is None:
-            self.progress.start()
+            with blocked_in_thread():  # a live bar's refresher thread must not take a Ctrl-C
+                self.progress.start()
             self.start_done, self.start_work = done, work
             if not self.from_start:
                 self.started = time.perf_counter()

@@ -81,7 +81,7 @@ def build_cluster(num_devices: int, devices_per_server: int | None, bandwidth: s
 @click.option("--engine", type=click.Choice(["des", "analytic", "auto"]), default="auto", show_default=True,
               help="Engine of the check: des (SimPy), analytic, or auto (analytic where it applies).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan, prediction and simulation as one JSON object.")
-@click.option("--out", "out_dir", default=None,
+@click.option("--out", "out_dir", default=None, callback=non_empty,
               help="Write plan.json (for simulate --plan), topology.json and, if rescaled or reordered, profile.json.")
 def plan_command(profile_path: str, num_devices: int, devices_per_server: int | None, bandwidth: str,
                  inter_server_bandwidth: str | None, memory: str | None, planner: str, cost_model: str, straight: bool, overlap: bool,

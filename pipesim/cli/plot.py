@@ -11,7 +11,7 @@ from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import out_file_option, writing
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
-from pipesim.spec.files import read_text
+from pipesim.spec.files import MAX_TRACE_BYTES, read_text
 
 FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 BUBBLE_COLUMNS = ("schedule", "num_stages", "num_microbatches", "bubble_fraction")
@@ -28,7 +28,7 @@ def load_trace(source: str) -> Trace:
     path = Path(source)
     if path.is_dir():
         path = path / "trace.json"
-    return Trace.from_json(read_text(path, "trace"), source=str(path))
+    return Trace.from_json(read_text(path, "trace", MAX_TRACE_BYTES), source=str(path))
 
 
 def load_table(source: str, where: str | None = None, *, columns: tuple[str, ...] = (),

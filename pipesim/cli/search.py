@@ -15,8 +15,10 @@ from pipesim.cli.options import non_empty
 from pipesim.cli.outputs import ProgressBar, out_folder, writing
 from pipesim.errors import ConfigError
 from pipesim.search import Outcome, search
-from pipesim.spec.devices import DEVICES, PLACEMENTS, Placement, device_preset
-from pipesim.spec.transformer import PRESETS
+from pipesim.spec.cluster import load_cluster
+from pipesim.spec.device import load_device
+from pipesim.spec.model_files import load_model
+from pipesim.spec.transformer_profile import PLACEMENTS
 from pipesim.spec.units import parse_size
 
 BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank", "recompute", "tokens_per_s", "mfu",
@@ -24,17 +26,19 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
 
 
 @click.command("search")
-@click.option("--model", "model", required=True, type=click.Choice(list(PRESETS), case_sensitive=False),
-              help="A published transformer (see pipesim model).")
-@click.option("--device", "device", required=True, type=click.Choice(list(DEVICES), case_sensitive=False),
-              help="Device preset; its memory is the budget unless --memory says otherwise.")
+@click.option("--model", "model", required=True, type=str, callback=non_empty,
+              help="A transformer: a preset (see pipesim model), a Hugging Face config.json or pipesim's model JSON.")
+@click.option("--device", "device", required=True, type=str, callback=non_empty,
+              help="A shipped device or a device file; its memory is the budget unless --memory says otherwise.")
+@click.option("--cluster", "cluster", type=str, default=None, callback=non_empty,
+              help="A shipped cluster or a cluster file (default the device's usual system).")
 @click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x PP x DP.")
 @click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
 @click.option("--memory", "memory", type=str, default=None, callback=non_empty,
               help="Memory budget per GPU, e.g. 80GB.")
 @click.option("--efficiency", type=float, default=None,
-              help="Sustained share of the device's peak FLOP/s (default the preset's, 0.5; see pipesim model --calibrate).")
+              help="What-if: the device's sustained matrix share of peak in place of its file's.")
 @click.option("--zero", "zero", type=click.IntRange(0, 1), default=0, show_default=True,
               help="1: ZeRO stage 1, optimizer state sharded over DP.")
 @click.option("--placement", "placement", type=click.Choice(PLACEMENTS), default="tp-in-node", show_default=True,
@@ -53,10 +57,10 @@ BEST_KEYS = ("tp", "pp", "dp", "microbatch_size", "schedule", "stages_per_rank",
               help="Configurations shown in the table.")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"best": {...}, "candidates": [every candidate, kept or dropped, with its reason]}.')
-@click.option("--out", "out_dir", type=str, default=None,
-              help="Write candidates.csv and pareto.png (tokens/s against peak memory of the simulated ones).")
-def search_command(model: str, device: str, num_gpus: int, global_batch: int, seq_len: int | None,
-                   memory: str | None, efficiency: float | None, zero: int, placement: Placement,
+@click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
+              help="Write candidates.csv, run.json (its inputs) and pareto.png (tokens/s against peak memory of the simulated ones).")
+def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
+                   seq_len: int | None, memory: str | None, efficiency: float | None, zero: int, placement: str,
                    dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
                    as_json: bool, out_dir: str | None) -> None:
     """Enumerate TP x PP x DP, microbatch size, schedule (with V forms) and recomputation; drop what cannot
@@ -65,25 +69,70 @@ def search_command(model: str, device: str, num_gpus: int, global_batch: int, se
         raise ConfigError("workers", workers, "give either --workers (embedded cluster) or --scheduler, not both")
     out = out_folder(out_dir) if out_dir is not None else None
     budget = parse_size(memory, "memory") if memory else None
-    spec = device_preset(device) if efficiency is None else device_preset(device).with_efficiency(efficiency)
+    spec = load_device(device)
+    if efficiency is not None:
+        if not 0 < efficiency <= 1:
+            raise ConfigError("efficiency", efficiency, "must be in (0, 1]")
+        spec = spec.model_copy(update={"matmul": spec.matmul.model_copy(update={"max_efficiency": efficiency})})
+    config = load_model(model)
+    wiring = load_cluster(cluster) if cluster else None
     bar = ProgressBar(sys.stderr.isatty() if progress is None else progress, label="search", unit="candidates")
     try:
-        outcomes = search(model.lower(), device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
-                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap,
+        outcomes = search(config, device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
+                          memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap, cluster=wiring,
                           workers=workers, scheduler=scheduler, progress=bar)
     finally:
         bar.stop()
+    if outcomes and not any(outcome.partition for outcome in outcomes):
+        raise ConfigError("gpus", num_gpus, _no_split(outcomes, num_gpus, global_batch))
     rows = [outcome.to_dict() for outcome in outcomes]
     best = {key: rows[0][key] for key in BEST_KEYS} if outcomes and outcomes[0].fits else None
+    run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
+                      seq_len=seq_len or config.seq_len, budget=spec.memory_bytes if budget is None else budget,
+                      zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency)
     if out is not None:
         with writing(out):
-            _write(rows, out)
+            _write(rows, out, run, spec.memory_bytes if budget is None else budget)
     if as_json:
-        click.echo(json.dumps({"best": best, "candidates": rows}, sort_keys=True))
+        click.echo(json.dumps({"best": best, "candidates": rows, "run": run}, sort_keys=True))
         return
     _print(outcomes, top)
     if best is None:
         click.echo("no configuration fits: raise --memory, --gpus or --zero, or lower --global-batch or --seq-len")
+
+
+def _run_record(model: str, config: Any, device: str, cluster: str | None, spec: Any, **settings: Any) -> dict[str, Any]:
+    """The search's inputs, as simulate --model records them: model, device and cluster by name or
+    file with the SHA-256 behind each, and the settings."""
+    from pipesim.spec.model_files import model_to_json
+    from pipesim.spec.provenance import command_line, named_identity, text_identity
+    from pipesim.spec.transformer import PRESETS
+
+    wiring = cluster or spec.default_cluster
+    return {"command": command_line(),
+            "model": text_identity(f"{config.name} (preset)", model_to_json(config))
+            if model.strip().lower() in PRESETS else named_identity("models", model),
+            "device": named_identity("devices", device), "cluster": named_identity("clusters", wiring), **settings}
+
+
+def _no_split(outcomes: list[Outcome], num_gpus: int, global_batch: int) -> str:
+    """Why no candidate could be cut into stages (each failed the arithmetic: a DP that does not
+    divide the global batch, or more stages than layers), as the rule of a ConfigError."""
+    degrees = sorted({outcome.candidate.dp for outcome in outcomes})
+    dividing = [dp for dp in degrees if global_batch % dp == 0]
+    rule = f"no TP x PP x DP split of {num_gpus} GPUs suits --global-batch {global_batch}: "
+    if not dividing:
+        return rule + f"none of its DP degrees ({_listed(degrees)}) divides the batch"
+    fewest = min(outcome.candidate.pp * outcome.candidate.stages_per_rank for outcome in outcomes
+                 if global_batch % outcome.candidate.dp == 0)
+    return rule + (f"the DP degrees that divide the batch ({_listed(dividing)}) leave {fewest} or more pipeline "
+                   "stages, more than the model has layers")
+
+
+def _listed(numbers: list[int], most: int = 8) -> str:
+    """``1, 2, 4`` or, past ``most``, ``1, 2, ..., 500``."""
+    shown = [str(n) for n in numbers]
+    return ", ".join(shown if len(shown) <= most else [*shown[: most - 1], "...", shown[-1]])
 
 
 def _print(outcomes: list[Outcome], top: int) -> None:
@@ -104,7 +153,7 @@ def _print(outcomes: list[Outcome], top: int) -> None:
                   f"{fitting} fit")
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
+def _write(rows: list[dict[str, Any]], out: Path, run: dict[str, Any], budget: float) -> None:
     import pandas as pd
 
     from pipesim.plots import pareto, save_figure, use_headless_backend
@@ -112,7 +161,47 @@ def _write(rows: list[dict[str, Any]], out: Path) -> None:
 
     frame = pd.DataFrame(rows)
     write_text_atomic(out / "candidates.csv", frame.to_csv(index=False))
+    write_text_atomic(out / "run.json", json.dumps(run, indent=2, sort_keys=True) + "\n")  # what candidates.csv came from
     simulated = frame[frame["status"] == "simulated"]
     if not simulated.empty:
         use_headless_backend()
-        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule"), out / "pareto.png")
+        save_figure(pareto(simulated, x="peak_memory_bytes", y="tokens_per_s", hue="schedule", budget=budget,
+                           fits="fits"), out / "pareto.png")
+
+
+# candidates.csv (``--out``) as ``pipesim report`` reads it back: its columns, those that hold numbers.
+CANDIDATE_NUMBERS = ("tp", "pp", "dp", "microbatch_size", "num_microbatches", "stages_per_rank", "tokens_per_s",
+                     "mfu", "iteration_time_s", "peak_memory_bytes")
+CANDIDATE_COLUMNS = (*CANDIDATE_NUMBERS, "schedule", "recompute", "status", "reason", "fits", "partition")
+
+
+def read_candidates(path: Path) -> Any:
+    """A search's candidates.csv: every column of ``CANDIDATE_COLUMNS``, numbers as numbers and
+    ``fits`` true or false (extra columns are kept).
+
+    Raises:
+        ConfigError: an unreadable file, a missing column or a value of the wrong kind, naming
+            the file, the column, the value and its row.
+    """
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, dtype=str)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ConfigError("table", str(path), f"is not a readable CSV table ({str(error).splitlines()[0]})") from None
+    missing = [column for column in CANDIDATE_COLUMNS if column not in frame.columns]
+    if missing:
+        raise ConfigError("table", str(path), f"lacks the column {missing[0]!r} of a search's candidates.csv")
+    for column in CANDIDATE_NUMBERS:
+        numbers = pd.to_numeric(frame[column], errors="coerce")
+        if numbers.isna().any():
+            row = int(numbers.isna().to_numpy().argmax())
+            raise ConfigError(column, frame[column].iloc[row], f"must be a number (row {row + 1})", source=str(path))
+        frame[column] = numbers
+    truth = frame["fits"].map({"True": True, "False": False})
+    if truth.isna().any():
+        row = int(truth.isna().to_numpy().argmax())
+        raise ConfigError("fits", frame["fits"].iloc[row], f"must be True or False (row {row + 1})", source=str(path))
+    frame["fits"] = truth.astype(bool)
+    return frame
+

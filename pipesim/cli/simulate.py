@@ -27,7 +27,7 @@ from pipesim.cli.options import (
     parse_uniform,
     resolve_stages,
 )
-from pipesim.cli.outputs import check_out_files, out_folder, writing
+from pipesim.cli.outputs import check_out_files, out_folder, write_together
 from pipesim.engine.noise import DISTRIBUTIONS, Distribution
 from pipesim.engine.trace import CATEGORIES
 from pipesim.errors import ConfigError
@@ -123,7 +123,7 @@ from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
 @click.option("--max-ops", type=click.IntRange(min=1), default=DEFAULT_MAX_OPS, show_default=True,
               help="Refuse runs estimated to have more ops than this (about 0.5 KiB of memory each).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
-@click.option("--out", "out_dir", type=str, default=None,
+@click.option("--out", "out_dir", type=str, default=None, callback=non_empty,
               help="Write a report folder: metrics.json, trace.json, trace.perfetto.json, timeline.png.")
 @capacity_options
 def simulate_command(
@@ -144,8 +144,10 @@ def simulate_command(
                           "--recompute-stages, not both")
     capacity = capacity_setup(click.get_current_context(), capacity_flags, profile_path=profile_path, uniform=uniform,
                               num_microbatches=num_microbatches, recompute=recompute, recompute_stages=recompute_stages,
-                              optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth)
+                              optimizer_state_multiplier=optimizer_state_multiplier, bandwidth=bandwidth,
+                              latency=latency, num_ranks=num_stages if num_ranks is None else num_ranks)
     profile, num_microbatches, bandwidth = capacity.profile, capacity.num_microbatches, capacity.bandwidth
+    latency = capacity.latency
     recompute, recompute_stages = capacity.recompute, capacity.recompute_stages
     optimizer_state_multiplier = capacity.optimizer_state_multiplier
     if topology_path and (bandwidth or latency or speeds or shared_nics):
@@ -204,10 +206,11 @@ def simulate_command(
         def run(name: str, per_rank_of: int) -> Result:
             if recompute_stages is not None:
                 options["recompute_stages"] = parse_recompute_stages(recompute_stages, ranks * per_rank_of)
+            cut = {"partition": ranges or capacity.default_partition(ranks * per_rank_of)}
             return simulate(
                 profile, topology, schedule=name, num_stages=ranks * per_rank_of,
                 num_microbatches=num_microbatches or 0, num_minibatches=num_minibatches, stages_per_rank=per_rank_of,
-                engine=chosen, jitter=jitter, seed=seed, max_ops=max_ops, **options,
+                engine=chosen, jitter=jitter, seed=seed, max_ops=max_ops, **{**options, **cut},
             )
 
         if given is not None:
@@ -228,20 +231,20 @@ def simulate_command(
     if compared is not None:
         _report_comparison(
             *compared, capacity_of=lambda data: capacity_fields(data, capacity), as_json=as_json, out=out,
-            run_of=lambda result: simulation_run(result, profile_path, uniform, topology, topology_path))
+            run_of=lambda result: simulation_run(result, profile_path, uniform, topology, topology_path,
+                                                 capacity.record))
         return
     summary = None
     if num_samples is not None:
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
     warn_without_memory(profile)
-    provenance = simulation_run(result, profile_path, uniform, topology, topology_path)
+    provenance = simulation_run(result, profile_path, uniform, topology, topology_path, capacity.record)
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
     if out is not None:
         check_out_files(out, OUTPUT_FILES)
-        with writing(out):
-            written = write_outputs(result, out, provenance, data)
+        written = write_together(out, lambda folder: write_outputs(result, folder, provenance, data))
     if as_json:
         if summary is not None:
             data["samples"] = summary.to_dict()
@@ -264,8 +267,7 @@ def _report_comparison(results: list[Result], skipped: list[dict[str, str]], *,
     written: list[Path] = []
     if out is not None:
         check_out_files(out, comparison_files(results))
-        with writing(out):
-            written = write_comparison(results, runs, out)
+        written = write_together(out, lambda folder: write_comparison(results, runs, folder))
     if as_json:
         click.echo(strict_dumps({"runs": runs, "skipped": skipped}, indent=None))
         return
@@ -327,14 +329,21 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
 
 
 def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
-                   topology_path: str | None) -> dict[str, Any]:
-    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command."""
+                   topology_path: str | None, model_record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``run`` record of this command's outputs: inputs named by file and hash, settings, command;
+    with ``--model``, the model is the profile and ``model_run`` holds the capacity study's inputs."""
     from pipesim.export.provenance import run_record
     from pipesim.spec.provenance import file_identity, text_identity
 
-    profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
-    return run_record(result, profile=profile, topology=topology,
-                      topology_file=file_identity(topology_path) if topology_path else None)
+    if model_record is not None:
+        profile = model_record["model"]
+    else:
+        profile = file_identity(profile_path) if profile_path else text_identity(f"uniform:{uniform}", uniform or "")
+    record = run_record(result, profile=profile, topology=topology,
+                        topology_file=file_identity(topology_path) if topology_path else None)
+    if model_record is not None:
+        record["model_run"] = model_record
+    return record
 
 
 def warn_without_memory(profile: Profile) -> None:

@@ -17,12 +17,15 @@ from pipesim.sweep.store import SweepFailedError
 @click.command("sweep")
 @click.argument("spec_path", metavar="SPEC.yaml", type=str)
 @click.option("--out", "out", type=str, required=True, callback=out_file_option((".parquet", ".pq", ".csv")),
-              help="Results table: FILE.parquet or FILE.csv.")
+              help="Results table: FILE.parquet or FILE.csv (one sweep at a time writes it: a second is refused).")
 @click.option("--workers", type=int, default=None,
               help="Processes of the embedded Dask cluster, started only where it saves more than it costs "
               "(default: CPUs).")
-@click.option("--scheduler", type=str, default=None, help="Address of an existing Dask scheduler, tcp://HOST:PORT.")
-@click.option("--resume", is_flag=True, help="Continue an interrupted sweep from OUT.parts/, skipping finished points.")
+@click.option("--scheduler", type=str, default=None,
+              help="Address of an existing Dask scheduler, tcp://HOST:PORT (it must answer within 10 s).")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted sweep from OUT.parts/, skipping finished points (a damaged chunk is named "
+                   "and its points run again).")
 @click.option("--batch-size", type=int, default=None, help="Points per batch (default: about 32 batches per worker).")
 @click.option("--progress/--no-progress", default=None,
               help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
@@ -45,7 +48,8 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
                       started=started)
     try:
         summary = run_sweep(Path(spec_path), Path(out), workers=workers, scheduler=scheduler, resume=resume,
-                            batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s)
+                            batch_size=batch_size, progress=bar, worker_timeout_s=worker_timeout_s,
+                            warn=lambda line: click.echo(f"pipesim: warning: {line}", err=True))
     except SweepFailedError as error:  # the cluster or the disk failed, not the input: exit 1
         bar.stop()
         click.echo(f"pipesim: error: {error}", err=True)

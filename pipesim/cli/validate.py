@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from typing import TYPE_CHECKING
 
 import click
@@ -65,20 +66,26 @@ def parse_schedules(text: str) -> list[str]:
                    "--statistic of its spans in the steady-state minibatches); the validated runs' own times are "
                    "never used, and the plain layer profile's prediction is reported beside it. layers: the layer "
                    "profile alone.")
-@click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b"]), default="gpipe", show_default=True,
-              help="The calibration run's schedule; with fewer --ranks than stages, its form with several "
-                   "stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
-@click.option("--calibration-microbatches", type=int, default=4, show_default=True,
-              help="Microbatches per minibatch of the calibration run.")
-@click.option("--calibration-minibatches", type=int, default=20, show_default=True,
-              help="Minibatches of the calibration run (the first and the last are not measured).")
+@click.option("--calibration-schedule", type=click.Choice(["gpipe", "1f1b", "both"]), default="both",
+              show_default=True,
+              help="The calibration runs' schedules (both: a GPipe and a 1F1B run, so that every op's time is "
+                   "measured after the kind of op that precedes it in the validated schedule: an F after an F, "
+                   "as GPipe runs it, or after a B, as the 1F1B family does); with fewer --ranks than stages, "
+                   "their forms with several stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
+@click.option("--calibration-microbatches", type=int, default=None,
+              help="Microbatches per minibatch of the calibration run (default: --microbatches).")
+@click.option("--calibration-minibatches", type=int, default=None,
+              help="Minibatches of the calibration run; the first and the last are not measured (default: "
+                   "--minibatches, at least 3: a rank's first minibatches run slower than its later ones, so the "
+                   "calibration measures its ops where the validated run's steady state lies).")
 @click.option("--spread-draws", type=int, default=32, show_default=True,
               help="With calibrated op times, the predicted iteration time is the mean over this many seeded draws of "
                    "every op's time from a normal of its stage and kind's calibrated mean and the calibration run's "
                    "spread (op times that vary make a pipeline wait longer than its mean op times say); 0: the "
                    "iteration time of the mean op times alone (reported beside it in --json either way).")
 @click.option("--host-cost-runs", type=int, default=3, show_default=True,
-              help="Emulated compute: separate emulated 1F1B runs (one stage per rank) that measure the host's own "
+              help="Emulated compute: separate emulated 1F1B runs (one stage per rank, the validated runs' M and K, "
+                   "as a calibration has them) that measure the host's own "
                    "time per F and B op fed by another rank, beyond the device's durations (gloo's receive cannot "
                    "tell that a message has arrived until it is waited on, so such an op starts when its host gets "
                    "there; a host that wakes late sends late): per run the mean over its steady-state ops of how "
@@ -99,8 +106,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                      num_microbatches: int, num_minibatches: int, repeats: int, compute: str,
                      profile_path: str | None, topology_path: str | None, profile_repeats: int, reprofile: bool,
                      statistic: str, op_times: str | None, calibration_schedule: str,
-                     calibration_microbatches: int,
-                     calibration_minibatches: int, spread_draws: int, host_cost_runs: int, nice: int,
+                     calibration_microbatches: int | None,
+                     calibration_minibatches: int | None, spread_draws: int, host_cost_runs: int, nice: int,
                      realtime_priority: int, learning_rate: float, pipemare_update: str,
                      pipemare_warmup_updates: int, pipemare_correction: bool, pipemare_correction_decay: float,
                      device: str, op_timeout_s: float, as_json: bool) -> None:
@@ -115,7 +122,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
 
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
-    from pipesim.harness.config import check_processes, default_microbatch_size, spec_of
+    from pipesim.harness.config import check_processes, default_microbatch_size, model_to_rebuild, spec_of
     from pipesim.harness.launch import check_backend, check_op_timeout
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
@@ -141,6 +148,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = spec_of(profile, profile_path)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
+        named = click.get_current_context().get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE
+        spec = model_to_rebuild(spec, model if named else None, profile_path)
     else:
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
         microbatch_size = microbatch_size or default_microbatch_size(model)
@@ -165,6 +174,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
             topology, _ = measure_links(num_ranks or num_stages, max_bytes=max(4, largest),
                                         backend="nccl" if device == "cuda" else "gloo")
         host_cost_s = (host_cost(profile, topology, spec, num_ranks or num_stages, runs=host_cost_runs,
+                                 num_microbatches=num_microbatches, num_minibatches=max(3, num_minibatches),
                                  device=device, op_timeout_s=op_timeout_s, realtime_priority=realtime_priority)
                        if compute == "emulated" and host_cost_runs else 0.0)
         validations = []
@@ -180,8 +190,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 num_ranks=num_ranks, spread_draws=spread_draws, compute=compute, host_cost_s=host_cost_s,
                 realtime_priority=realtime_priority,
                 calibration=None if op_times == "layers" else
-                lambda times, cuts: calibrate(times, spec, cuts, calibration_run, op_timeout_s=op_timeout_s,
-                                              num_ranks=num_ranks)))
+                lambda times, run: calibrate(times, spec, run.partition, calibration_run, op_timeout_s=op_timeout_s,
+                                             num_ranks=num_ranks, for_run=(run.num_microbatches, run.num_minibatches))))
         reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]
     except RunFailedError as error:
         run_failed(error)
@@ -216,6 +226,12 @@ def print_report(report: dict[str, object]) -> None:
         click.echo(f"  op times from a separate {report['op_times']}; the layer profile alone predicted "
                    + ", ".join(f"{t * 1e3:.3f}" for t in layer["iteration_time_s_runs"])
                    + f" ms: error {layer['iteration_time_error']:+.1%}")
+    parts = report.get("error_contributions_runs")
+    if isinstance(parts, list) and parts and parts[0]:
+        keys = [key for key in parts[0] if all(key in run for run in parts)]
+        click.echo("  error by op kind and the waits between ops (predicted less measured time per minibatch, "
+                   "median over runs): " + ", ".join(
+                       f"{key} {statistics.median(run[key] for run in parts):+.1%}" for key in keys))
     replays = report["replay_error_runs"]
     assert isinstance(replays, list)
     click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)

@@ -8,8 +8,9 @@ same pairs as OVERLAP_F_B actions but its runtime performs them one after the ot
 waiting for its own input and sending at its own end, which is the order run op by op.
 
 A chunk is the pair of an F and the B right after it on the rank, of the other stage; in the
-steady state the order alternates such pairs. The first pair of the last rank is not one: both
-DualPipe and torch run it as two chunks, to shorten the bubble.
+steady state the order alternates such pairs. The first pair of the last rank in each minibatch
+is not one: both DualPipe and torch run it as two chunks, to shorten the bubble, and both run
+each minibatch apart (DualPipe's ``step()``), so every minibatch has that pair.
 
 The PipeMare paper's pipeline (``pipemare_model="paper"``) is the same op on one stage: in each
 time step a stage runs one forward and one backward at once, F(i + w) beside B(i), so the pair
@@ -48,10 +49,12 @@ def chunk_starts(schedule: Schedule, *, pipemare_model: PipemareModel = "1f1b") 
         same_stage &= t.microbatch[:-1] - t.microbatch[1:] == lag
     pair = (kind[:-1] == F_CODE) & (kind[1:] == B_CODE) & (rank[:-1] == rank[1:]) & (same_stage if is_steps else ~same_stage)
     starts = np.flatnonzero(pair)
+    if is_steps:
+        return starts
     on_last = starts[rank[starts] == t.num_ranks - 1]
-    if on_last.size and not is_steps:
-        starts = starts[starts != on_last[0]]
-    return starts
+    # The last rank's first pair of each minibatch (microbatches of minibatch k: k m .. k m + m - 1).
+    _, first = np.unique(t.microbatch[on_last] // schedule.num_microbatches, return_index=True)
+    return np.setdiff1d(starts, on_last[first], assume_unique=True)
 
 
 def overlap_chunks(

@@ -20,7 +20,10 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
                    compiled: bool | None = None) -> Columns:
     """The memory events of a run whose op ``g`` (flat OpTable index) ran from ``start_s[g]`` to ``end_s[g]``.
 
-    At time 0 each stage holds one weight version, one gradient buffer and its optimizer state.
+    At time 0 each stage holds one weight version (and, under ZeRO-3, the whole weights of the
+    two largest of its layers, gathered: ``StageCosts.gathered_bytes``), one gradient buffer (its
+    weights' size, or ``StageCosts.gradient_bytes``) and its optimizer state (the optimizer state
+    multiplier x its weights, or ``StageCosts.optimizer_bytes``).
     An F's end stashes the stage's activation bytes for that microbatch and a B's end frees
     them. With split backward, W frees what I keeps: I's end frees the stash but keeps the
     stage's weight-stash bytes (what W still needs; no event when that is the whole stash),
@@ -45,11 +48,15 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     ends = np.ascontiguousarray(end_s, np.float64)
     starts = np.ascontiguousarray(start_s, np.float64)
     working = np.asarray(costs.working_bytes or np.zeros(costs.num_stages), dtype=np.float64)
+    params = np.asarray(costs.param_bytes, dtype=np.float64)
+    held = (params if costs.gathered_bytes is None else params + np.asarray(costs.gathered_bytes, dtype=np.float64),
+            params if costs.gradient_bytes is None else np.asarray(costs.gradient_bytes, dtype=np.float64),
+            params * float(program.info.optimizer_state_multiplier) if costs.optimizer_bytes is None
+            else np.asarray(costs.optimizer_bytes, dtype=np.float64))
     columns = jit.pick(memory_kernel, use)(
         np.argsort(ends, kind="stable"), program.schedule.stage_kind, *event_structure(program, use), ends,
         np.asarray(costs.stash_bytes, dtype=np.float64),
-        np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64),
-        np.asarray(costs.param_bytes, dtype=np.float64), float(program.info.optimizer_state_multiplier),
+        np.asarray(costs.weight_stash_bytes or costs.stash_bytes, dtype=np.float64), params, np.stack(held),
         np.asarray(program.schedule.stage_to_rank, dtype=np.int64),
         working, starts, _start_order(program, starts) if costs.working_bytes else np.zeros(0, np.int64))
     return dict(zip(MEMORY_COLUMNS, columns, strict=True))
@@ -151,7 +158,7 @@ def _starts_before(limit: float, taken: int, row: int, start_order: IntArray, st
 @jit.jit
 def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[np.uint8], op_counts: IntArray,
                   num_version_events: int, end_s: FloatArray, stash: FloatArray, kept: FloatArray, params: FloatArray,
-                  multiplier: float, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
+                  held: FloatArray, stage_to_rank: IntArray, working: FloatArray, start_s: FloatArray,
                   start_order: IntArray) -> tuple[FloatArray, IntArray, IntArray, IntArray, FloatArray, IntArray]:
     """``memory_columns`` in one pass over the ops in order of time: the columns in
     MEMORY_COLUMNS order, counted first from the ops per (stage, kind).
@@ -160,7 +167,8 @@ def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[n
     I ops by start (empty without working bytes): the events follow them, merged by time.
     ``versions``, ``op_counts`` and ``num_version_events``: what ``order_events`` gives; an op's
     activation event (its bits, bytes and count) is looked up by its row ``stage_kind``, which
-    also gives its stage, and the stage its rank.
+    also gives its stage, and the stage its rank. ``held[c, s]``: what stage s holds of category
+    c (weights, gradients, optimizer) from time 0; ``params[s]``: the bytes of one more version.
     """
     p = stash.shape[0]
     total = 3 * p + num_version_events
@@ -186,7 +194,7 @@ def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[n
     for s in range(p):
         for c in range(3):
             time_s[3 * s + c], device[3 * s + c], stage_of[3 * s + c], category[3 * s + c] = 0.0, stage_to_rank[s], s, c
-            delta[3 * s + c], count[3 * s + c] = params[s] * multiplier if c == OPTIMIZER else params[s], 1
+            delta[3 * s + c], count[3 * s + c] = held[c, s], 1
     row = 3 * p
     taken = 0  # the starts written so far: each start that takes working bytes goes before the first end after it
     starts = start_order.shape[0]

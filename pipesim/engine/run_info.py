@@ -40,6 +40,9 @@ class RunInfo:
         backend, device, partition: a measured run's torch backend, device and layer ranges.
         cpu_share: per rank of a measured run, CPU over wall time of its compute spans.
         compute_cpu_s: per rank and op position, the thread CPU seconds of its compute span.
+        compute_receive_s, compute_send_s: per rank and op position, the seconds of its compute
+            span before its work began (taking its input from the link) and after its work ended
+            (handing its output to the link, the records); -1 where not measured.
         cuda_max_memory_allocated_bytes: per rank, torch's peak allocation (CUDA runs).
         partial, failure: a measured run that failed, and where.
         other: keys this version does not know, kept so that such a trace round trips.
@@ -67,6 +70,8 @@ class RunInfo:
     partition: tuple[tuple[int, int], ...] | None = None
     cpu_share: tuple[float | None, ...] | None = None
     compute_cpu_s: tuple[tuple[float, ...] | None, ...] | None = None
+    compute_receive_s: tuple[tuple[float, ...] | None, ...] | None = None
+    compute_send_s: tuple[tuple[float, ...] | None, ...] | None = None
     cuda_max_memory_allocated_bytes: tuple[float, ...] | None = None
     partial: bool | None = None
     failure: RunFailure | None = None
@@ -208,6 +213,7 @@ def _is_text(value: Any) -> bool:
 _INT, _NUMBER, _TEXT = (_is_int, "an integer"), (_is_number, "a number"), (_is_text, "text")
 _INTS, _NUMBERS = (_list_of(_is_int), "a list of integers"), (_list_of(_is_number), "a list of numbers")
 _SOME_NUMBERS = (_list_of(_is_number, optional=True), "a list of numbers or nulls")
+_PER_OP = (_list_of(_list_of(_is_number), optional=True), "a list of lists of numbers, or nulls")
 # Per key of the JSON's meta: its check and the rule a wrong value breaks; the keys before
 # "engine" are in every trace.
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -219,7 +225,9 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "partition": (_list_of(lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_int, v))),
                   "a list of [start, end] integer pairs"),
     "cpu_share": _SOME_NUMBERS,
-    "compute_cpu_s": (_list_of(_list_of(_is_number), optional=True), "a list of lists of numbers, or nulls"),
+    "compute_cpu_s": _PER_OP,
+    "compute_receive_s": _PER_OP,
+    "compute_send_s": _PER_OP,
     "cuda_max_memory_allocated_bytes": _NUMBERS,
     "partial": (lambda v: isinstance(v, bool), "true or false"),
     "failure": (_is_failure, "an object of rank (integer), op and reason (text)"),

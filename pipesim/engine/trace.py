@@ -13,6 +13,7 @@ import numpy.typing as npt
 from pipesim.engine.run_info import RunInfo
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import KIND_ORDER
+from pipesim.spec.files import check_int_digits
 
 TRACE_SCHEMA = "pipesim.trace/1"
 
@@ -268,9 +269,11 @@ class Trace:
                 meta key missing or of the wrong type.
         """
         try:
-            data = json.loads(text)
+            data = json.loads(text, parse_int=check_int_digits)
         except json.JSONDecodeError as exc:
             raise ConfigError("trace", source, f"is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        except ConfigError as exc:  # an integer of more digits than Python converts
+            raise ConfigError(exc.field, exc.value, exc.rule, source=source) from None
         if not isinstance(data, dict) or data.get("schema") != TRACE_SCHEMA:
             raise ConfigError("schema", data.get("schema") if isinstance(data, dict) else data,
                               f"must be {TRACE_SCHEMA!r}", source=source)

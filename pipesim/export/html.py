@@ -1,4 +1,5 @@
-"""One self-contained HTML report: metrics tables and embedded figures, for a simulation or a sweep.
+"""One self-contained HTML report: metrics tables and embedded figures, for a simulation, schedules
+compared side by side, a search of parallel configurations, or a sweep.
 
 Figures come in already rendered (PNG bytes, embedded as base64, or SVG text, inlined), so this
 module needs no plotting library; ``pipesim.plots.report`` draws them.
@@ -13,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipesim.engine.trace import CATEGORIES
-from pipesim.export.provenance import describe
-from pipesim.export.report import verdict_text
+from pipesim.export.provenance import describe, label
+from pipesim.export.report import comparison_rows, verdict_text
 
 # (title, rendered bytes, format: "png" or "svg")
 Figure = tuple[str, bytes, str]
@@ -87,10 +88,11 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
         ("microbatch size", m.get("microbatch_size", "")), ("compute ops", m["num_ops"]),
         ("iteration time", f"{m['iteration_time_s'] * 1e3:.3f} ms ({window})"),
         ("makespan", f"{m['makespan_s'] * 1e3:.3f} ms"),
-        ("throughput", f"{m['throughput_samples_per_s']:.2f} samples/s"),
+        *_throughput_rows(m),
         ("bubble fraction", f"{m['bubble_fraction']:.1%}"),
         ("peak memory", f"{_bytes(m['peak_memory_bytes'])} (the largest device)"),
         *([("memory budget", verdict_text(m))] if "fits" in m else []),
+        ("weight staleness", _staleness_text(m["stages"])),
     ]
     partition = m.get("partition") or []
     rows = []
@@ -122,10 +124,43 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
     heading = title or f"pipesim: {m['schedule']}, p={m['num_stages']}, m={m['num_microbatches']}, K={m['num_minibatches']}"
     if run and not title:
         links = dict(describe(run))
-        heading += f" — {run['profile']['name']}, {links['bandwidth_bytes_per_s']}, {links['latency_s']}"
+        heading += f" — {run['profile']['name']}, {links[label('bandwidth_bytes_per_s')]}, {links[label('latency_s')]}"
+    if "tokens_per_s" in m and not title:
+        heading += f" — {m['num_gpus']} GPUs, {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}"
     if "fits" in m and not title:
-        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {m['memory_budget_bytes'] / 1e9:.1f} GB"
+        budget = m.get("memory_budget") or f"{m['memory_budget_bytes'] / 1e9:.1f} GB"
+        heading += f" — {'fits' if m['fits'] else 'does NOT fit'} in {budget}"
     return page(heading, sections, version=version)
+
+
+def degrees_text(m: dict[str, Any]) -> str:
+    """``32 GPUs: TP 2 x PP 4 x DP 4`` from a capacity run's object (``simulate --model --json``);
+    the pipeline's ranks are its PP."""
+    return f"{m['num_gpus']} GPUs: TP {m['tp']} x PP {m['num_ranks']} x DP {m['dp']}"
+
+
+def _throughput_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """The throughput of one pipeline, and for a capacity run (``tokens_per_s`` in ``m``) the
+    whole job's beside it: samples/s over the DP pipelines, tokens/s, MFU and the parallel degrees."""
+    pipeline = f"{m['throughput_samples_per_s']:.2f} samples/s"
+    if "tokens_per_s" not in m:
+        return [("throughput", pipeline)]
+    rows = [("GPUs and parallel degrees", degrees_text(m)),
+            ("throughput per pipeline", pipeline)]
+    if "global_throughput_samples_per_s" in m:
+        rows.append(("throughput, all DP pipelines", f"{m['global_throughput_samples_per_s']:.2f} samples/s"))
+    rows += [("tokens/s, all GPUs", f"{m['tokens_per_s']:,.0f}"), ("MFU", f"{m['mfu']:.1%}")]
+    return rows
+
+
+def _staleness_text(stages: Sequence[dict[str, Any]]) -> str:
+    """The most weight versions, forward delay and discrepancy over the stages, in words."""
+    versions = max(stage["weight_versions_max"] for stage in stages)
+    delay = max(stage["forward_delay_steps"] for stage in stages)
+    discrepancy = max(stage["discrepancy_max"] for stage in stages)
+    if versions <= 1 and delay == 0 and discrepancy == 0:
+        return "none: one weight version, no forward delay or discrepancy (no staleness chart)"
+    return f"up to {versions} weight versions, forward delay up to {delay} updates, discrepancy up to {discrepancy}"
 
 
 def _device_table(m: dict[str, Any]) -> str:
@@ -144,6 +179,80 @@ def _device_table(m: dict[str, Any]) -> str:
     headers = ["device", "stages", "utilization", "peak memory", *(f"at peak: {c}" for c in CATEGORIES),
                *(["headroom"] if headroom is not None else [])]
     return table(headers, rows)
+
+
+def comparison_html(runs: Sequence[dict[str, Any]], figures: Sequence[Figure], *, version: str,
+                    title: str | None = None) -> str:
+    """The report of schedules compared side by side (``simulate --schedule A,B --out``): their
+    shared inputs, one row per schedule (``comparison_rows``), each one's memory verdict, and the
+    figures. ``runs`` are ``simulate --json`` objects (their ``run`` records included)."""
+    names = [run["schedule"] for run in runs]
+    first = runs[0].get("run")
+    sections = []
+    if first:
+        shared = dict(first, schedule=", ".join(names),
+                      stages_per_rank=", ".join(str(run.get("run", {}).get("stages_per_rank", "")) for run in runs))
+        sections += ['<h2 id="run">Run</h2>', table(["input", "value"], describe(shared), text_columns=2)]
+    headers, rows = comparison_rows(list(runs))
+    sections += ["<h2>Schedules side by side</h2>", f'<div class="wide">{table(headers, rows, text_columns=1)}</div>']
+    if any("tokens_per_s" in run for run in runs):
+        sections.append(f'<p class="note">{html.escape(degrees_text(runs[0]))}; samples/s is one pipeline\'s, '
+                        "tokens/s and MFU the whole job's.</p>")
+    verdicts = [(run["schedule"], verdict_text(run)) for run in runs if "fits" in run]
+    if verdicts:
+        sections += ["<h2>Memory</h2>", table(["schedule", "verdict"], verdicts, text_columns=2)]
+    sections += ["<h2>Figures</h2>", *(figure(item) for item in figures),
+                 '<p class="note">Each schedule has its own folder here: <code>pipesim report FOLDER/SCHEDULE</code> '
+                 "writes its full report.</p>"]
+    heading = title or f"pipesim: {', '.join(names)} side by side, p={runs[0]['num_stages']}, " \
+                       f"m={runs[0]['num_microbatches']}"
+    if first and not title:
+        heading += f" — {first['profile']['name']}"
+    return page(heading, sections, version=version)
+
+
+# A search's candidates as the report shows them: (column, header, how a value is written).
+_SEARCH_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("tp", "TP", str), ("pp", "PP", str), ("dp", "DP", str), ("microbatch_size", "b", str),
+    ("num_microbatches", "m", str), ("schedule", "schedule", str), ("stages_per_rank", "V", str),
+    ("recompute", "recompute", str), ("tokens_per_s", "tokens/s", lambda v: f"{v:,.0f}"),
+    ("mfu", "MFU", lambda v: f"{v:.1%}"), ("iteration_time_s", "iteration time", lambda v: f"{v * 1e3:,.1f} ms"),
+    ("peak_memory_bytes", "peak memory", _bytes), ("partition", "layers per stage", str),
+)
+
+
+def search_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,
+                budget: float | None = None, top: int = 10) -> str:
+    """The report of ``pipesim search --out`` from its candidates.csv: how many were dropped,
+    simulated and fit, the fastest that fit and those that do not, why candidates were dropped,
+    and the figures."""
+    simulated = frame[frame["status"] == "simulated"]
+    fitting = simulated[simulated["fits"]]
+    summary = [("candidates", len(frame)), ("dropped before simulation", len(frame) - len(simulated)),
+               ("simulated", len(simulated)), ("fit", len(fitting)),
+               ("memory budget per GPU", _bytes(budget) if budget is not None else "not recorded (report --memory)")]
+    sections = ["<h2>Summary</h2>", table(["quantity", "value"], summary, text_columns=2)]
+
+    def best(rows: Any) -> str:
+        rows = rows.sort_values("tokens_per_s", ascending=False, kind="stable").head(top)
+        cells = [[show(record[c]) for c, _, show in _SEARCH_COLUMNS] for record in rows.to_dict(orient="records")]
+        return f'<div class="wide">{table([h for _, h, _ in _SEARCH_COLUMNS], cells)}</div>'
+
+    if len(fitting):
+        sections += [f"<h2>Fastest that fit ({min(top, len(fitting))} of {len(fitting)})</h2>", best(fitting)]
+    else:
+        sections.append('<p class="note">No simulated configuration fits the budget.</p>')
+    over = simulated[~simulated["fits"]]
+    if len(over):
+        sections += [f"<h2>Fastest over the budget ({min(top, len(over))} of {len(over)})</h2>", best(over)]
+    dropped = frame[frame["status"] != "simulated"]
+    if len(dropped):
+        counts = dropped["reason"].value_counts(sort=True).head(top)
+        sections += ["<h2>Why candidates were dropped</h2>",
+                     table(["reason", "candidates"], list(counts.items()), text_columns=1)]
+    sections += ["<h2>Figures</h2>", *(figure(item) for item in figures)]
+    heading = title or f"pipesim search: {len(frame)} candidates, {len(fitting)} fit"
+    return page(heading, sections, version=version)
 
 
 def sweep_html(frame: Any, figures: Sequence[Figure], *, version: str, title: str | None = None,

@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 # The keys of the record, in the order the report shows them.
 RUN_KEYS = ("command", "pipesim_version", "profile", "topology", "bandwidth_bytes_per_s", "latency_s", "schedule",
             "num_stages", "num_microbatches", "num_minibatches", "stages_per_rank", "engine")
+# How a report labels a key of the record; any other key is written out by ``label``.
+RUN_LABELS = {"pipesim_version": "pipesim version", "bandwidth_bytes_per_s": "link bandwidth",
+              "latency_s": "link latency", "num_stages": "stages p", "num_microbatches": "microbatches m",
+              "num_minibatches": "minibatches K", "stages_per_rank": "stages per rank V", "sha256": "SHA-256",
+              "seq_len": "sequence length", "num_gpus": "GPUs", "tp": "tensor parallel TP",
+              "pp": "pipeline parallel PP", "dp": "data parallel DP", "tokens_per_s": "tokens/s", "mfu": "MFU"}
+# Unit suffixes of field names, as a label writes them.
+_UNITS = (("_bytes_per_s", " (bytes/s)"), ("_per_s", " (per s)"), ("_bytes", " (bytes)"), ("_s", " (s)"))
 
 
 def _finite(value: float) -> float | None:
@@ -57,9 +65,22 @@ def _identity(value: dict[str, Any]) -> str:
     return f"{value.get('name', '')} (sha256 {digest})" if digest else str(value.get("name", ""))
 
 
+def label(key: str) -> str:
+    """A field name as words for a report: ``RUN_LABELS``, else the name with its unit suffix in
+    brackets, a ``num_`` prefix dropped and underscores as spaces (``seq_len``: "seq len")."""
+    if key in RUN_LABELS:
+        return RUN_LABELS[key]
+    words = key.removeprefix("num_")
+    for suffix, unit in _UNITS:
+        if words.endswith(suffix) and len(words) > len(suffix):
+            return words.removesuffix(suffix).replace("_", " ") + unit
+    return words.replace("_", " ")
+
+
 def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
     """The record as (label, text) rows for a report: ``RUN_KEYS`` first, in order, then any other
-    keys (a sweep's spec, digest, profiles), inputs as ``name (sha256 ...)``, units written out."""
+    keys (a sweep's spec, digest, profiles), each labelled in words (``label``), inputs as
+    ``name (sha256 ...)``, units written out."""
     rows = []
     for key in [*(k for k in RUN_KEYS if k in run), *sorted(set(run) - set(RUN_KEYS))]:
         value = run[key]
@@ -73,5 +94,5 @@ def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
             text = f"{value * 1e6:.4g} us"
         else:
             text = "" if value is None else str(value)
-        rows.append((key, text))
+        rows.append((label(key), text))
     return rows

@@ -1,12 +1,20 @@
 """Op times taken from a short calibration run of the real pipeline runtime, as a profile for one partition.
 
 A layer profile times each layer alone; in a pipeline the same op runs while the peer rank
-computes and gloo's threads copy messages on the same two cores, and its time differs (on the
-reference 2-core machine, 10-25% longer). The calibration measures the ops where they run: a
-separate run of the real runtime with a fixed schedule (GPipe by default, or 1F1B; a few
-microbatches and minibatches; never a run being validated) on as many processes as the run it
-calibrates (with several stages per rank, GPipe's and 1F1B's forms for that: looped-bfs and
-interleaved-1f1b), whose steady-state op times per stage and kind become the stage's op times.
+computes and gloo's threads copy messages, and its time differs. The calibration measures the
+ops where they run: separate runs of the real runtime with fixed schedules (GPipe and 1F1B by
+default, or either alone; never a run being validated) on as many processes as the run they
+calibrate (with several stages per rank, GPipe's and 1F1B's forms for that: looped-bfs and
+interleaved-1f1b), whose steady-state op times per stage and kind become the stage's op times,
+and per stage, kind and the kind of the op before (pipesim.harness.op_context) the time each op
+of a prediction takes in its own context: GPipe runs an F after an F, the 1F1B family after a B.
+
+By default the calibration run has the microbatches and minibatches of the run it calibrates, so
+that its op times come from the same point of a rank's life as the run's steady-state window
+(minibatches 1..K-2): a rank's ops are slower in its first minibatches than later (its memory is
+still being mapped: tens of thousands of page faults in minibatch 0, one or two thousand in
+minibatch 1; on the 2-core reference host the F of minibatch 1 ran 3-10% over the long-run mean,
+benchmarks/RESULTS.md), and a short run measures them there.
 The result is a Profile for one partition: each stage's layers are scaled, per kind, so that the
 stage's op time (its layers plus the profile's per-op overheads) equals the calibration run's.
 The spread (standard deviation) of each stage's ops of a kind is kept too:
@@ -17,56 +25,79 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
+from pipesim.harness.breakdown import steady_ops
 from pipesim.harness.config import ModelSpec, RunConfig
 from pipesim.harness.config import summarize
+from pipesim.harness.op_context import ContextKey, context_times
 from pipesim.harness.overheads import KINDS, OpCosts
-from pipesim.schedule.ir import Op
 from pipesim.spec.profile import Layer, Profile
 
-SCHEDULES = ("gpipe", "1f1b")
-# Each calibration schedule's form with several stages per rank (stage s on rank s mod R).
+SCHEDULES = ("gpipe", "1f1b", "both")
+# The runs each choice makes, and each calibration schedule's form with several stages per rank
+# (stage s on rank s mod R).
+RUNS = {"gpipe": ("gpipe",), "1f1b": ("1f1b",), "both": ("gpipe", "1f1b")}
 LOOPED = {"gpipe": "looped-bfs", "1f1b": "interleaved-1f1b"}
 
 
 @dataclass(frozen=True)
 class CalibrationRun:
-    """The calibration run: ``schedule`` (GPipe or 1F1B) with ``num_microbatches`` x ``num_minibatches``.
+    """The calibration runs: ``schedule`` (GPipe, 1F1B, or both: one run of each) with ``num_microbatches``
+    x ``num_minibatches``, each None for the calibrated run's own (at least 3 minibatches).
 
     The op times are the ``statistic`` of each stage's spans of a kind in the steady-state
     minibatches (the first and the last are dropped, as ``metrics.steady_window`` does).
     """
 
-    num_microbatches: int = 4
-    num_minibatches: int = 20
+    num_microbatches: int | None = None
+    num_minibatches: int | None = None
     statistic: str = "mean"
     threads: int = 1
     device: str = "cpu"
-    schedule: str = "gpipe"
+    schedule: str = "both"
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ConfigError("calibration_schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)}")
-        if self.num_microbatches < 1:
+        if self.num_microbatches is not None and self.num_microbatches < 1:
             raise ConfigError("calibration_microbatches", self.num_microbatches, "must be >= 1")
-        if self.num_minibatches < 3:
+        if self.num_minibatches is not None and self.num_minibatches < 3:
             raise ConfigError("calibration_minibatches", self.num_minibatches,
                               "must be >= 3 (the first and the last are outside the steady state)")
 
-    def schedule_for(self, num_stages: int, num_ranks: int = 0) -> str:
-        """The schedule the run takes for ``num_stages`` stages on ``num_ranks`` processes (0: one per stage)."""
-        return LOOPED[self.schedule] if num_ranks and num_ranks != num_stages else self.schedule
+    def counts(self, num_microbatches: int | None = None, num_minibatches: int | None = None) -> tuple[int, int]:
+        """``(m, K)`` of the calibration run for a calibrated run of ``num_microbatches`` x
+        ``num_minibatches`` (K at least 3).
 
-    def describe(self, num_stages: int = 1, num_ranks: int = 0) -> str:
-        """One line saying what is measured."""
+        Raises:
+            ConfigError: a count this calibration leaves to the calibrated run was not given.
+        """
+        m = self.num_microbatches if self.num_microbatches is not None else num_microbatches
+        k = self.num_minibatches if self.num_minibatches is not None else num_minibatches
+        if m is None or k is None:
+            missing = "calibration_microbatches" if m is None else "calibration_minibatches"
+            raise ConfigError(missing, None, "give the calibration's own or the calibrated run's")
+        return m, max(3, k)
+
+    def schedules_for(self, num_stages: int, num_ranks: int = 0) -> tuple[str, ...]:
+        """The schedules of the runs for ``num_stages`` stages on ``num_ranks`` processes (0: one per stage)."""
+        looped = num_ranks and num_ranks != num_stages
+        return tuple(LOOPED[name] if looped else name for name in RUNS[self.schedule])
+
+    def describe(self, num_stages: int = 1, num_ranks: int = 0, counts: tuple[int, int] | None = None) -> str:
+        """One line saying what is measured (``counts``: the calibration's ``(m, K)``, when known)."""
         where = f" on {num_ranks} ranks" if num_ranks and num_ranks != num_stages else ""
-        return (f"a separate {self.schedule_for(num_stages, num_ranks)} run of the real runtime{where}, "
-                f"m={self.num_microbatches} K={self.num_minibatches}, the {self.statistic} of each stage's F, B "
-                f"and U spans in minibatches 1..{self.num_minibatches - 2}")
+        m, k = counts or (self.num_microbatches, self.num_minibatches)
+        shape = (f"m={m if m is not None else 'as the run'} K={k if k is not None else 'as the run'}, "
+                 f"the {self.statistic} of each stage's F, B and U spans in "
+                 + (f"minibatches 1..{k - 2}" if k is not None else "the steady-state minibatches"))
+        return (f"separate {' and '.join(self.schedules_for(num_stages, num_ranks))} runs of the real runtime{where}, "
+                f"{shape}")
 
 
 @dataclass(frozen=True)
@@ -82,6 +113,9 @@ class Calibrated:
         cpu_share: the smallest share of its busy time a rank of the calibration run had a CPU for.
         op_spread: per stage, the standard deviation of the calibration run's ops of each kind
             (F, B, U) in the same spans as ``op_times``.
+        traces: the calibration runs' traces (their ops' parts: pipesim.harness.breakdown).
+        context_s: per (stage, kind, kind of the op before) the runs saw often enough, the
+            ``statistic`` of those ops' spans (pipesim.harness.op_context).
     """
 
     profile: Profile
@@ -90,6 +124,8 @@ class Calibrated:
     layer_op_times: tuple[OpCosts, ...]
     cpu_share: float
     op_spread: tuple[OpCosts, ...] = ()
+    traces: tuple[Trace, ...] = ()
+    context_s: dict[ContextKey, float] = field(default_factory=dict)
 
 
 def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> tuple[OpCosts, ...]:
@@ -104,30 +140,31 @@ def stage_op_times(profile: Profile, partition: tuple[tuple[int, int], ...]) -> 
     return tuple(times)
 
 
-def _steady_spans(trace: Trace, num_stages: int) -> dict[tuple[int, str], list[float]]:
-    """Per (stage, kind), the durations of its compute spans in the steady-state minibatches."""
-    last = trace.info.num_minibatches - 1
+def _steady_spans(traces: Trace | Sequence[Trace], num_stages: int) -> dict[tuple[int, str], list[float]]:
+    """Per (stage, kind), the durations of its compute spans in the steady-state minibatches of
+    ``traces`` (one trace, or several together)."""
     spans: dict[tuple[int, str], list[float]] = {}
-    for span in trace.iter_spans():
-        if span.stream == "compute" and 1 <= span.minibatch < last:
-            spans.setdefault((span.stage, Op.parse(span.op).kind.value), []).append(span.end_s - span.start_s)
+    for trace in [traces] if isinstance(traces, Trace) else traces:
+        for op in steady_ops(trace):
+            spans.setdefault((op.stage, op.kind), []).append(op.duration_s)
     missing = [f"stage {s} {k}" for s in range(num_stages) for k in KINDS if (s, k) not in spans]
     if missing:
         raise ConfigError("calibration", ", ".join(missing), "the calibration run recorded no such op")
     return spans
 
 
-def measured_op_times(trace: Trace, num_stages: int, statistic: str) -> tuple[OpCosts, ...]:
-    """Per stage, the ``statistic`` of its compute spans of each kind in the steady-state minibatches."""
-    spans = _steady_spans(trace, num_stages)
+def measured_op_times(traces: Trace | Sequence[Trace], num_stages: int, statistic: str) -> tuple[OpCosts, ...]:
+    """Per stage, the ``statistic`` of its compute spans of each kind in the steady-state minibatches
+    (of several traces together)."""
+    spans = _steady_spans(traces, num_stages)
     return tuple(OpCosts(*(summarize(spans[(stage, kind)], statistic) for kind in KINDS))
                  for stage in range(num_stages))
 
 
-def measured_op_spread(trace: Trace, num_stages: int) -> tuple[OpCosts, ...]:
+def measured_op_spread(traces: Trace | Sequence[Trace], num_stages: int) -> tuple[OpCosts, ...]:
     """Per stage, the standard deviation (population) of its compute spans of each kind in the
     steady-state minibatches, the spans ``measured_op_times`` summarizes."""
-    spans = _steady_spans(trace, num_stages)
+    spans = _steady_spans(traces, num_stages)
     return tuple(OpCosts(*(statistics.pstdev(spans[(stage, kind)]) for kind in KINDS))
                  for stage in range(num_stages))
 
@@ -166,34 +203,41 @@ def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tu
 
 
 def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int], ...],
-              run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0, num_ranks: int = 0) -> Calibrated:
-    """Run the calibration schedule on ``partition`` for real and return ``profile`` calibrated to it.
+              run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0, num_ranks: int = 0,
+              for_run: tuple[int, int] | None = None) -> Calibrated:
+    """Run the calibration schedules on ``partition`` for real and return ``profile`` calibrated to them.
 
     ``num_ranks``: the processes of the run being calibrated (0: one per stage); with fewer
-    ranks than stages the calibration runs its schedule's several-stages-per-rank form on as many.
+    ranks than stages the calibration runs its schedules' several-stages-per-rank forms on as many.
+    ``for_run``: ``(m, K)`` of the run being calibrated, which the calibration takes where ``run``
+    leaves its counts None. The op times of several runs are those of their ops together.
 
     Raises:
-        ConfigError: a bad calibration shape or partition.
-        RunFailedError: the calibration run failed.
+        ConfigError: a bad calibration shape or partition, or counts known to neither.
+        RunFailedError: a calibration run failed.
     """
     from pipesim.harness.launch import launch
 
     run = run or CalibrationRun()
+    counts = run.counts(*(for_run or (None, None)))
     num_stages = len(partition)
     ranks = num_ranks if num_ranks and num_ranks != num_stages else 0
-    config = RunConfig(model=spec, schedule=run.schedule_for(num_stages, ranks), num_stages=num_stages,
-                       num_microbatches=run.num_microbatches, num_minibatches=run.num_minibatches,
-                       microbatch_size=profile.microbatch_size, partition=partition, threads=run.threads,
-                       device=run.device, backend="nccl" if run.device == "cuda" else "gloo", num_ranks=ranks)
-    with tempfile.TemporaryDirectory(prefix="pipesim-calibration-") as folder:
-        trace_path = Path(folder) / "trace.json"
-        launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
-        trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
-    targets = measured_op_times(trace, num_stages, run.statistic)
+    traces = []
+    for schedule in run.schedules_for(num_stages, ranks):
+        config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages, num_microbatches=counts[0],
+                           num_minibatches=counts[1], microbatch_size=profile.microbatch_size, partition=partition,
+                           threads=run.threads, device=run.device, backend="nccl" if run.device == "cuda" else "gloo",
+                           num_ranks=ranks)
+        with tempfile.TemporaryDirectory(prefix="pipesim-calibration-") as folder:
+            trace_path = Path(folder) / "trace.json"
+            launch(config.with_outputs(trace_out=trace_path), op_timeout_s=op_timeout_s)
+            traces.append(Trace.from_json(trace_path.read_text(encoding="utf-8")))
+    targets = measured_op_times(traces, num_stages, run.statistic)
     calibrated = scaled(profile, partition, targets).model_copy(update={
-        "device": f"{profile.device}; op times per stage from {run.describe(num_stages, ranks)}, "
+        "device": f"{profile.device}; op times per stage from {run.describe(num_stages, ranks, counts)}, "
                   f"partition {[list(r) for r in partition]}"})
-    shares = [share for share in trace.info.cpu_share or () if share is not None]
+    shares = [share for trace in traces for share in trace.info.cpu_share or () if share is not None]
     return Calibrated(profile=calibrated, partition=partition, op_times=targets,
                       layer_op_times=stage_op_times(profile, partition),
-                      cpu_share=min(shares, default=1.0), op_spread=measured_op_spread(trace, num_stages))
+                      cpu_share=min(shares, default=1.0), op_spread=measured_op_spread(traces, num_stages),
+                      traces=tuple(traces), context_s=context_times(traces, run.statistic))

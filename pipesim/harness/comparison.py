@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipesim.engine.trace import Trace
+from pipesim.harness.breakdown import OpRow, steady_ops
 from pipesim.metrics import Metrics
-from pipesim.schedule.ir import Op
 
 
 @dataclass(frozen=True)
@@ -41,23 +43,20 @@ def op_means(trace: Trace, *, cpu: bool = False) -> dict[str, float]:
     """Per stage and kind ("0F", "1B", ...), the mean compute span in the steady-state minibatches
     (all but the first and the last); with ``cpu``, the mean thread CPU time of the same spans
     from the run info's ``compute_cpu_s`` of a measured trace (absent: an empty dict)."""
-    last = trace.info.num_minibatches - 1
-    cpu_s = trace.info.compute_cpu_s if cpu else None
-    if cpu and not cpu_s:
+    if cpu and not trace.info.compute_cpu_s:
         return {}
     samples: dict[str, list[float]] = {}
-    for span in trace.iter_spans():
-        if span.stream != "compute" or not 1 <= span.minibatch < last:
-            continue
-        if cpu_s is not None:
-            per_op = cpu_s[span.device]
-            seconds = per_op[span.position] if per_op is not None else -1.0
-            if seconds < 0:
-                continue
-        else:
-            seconds = span.end_s - span.start_s
-        samples.setdefault(f"{span.stage}{Op.parse(span.op).kind.value}", []).append(seconds)
+    for op in steady_ops(trace):
+        seconds = op.cpu_s if cpu else op.duration_s
+        if not math.isnan(seconds):
+            samples.setdefault(f"{op.stage}{op.kind}", []).append(seconds)
     return {key: statistics.fmean(values) for key, values in sorted(samples.items())}
+
+
+def row_dict(row: OpRow) -> dict[str, Any]:
+    """One row of the op breakdown as JSON: its fields, NaN (not recorded) as null."""
+    return {name: None if isinstance(value, float) and math.isnan(value) else value
+            for name, value in dataclasses.asdict(row).items()}
 
 
 def relative_error(predicted: float, measured: float) -> float:
@@ -90,6 +89,14 @@ class RunComparison:
         mean_ops_iteration_time_s: when ``predicted``'s iteration time is the expectation over
             the calibration run's op-time spread (see pipesim.harness.variability), the
             iteration time of the mean op times alone.
+        op_rows: per stage and kind, the steady-state ops' predicted durations against their
+            measured spans and the spans' parts (pipesim.harness.breakdown.op_rows).
+        contributions: the iteration-time error as a sum: per op kind and ``"waits"``, the
+            predicted less the measured time per minibatch over the measured iteration time
+            (pipesim.harness.breakdown.contributions), and ``"spread"``: what the expectation
+            over the op-time spread added to the mean op times' prediction.
+        calibration_rows: with calibrated op times, the calibration run's own steady-state ops
+            per stage and kind and their parts (the rows of ``op_rows(calibration, calibration)``).
     """
 
     predicted: Metrics
@@ -103,6 +110,9 @@ class RunComparison:
     calibration_cpu_share: float | None = None
     op_times: dict[str, dict[str, float]] = field(default_factory=dict)
     mean_ops_iteration_time_s: float | None = None
+    op_rows: tuple[OpRow, ...] = ()
+    contributions: dict[str, float] = field(default_factory=dict)
+    calibration_rows: tuple[OpRow, ...] = ()
 
     @property
     def iteration_time_error(self) -> float:
@@ -232,6 +242,10 @@ class Comparison:
                 predicted["peak_memory_bytes"], measured["peak_memory_bytes"], strict=True)],
             "op_times": self.op_times,
             "op_times_runs": [run.op_times for run in self.runs],
+            "op_breakdown_runs": [[row_dict(row) for row in run.op_rows] for run in self.runs],
+            "error_contributions_runs": [run.contributions for run in self.runs],
+            **({"calibration_breakdown_runs": [[row_dict(row) for row in run.calibration_rows] for run in self.runs]}
+               if any(run.calibration_rows for run in self.runs) else {}),
             **self._layer_profile(),
             "versions_match": self.versions_match,
             "version_ops_compared": sum(run.versions.num_ops for run in self.runs),

@@ -328,6 +328,27 @@ def spec_of(profile: Profile, source: str | None = None) -> ModelSpec | None:
                           f"{SOURCE_PREFIX!r}: {reason}", source=source) from None
 
 
+def model_to_rebuild(spec: ModelSpec, named: str | None, source: str) -> ModelSpec:
+    """The model a run rebuilds for the profile ``source`` measured on ``spec``: a built-in model
+    from the profile alone (its sizes are data), a user's model only as named on the command line
+    (``named``), since a profile is a file people share and must never run code.
+
+    Raises:
+        ConfigError: the profile names a user model that ``named`` does not, showing the
+            profile's source and what to type; or ``named`` is a built-in model other than the
+            profile's.
+    """
+    if named is None:
+        if spec.name in BUILTIN_MODELS:
+            return spec
+        raise ConfigError("source.model", spec.name, "is a user model, whose code pipesim runs only when you name it "
+                          f"yourself: add --model {spec.name} (or the path where that file is here) if you trust it",
+                          source=source)
+    if (named in BUILTIN_MODELS or spec.name in BUILTIN_MODELS) and named != spec.name:
+        raise ConfigError("model", named, f"the profile was measured on {spec.name!r}", source=source)
+    return replace(spec, name=named)
+
+
 # Samples per microbatch of a built-in model when none is given: ops of milliseconds on one CPU core.
 DEFAULT_MICROBATCH_SIZE = {"mlp": 64, "transformer": 1, "null": 1}
 

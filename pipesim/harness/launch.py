@@ -1,16 +1,17 @@
 """Spawning the ranks on this machine and watching them: any failure, hang or death ends the whole run.
 
 The launcher starts one worker process per rank (as torchrun would: RANK, WORLD_SIZE,
-MASTER_ADDR=127.0.0.1 and a free MASTER_PORT), then polls. A rank that exits non-zero, is killed,
-or makes no progress for ``op_timeout_s`` ends the run: the others are stopped (SIGTERM, then
-SIGKILL), the records every rank left are merged into a partial trace, and RunFailedError names
-the rank and the op. Workers die with the launcher (PR_SET_PDEATHSIG), so nothing is orphaned.
+MASTER_ADDR=127.0.0.1 and a free MASTER_PORT; gloo and NCCL on the loopback interface), then
+polls. A rank that exits non-zero, is killed, or makes no progress for ``op_timeout_s`` ends the
+run: the others are stopped (SIGTERM, then SIGKILL), the records every rank left are merged into
+a partial trace, and RunFailedError names the rank and the op. Workers die with the launcher (PR_SET_PDEATHSIG), so nothing is orphaned.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,6 +42,7 @@ from pipesim.harness.recorder import (
     trace_meta,
 )
 from pipesim.harness.lifetime import die_with_parent
+from pipesim.harness.loopback import one_host_environment
 from pipesim.harness.zygote import shared_zygote
 from pipesim.schedule.ir import Schedule
 from pipesim.simulation import check_num_ops, count_ops
@@ -149,12 +151,13 @@ def spawn(module: str, args: list[str], world_size: int, folder: Path, threads: 
           master_port: int | None = None) -> list[RankProcess]:
     """Start ``module.main(args)`` once per rank with torchrun's environment; logs go to ``folder``.
 
-    Rank 0 serves the rendezvous on ``master_port`` (default: a port the OS reports free). Ranks
+    Rank 0 serves the rendezvous on 127.0.0.1:``master_port`` (default: a port the OS reports free),
+    and every rank's gloo and NCCL sockets listen on the loopback interface (``loopback``). Ranks
     are forked from the shared fork server (torch already imported) on Linux; set
     PIPESIM_SPAWN=subprocess to start each as a fresh ``python -m module`` instead.
     """
     port = free_port() if master_port is None else master_port
-    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+    base_env = {**one_host_environment(), "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                 "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": str(threads), "PIPESIM_RUN_DIR": str(folder)}
     envs = [dict(base_env, RANK=str(rank), LOCAL_RANK=str(rank)) for rank in range(world_size)]
     logs = [str(folder / f"rank{rank}.log") for rank in range(world_size)]
@@ -197,15 +200,63 @@ def wait_all(processes: list[RankProcess], folder: Path, what: str, timeout_s: f
         raise RunFailedError(bad[0], "", f"{what} failed: {reason}")
 
 
+# In a run folder, the files pipesim wrote there (one name a line), so that a later run replaces
+# those and no other: a folder without it that holds anything is someone else's.
+RUN_DIR_MARK = ".pipesim-run"
+RUN_FILE = re.compile(r"config\.json|rank[0-9]+\.(log|npy)|error[0-9]+\.json")
+
+
+def run_files(world_size: int) -> list[str]:
+    """The files a run of ``world_size`` ranks writes in its run folder."""
+    return ["config.json", *(f"{kind}{rank}.{suffix}" for rank in range(world_size)
+                             for kind, suffix in (("rank", "log"), ("rank", "npy"), ("error", "json")))]
+
+
+def take_run_dir(folder: Path, world_size: int) -> None:
+    """Make ``folder`` this run's: new, empty, or a run folder of pipesim's (``RUN_DIR_MARK``), whose
+    earlier files go, and only those; record the files this run writes there before any.
+
+    Raises:
+        ConfigError: the folder holds a file pipesim did not write that is in the way: anything,
+            in a folder without the mark; a file of this run's names, in one with it.
+    """
+    mark = folder / RUN_DIR_MARK
+    if folder.is_dir() and any(folder.iterdir()):
+        if not mark.is_file():
+            first = sorted(path.name for path in folder.iterdir())[0]
+            raise ConfigError("run_dir", str(folder), f"holds files pipesim did not write (such as {first}): give a "
+                              "new or empty folder")
+        for name in mark.read_text(encoding="utf-8", errors="replace").split():
+            if RUN_FILE.fullmatch(name) and (folder / name).is_file():  # a name of ours, never a path
+                (folder / name).unlink()
+        mine = [name for name in run_files(world_size) if (folder / name).exists()]
+        if mine:
+            raise ConfigError("run_dir", str(folder), f"holds {mine[0]}, which no earlier run of pipesim wrote there: "
+                              "give a new or empty folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    mark_run_files(folder, run_files(world_size))
+
+
+def mark_run_files(folder: Path, names: list[str], *, written_only: bool = False) -> None:
+    """Record ``names`` as pipesim's files in ``folder``: before a run, every file it may write (so a
+    run that dies still leaves them known), after it only those it wrote (an error file it did not
+    write may be someone else's later)."""
+    kept = [name for name in names if (folder / name).exists()] if written_only else names
+    write_text_atomic(folder / RUN_DIR_MARK, "".join(f"{name}\n" for name in kept))
+
+
 def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: float = 120.0,
            startup_timeout_s: float = 180.0, keep_run_dir: bool = False, master_port: int | None = None) -> float:
     """Run ``config`` on ``config.num_stages`` local processes; return the wall time in seconds.
 
     ``master_port`` is the rendezvous port on 127.0.0.1 (default: one the OS reports free).
+    ``run_dir`` keeps the ranks' logs and records (``take_run_dir``); by default they go in a
+    temporary folder, removed after the run.
 
     Raises:
         ConfigError: the backend or device is not available here, an op timeout that is not > 0,
-            or more ops than a simulation takes (``check_num_ops``), checked before any rank starts.
+            more ops than a simulation takes (``check_num_ops``), or a ``run_dir`` holding files
+            pipesim did not write, checked before any rank starts.
         RunFailedError: a rank raised, died, or hung (a rendezvous port already taken included);
             the partial trace is written to ``config.trace_out`` when that is set.
     """
@@ -216,12 +267,10 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
     check_backend(config.backend, config.device, schedule.num_ranks)
     made_dir = run_dir is None
     folder = Path(tempfile.mkdtemp(prefix="pipesim-run-")) if run_dir is None else run_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    for stale in [*folder.glob("rank*.npy"), *folder.glob("error*.json")]:
-        stale.unlink()
+    world_size = schedule.num_ranks
+    take_run_dir(folder, world_size)
     config_path = folder / "config.json"
     write_text_atomic(config_path, config.to_json())
-    world_size = schedule.num_ranks
     processes: list[RankProcess] = []
     started = time.perf_counter()
     failure: Failure | None = None
@@ -234,6 +283,7 @@ def launch(config: RunConfig, *, run_dir: Path | None = None, op_timeout_s: floa
                               "(EADDRINUSE when the rank listened on it)")
     finally:
         stop(processes)
+        mark_run_files(folder, run_files(world_size), written_only=True)
     wall = time.perf_counter() - started
     if failure is not None:
         trace_path = _write_partial(config, schedule, folder, failure)

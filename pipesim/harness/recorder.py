@@ -25,7 +25,9 @@ PHASE_NAMES = ("starting", "waiting for input", "computing", "finished", "failed
 HEADER = 16
 # Header cells.
 POSITION, PHASE, SINCE, NUM_COMPUTE, NUM_SENDS, NUM_ARRIVALS, NUM_MEMORY, ORIGIN, PID, RANK, CPU_S, WALL_S = range(12)
-COMPUTE_COLUMNS = 6  # position, version, minibatch, start, end, thread CPU seconds
+# position, version, minibatch, start, end, thread CPU seconds, seconds before the work (the receive),
+# seconds after it (the send and the records)
+COMPUTE_COLUMNS = 8
 SEND_COLUMNS = 5  # position, start, bytes, peer, tag
 ARRIVAL_COLUMNS = 3  # source rank, tag, time
 MEMORY_COLUMNS = 5  # time, stage, category, delta_bytes, delta_count
@@ -107,9 +109,11 @@ class Recorder:
         flat[counter] = index + 1
 
     def compute(self, position: int, version: int, minibatch: int, start: float, end: float,
-                cpu_s: float = -1.0) -> None:
-        """A compute span of op ``position`` and the CPU time its thread used for it (-1: unknown)."""
-        self._append("compute", NUM_COMPUTE, (position, version, minibatch, start, end, cpu_s))
+                cpu_s: float = -1.0, receive_s: float = -1.0, send_s: float = -1.0) -> None:
+        """A compute span of op ``position``, the CPU time its thread used for it, and how much of it
+        came before its work (taking its input) and after it (handing its output on, the records);
+        -1: unknown."""
+        self._append("compute", NUM_COMPUTE, (position, version, minibatch, start, end, cpu_s, receive_s, send_s))
 
     def cpu_time(self, cpu_s: float, wall_s: float) -> None:
         """Add to the totals of thread CPU time and wall time spent inside compute spans."""
@@ -180,12 +184,16 @@ def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | N
     # someone else mid-op (a loaded machine), which no profile can predict.
     cpu_share = tuple(None if r is None or r["header"][WALL_S] <= 0 else
                       float(r["header"][CPU_S] / r["header"][WALL_S]) for r in ranks)
-    # Per rank and op position, the thread CPU seconds of its compute span (-1: not recorded or not measured).
-    cpu_s: list[tuple[float, ...] | None] = []
+    # Per rank and op position, a column of its compute row: the thread CPU seconds of its span, and
+    # the span's seconds before and after its work (-1: not recorded or not measured).
+    per_op: dict[int, list[tuple[float, ...] | None]] = {5: [], 6: [], 7: []}
     for rank_index, r in enumerate(ranks):
-        row_of = {} if r is None else {int(row[0]): float(row[5]) for row in r["compute"].tolist()}
-        cpu_s.append(None if r is None else tuple(row_of.get(p, -1.0) for p in range(len(schedule.ranks[rank_index]))))
-    builder = TraceBuilder(info=replace(info, cpu_share=cpu_share, compute_cpu_s=tuple(cpu_s)))
+        rows = {} if r is None else {int(row[0]): row for row in r["compute"].tolist()}
+        for column, values in per_op.items():
+            values.append(None if r is None else tuple(float(rows[p][column]) if p in rows else -1.0
+                                                       for p in range(len(schedule.ranks[rank_index]))))
+    builder = TraceBuilder(info=replace(info, cpu_share=cpu_share, compute_cpu_s=tuple(per_op[5]),
+                                        compute_receive_s=tuple(per_op[6]), compute_send_s=tuple(per_op[7])))
     origin = next((float(r["header"][ORIGIN]) for r in ranks if r is not None and r["header"][ORIGIN] > 0), 0.0)
     compute_code, send_code = STREAMS.index("compute"), STREAMS.index("send")
     arrivals: dict[tuple[int, int, int], float] = {}
@@ -198,7 +206,7 @@ def merge(schedule: Schedule, ranks: list[dict[str, npt.NDArray[np.float64]] | N
         if blocks is None:
             continue
         ops = schedule.ranks[rank_index]
-        for position, version, minibatch, start, end, _ in blocks["compute"].tolist():
+        for position, version, minibatch, start, end, *_ in blocks["compute"].tolist():
             op = ops[int(position)]
             builder.span(rank_index, compute_code, KINDS.index(op.kind.value), op.stage, op.microbatch,
                          int(minibatch), int(version), start - origin, end - origin, 0.0, -1, int(position))

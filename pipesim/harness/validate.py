@@ -7,6 +7,8 @@ interleave (A B C A B C): a machine whose speed drifts then weighs on every sche
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import os
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,9 +18,11 @@ import numpy as np
 
 from pipesim.engine.trace import Trace
 from pipesim.errors import ConfigError
+from pipesim.harness.breakdown import contributions, op_rows
 from pipesim.harness.comparison import Comparison, RunComparison, compare_versions, op_means
 from pipesim.harness.config import COMPUTE_MODES, ModelSpec, RunConfig, TrainingOptions
 from pipesim.harness.launch import launch
+from pipesim.harness.op_context import ContextKey, in_context
 from pipesim.harness.overheads import OpCosts, with_host_cost
 from pipesim.harness.prediction import emulation_of, predict
 from pipesim.harness.variability import expected_iteration_time
@@ -82,9 +86,16 @@ class CalibratedTimes(Protocol):
     @property
     def op_spread(self) -> tuple[OpCosts, ...]: ...  # noqa: D102
 
+    @property
+    def traces(self) -> tuple[Trace, ...]: ...  # noqa: D102
 
-# Given the layer profile and the partition, a calibrated profile for that partition.
-Calibration = Callable[[Profile, tuple[tuple[int, int], ...]], CalibratedTimes]
+    @property
+    def context_s(self) -> dict[ContextKey, float]: ...  # noqa: D102
+
+
+# Given the layer profile and the run to be calibrated (its partition, ranks, microbatches and
+# minibatches), a profile calibrated for that partition.
+Calibration = Callable[[Profile, RunConfig], CalibratedTimes]
 
 
 
@@ -101,7 +112,7 @@ class ScheduleValidation:
         schedule, num_stages, num_microbatches, num_minibatches: what runs.
         num_ranks: processes, for schedules that put several stages on a rank (0: one per stage).
         calibration: when given (real compute only), the prediction's op times come from it
-            (called before every run with the layer profile and the partition: a separate
+            (called before every run with the layer profile and the run's config: a separate
             calibration run of the real runtime, never the validated run), and the layer
             profile's own prediction is kept beside it (``RunComparison.layer_predicted``).
         spread_draws: with a calibration, the predicted iteration time is the mean over this
@@ -114,6 +125,8 @@ class ScheduleValidation:
             the run is compared with; the emulated ops last the durations predicted without it.
         realtime_priority: emulated compute only: the ranks' SCHED_RR priority (see
             ``pipesim.harness.config.Emulation``); 0: the OS's normal policy.
+        trace_folder: where each run's measured trace is kept, gzipped, as
+            ``SCHEDULE-COMPUTE-runN.json.gz`` (None: not kept).
 
     Raises:
         ConfigError: an unknown compute mode, a calibration with emulated compute, or a host cost
@@ -126,7 +139,7 @@ class ScheduleValidation:
                  partition: tuple[tuple[int, int], ...] | None = None, op_timeout_s: float = 120.0,
                  backend: str = "gloo", device: str = "cpu", num_ranks: int = 0,
                  calibration: Calibration | None = None, spread_draws: int = 32, compute: str = "real",
-                 host_cost_s: float = 0.0, realtime_priority: int = 0) -> None:
+                 host_cost_s: float = 0.0, realtime_priority: int = 0, trace_folder: Path | None = None) -> None:
         if compute not in COMPUTE_MODES:
             raise ConfigError("compute", compute, f"must be one of {', '.join(COMPUTE_MODES)}")
         if compute == "emulated" and calibration is not None:
@@ -151,6 +164,7 @@ class ScheduleValidation:
         self.calibration = calibration
         self.spread_draws = spread_draws
         self.compute = compute
+        self.trace_folder = trace_folder
         self.runs: list[RunComparison] = []
 
     def _config(self, profile: Profile) -> RunConfig:
@@ -176,18 +190,26 @@ class ScheduleValidation:
         config = self._config(current)
         layer_result, calibration_share = None, None
         spread: tuple[OpCosts, ...] = ()
+        calibration_traces: tuple[Trace, ...] = ()
+        contexts: dict[ContextKey, float] = {}
         if self.calibration is not None:
             layer_result = predict(current, self.topology, config)
-            calibrated = self.calibration(current, config.partition)
+            calibrated = self.calibration(current, config)
             current, calibration_share, spread = calibrated.profile, calibrated.cpu_share, calibrated.op_spread
+            calibration_traces, contexts = calibrated.traces, calibrated.context_s
         device = predict(current, self.topology, config)
         if self.host_cost_s:
             current = with_host_cost(current, self.host_cost_s, config.partition,
                                      config.build_schedule().stage_to_rank)
         result = predict(current, self.topology, config) if self.host_cost_s else device
         program = prepare(current, self.topology, result.plan)
+        durations = None
+        if contexts:  # each op the calibrated time of its own context (pipesim.harness.op_context)
+            durations = in_context(program, contexts)
+            in_order = run_program(program, durations_s=durations)
+            result = dataclasses.replace(result, trace=in_order, metrics=compute_metrics(in_order))
         predicted, mean_ops = result.metrics, None
-        expected = (expected_iteration_time(program, spread, draws=self.spread_draws)[0]
+        expected = (expected_iteration_time(program, spread, draws=self.spread_draws, mean_s=durations)[0]
                     if spread and self.spread_draws else 0.0)
         if expected > 0:
             mean_ops = predicted.iteration_time_s
@@ -200,17 +222,26 @@ class ScheduleValidation:
         with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as folder:
             trace_path = Path(folder) / "trace.json"
             launch(config.with_outputs(trace_out=trace_path), op_timeout_s=self.op_timeout_s)
-            trace = Trace.from_json(trace_path.read_text(encoding="utf-8"))
+            text = trace_path.read_text(encoding="utf-8")
+            trace = Trace.from_json(text)
+        if self.trace_folder is not None:
+            keep_trace(text, self.trace_folder / f"{self.schedule}-{self.compute}-run{len(self.runs) + 1}.json.gz")
         peaks = trace.info.cuda_max_memory_allocated_bytes or ()
+        measured = compute_metrics(trace)
+        parts = contributions(result.trace, trace)
+        if mean_ops is not None and measured.iteration_time_s > 0:
+            parts["spread"] = (predicted.iteration_time_s - mean_ops) / measured.iteration_time_s
         run = RunComparison(
-            predicted=predicted, measured=compute_metrics(trace), replayed=compute_metrics(replay(program, trace)),
+            predicted=predicted, measured=measured, replayed=compute_metrics(replay(program, trace)),
             versions=compare_versions(result.trace, trace), cpu_share=tuple(trace.info.cpu_share or ()),
             profile_cpu_share=profile_share, cuda_peaks=tuple(float(v) for v in peaks),
             layer_predicted=None if layer_result is None else layer_result.metrics,
             calibration_cpu_share=calibration_share, mean_ops_iteration_time_s=mean_ops,
             op_times={"predicted": op_means(result.trace), "measured": op_means(trace),
                       "measured_cpu": op_means(trace, cpu=True),
-                      **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})})
+                      **({"layer_profile": op_means(layer_result.trace)} if layer_result is not None else {})},
+            op_rows=tuple(op_rows(result.trace, trace)), contributions=parts,
+            calibration_rows=tuple(row for made in calibration_traces for row in op_rows(made, made)))
         self.runs.append(run)
         return run
 
@@ -223,6 +254,14 @@ class ScheduleValidation:
         return Comparison(runs=tuple(self.runs), partition=self.partition, notes=tuple(notes),
                           op_times="layer profile" if self.calibration is None else "calibration run",
                           compute=self.compute, host_cost_s=self.host_cost_s)
+
+
+def keep_trace(text: str, path: Path) -> None:
+    """Write a trace's JSON ``text`` gzipped (deterministic: no time stamp) to ``path``, folders made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    os.replace(partial, path)
 
 
 def validate_interleaved(validations: Sequence[ScheduleValidation], repeats: int,

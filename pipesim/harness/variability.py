@@ -20,7 +20,7 @@ import numpy as np
 
 from pipesim.errors import ConfigError
 from pipesim.harness.overheads import OpCosts
-from pipesim.metrics import compute_metrics
+from pipesim.metrics import iteration_time
 from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, U_CODE, W_CODE
 from pipesim.simulation import PreparedRun, run_program
 
@@ -60,11 +60,12 @@ def op_spread_s(program: PreparedRun, spread: Sequence[OpCosts]) -> np.ndarray:
 
 
 def expected_iteration_time(program: PreparedRun, spread: Sequence[OpCosts], *, draws: int,
-                            seed: int = 0) -> tuple[float, float]:
+                            seed: int = 0, mean_s: np.ndarray | None = None) -> tuple[float, float]:
     """The mean over ``draws`` engine runs of the steady-state iteration time, each with every op's
     duration drawn from ``normal(lowered duration, its stage and kind's spread)`` clipped at 0,
-    and the standard error of that mean. Deterministic for a given ``seed``; with zero spread,
-    exactly the iteration time of the lowered durations.
+    and the standard error of that mean; ``mean_s`` (one per op, in the op table's order) replaces
+    the lowered durations as the means. Deterministic for a given ``seed``; with zero spread,
+    exactly the iteration time of the means.
 
     Raises:
         ConfigError: ``draws`` below 1, a negative spread, or too few stages in ``spread``.
@@ -74,12 +75,12 @@ def expected_iteration_time(program: PreparedRun, spread: Sequence[OpCosts], *, 
     std = op_spread_s(program, spread)
     if np.any(std < 0) or not np.all(np.isfinite(std)):
         raise ConfigError("op_spread", float(std.min()), "must be finite and >= 0")
-    mean = program.ops.duration_s
+    mean = program.ops.duration_s if mean_s is None else mean_s
     rng = np.random.default_rng(seed)
     times = []
     for _ in range(draws):
         durations = np.maximum(0.0, mean + std * rng.standard_normal(len(mean)))
         trace = run_program(program, durations_s=durations)
-        times.append(compute_metrics(trace).iteration_time_s)
+        times.append(iteration_time(trace))
     error = statistics.stdev(times) / len(times) ** 0.5 if len(times) > 1 else 0.0
     return statistics.fmean(times), error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -59,8 +60,10 @@ class Metrics:
         throughput_samples_per_s: ``num_microbatches * microbatch_size / iteration_time_s``.
         bubble_fraction: mean idle fraction of the devices in the window.
         window_start_s, window_end_s: the steady-state window; it excludes the first
-            (warm-up) minibatch when there are 2 or more and the last (drain) when there are 3
-            or more; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
+            (warm-up) minibatch when there are 2 or more and, when there are 3 or more, the
+            drain: the last minibatch and any other that has an op after its device's last
+            forward (a deep warm-up, as PipeMare's paper pipeline has, leaves several), keeping
+            at least one minibatch; ``warmup_minibatches`` and ``cooldown_minibatches`` say how many.
         stages: per-stage metrics.
         peak_memory_bytes: the largest device's peak (``max(device_peak_memory_bytes)``): what
             must fit on one GPU. With one stage per rank it is the largest stage's peak.
@@ -125,17 +128,20 @@ Window = tuple[float, float, int, int]
 def steady_window(trace: Trace, *, compiled: bool | None = None) -> Window:
     """``(start_s, end_s, warmup, cooldown)`` of the steady-state window (see Metrics)."""
     s = trace.spans
-    return window_of(s["stream"], s["minibatch"], s["end_s"], trace.info.num_minibatches,
-                     compiled=use_compiled(trace, compiled))
+    return window_of(s, s["end_s"], trace.info.num_minibatches, compiled=use_compiled(trace, compiled))
 
 
-def window_of(stream: npt.NDArray[np.int64], minibatch: npt.NDArray[np.int64], end_s: npt.NDArray[np.float64],
-              num_minibatches: int, *, compiled: bool) -> Window:
-    """``steady_window`` from span columns: the first minibatch's end to the second last's."""
+def window_of(spans: Mapping[str, npt.NDArray[Any]], end_s: npt.NDArray[np.float64], num_minibatches: int, *,
+              compiled: bool) -> Window:
+    """``steady_window`` from span columns (``spans``: stream, minibatch, kind, device) and ends:
+    the first minibatch's end to the end of the last one before the drain (``kernels.first_drained``)."""
+    stream, minibatch = spans["stream"], spans["minibatch"]
     ends = kernels.minibatch_ends(stream, minibatch, end_s, num_minibatches, compiled=compiled)
     k = len(ends)
     if k >= 3:
-        return float(ends[0]), float(ends[k - 2]), 1, 1
+        drained = kernels.first_drained(stream, spans["device"], spans["kind"], minibatch, end_s, k, compiled=compiled)
+        last = min(k - 2, max(1, drained - 1))
+        return float(ends[0]), float(ends[last]), 1, k - 1 - last
     if k == 2:
         return float(ends[0]), float(ends[1]), 1, 0
     return 0.0, float(end_s.max()) if end_s.size else 0.0, 0, 0

@@ -235,6 +235,39 @@ def _minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num:
     return ends, True
 
 
+@jit
+def _first_drained(stream: IntArray, device: IntArray, kind: IntArray, minibatch: IntArray, end: FloatArray,
+                   num: int) -> int:
+    """The first minibatch with a compute span ending after the last forward of its device has
+    ended; ``num`` when none (see ``first_drained``)."""
+    num_devices = 0
+    for r in range(stream.size):
+        if stream[r] == _COMPUTE and device[r] >= num_devices:
+            num_devices = device[r] + 1
+    last = np.full(num_devices, -np.inf)
+    for r in range(stream.size):
+        if stream[r] == _COMPUTE and kind[r] == _F and device[r] >= 0 and end[r] > last[device[r]]:
+            last[device[r]] = end[r]
+    first = num
+    for r in range(stream.size):
+        if stream[r] == _COMPUTE and device[r] >= 0 and end[r] > last[device[r]] and minibatch[r] < first:
+            first = minibatch[r]
+    return first
+
+
+def first_drained(stream: IntArray, device: IntArray, kind: IntArray, minibatch: IntArray, end: FloatArray,
+                  num: int, *, compiled: bool) -> int:
+    """The first minibatch 0..num-1 with a compute span that ends after the last forward of its
+    device has ended (``num`` when there is none): from there on, the devices drain.
+
+    In the drain a device runs backwards alone; where it ran them beside forwards (PipeMare's
+    paper pipeline, a step of max(F, B)) they go faster than in the steady state, and where the
+    warm-up is deeper than a minibatch (PipeDream with m < p), the drain takes more than the
+    last minibatch.
+    """
+    return int(pick(_first_drained, compiled)(stream, device, kind, minibatch, end, num))
+
+
 def minibatch_ends(stream: IntArray, minibatch: IntArray, end: FloatArray, num: int, *, compiled: bool) -> FloatArray:
     """Per minibatch 0..num-1, the largest end of its compute spans (0 without any).
 

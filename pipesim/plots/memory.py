@@ -8,7 +8,7 @@ import numpy as np
 
 from pipesim.engine.trace import CATEGORIES, Trace
 from pipesim.metrics import Metrics, compute_metrics, memory_over_time
-from pipesim.plots.style import CATEGORY_COLORS, byte_unit, time_unit
+from pipesim.plots.style import CATEGORY_COLORS, byte_unit, legend_beside, time_unit
 
 
 def peak_stage(trace: Trace) -> int:
@@ -70,7 +70,7 @@ def memory(trace: Trace, *, stage: int | None = None, ax: Any = None) -> Any:
     ax.set_title(f"{trace.info.schedule}: memory of stage {chosen} (device {rank}), "
                  f"peak {peak / divisor:.2f} {size_unit}", loc="left", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="upper right", fontsize=8)
+    legend_beside(ax, handles[::-1], labels[::-1])
     return ax
 
 
@@ -101,5 +101,5 @@ def memory_breakdown(source: Trace | Metrics, *, ax: Any = None) -> Any:
     ax.set_ylabel(f"peak memory ({unit})")
     ax.set_title(f"{metrics.schedule}: peak memory per stage, by kind", loc="left", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="upper right", fontsize=8)
+    legend_beside(ax, handles[::-1], labels[::-1])
     return ax

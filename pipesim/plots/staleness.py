@@ -8,6 +8,7 @@ import numpy as np
 
 from pipesim.engine.trace import Trace
 from pipesim.metrics import Metrics, compute_metrics
+from pipesim.plots.style import legend_beside
 
 SERIES = (
     ("weight versions held", "weight_versions_max", "#4C72B0"),
@@ -50,5 +51,5 @@ def staleness(source: Trace | Metrics, *, ax: Any = None) -> Any:
     handles, labels = ax.get_legend_handles_labels()
     # Matplotlib lists lines before bars; keep the order of the drawing: the bars, then the mean.
     order = [labels.index(label) for label, _, _ in SERIES] + [labels.index("forward delay, mean")]
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper right", fontsize=8, ncols=2)
+    legend_beside(ax, [handles[i] for i in order], [labels[i] for i in order])
     return ax

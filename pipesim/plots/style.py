@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U": "#2CA02C"}
 SEND_COLORS = {"activations": "#9DB4D8", "gradients": "#EDB98F"}
@@ -45,3 +46,12 @@ def byte_unit(peak_bytes: float) -> tuple[str, float]:
         if peak_bytes >= size:
             return unit, size
     return "B", 1.0
+
+
+def legend_beside(ax: Any, handles: Any = None, labels: Any = None, **options: Any) -> Any:
+    """A legend to the right of ``ax``, outside its plotting area, so that it covers no data
+    (``handles`` and ``labels``: as ``Axes.legend`` takes them; ``options`` override the place)."""
+    settings = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0, "fontsize": 8} | options
+    if handles is None:
+        return ax.legend(**settings)
+    return ax.legend(handles, labels, **settings)

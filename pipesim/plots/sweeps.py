@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from pipesim.errors import ConfigError
-from pipesim.plots.style import byte_unit, schedule_color
+from pipesim.plots.style import byte_unit, legend_beside, schedule_color
 from pipesim.sweep.analysis import closed_form_bubble, pareto_front, require_columns, successful, varying_inputs
 
 LABELS = {
@@ -111,7 +111,7 @@ def bubble(frame: Any, *, num_stages: int | None = None, ax: Any = None) -> Any:
     ax.set_ylabel("bubble fraction")
     ax.set_title(f"bubble fraction against m at p={p}"
                  f"{over_the_rest(rows, 'mean', 'schedule', 'num_stages', 'num_microbatches')}", loc="left", fontsize=10)
-    ax.legend(fontsize=8)
+    legend_beside(ax)
     ax.grid(alpha=0.3)
     return ax
 
@@ -170,12 +170,14 @@ def _short(value: Any) -> str:
 
 
 def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_samples_per_s", hue: str = "schedule",
-           ax: Any = None) -> Any:
+           ax: Any = None, budget: float | None = None, fits: str | None = None) -> Any:
     """Every row as a point (colored by ``hue``) and the Pareto front of low ``x``, high ``y`` as
     a black staircase with the front's points ringed.
 
     Points of each hue group are a collection with gid ``points:<value>``; the front line's gid
-    is ``pareto``. Byte columns are shown in GB/MB/KB.
+    is ``pareto``. Byte columns are shown in GB/MB/KB. ``budget`` (in ``x``'s unit, e.g. bytes)
+    draws a dashed red vertical line (gid ``budget``); ``fits`` names a boolean column: rows where
+    it is false are drawn as hollow rings (gid ``over:<value>``), those that fit as filled dots.
 
     Raises:
         ConfigError: one column for both x and y, missing columns, or no row to draw.
@@ -183,20 +185,27 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     import matplotlib.pyplot as plt
 
     distinct_columns(("x", x), ("y", y))
-    require_columns(frame, x, y, hue)
+    require_columns(frame, x, y, hue, *([fits] if fits else []))
     rows = successful(frame)
     if rows.empty:
         raise ConfigError("table", len(frame), "has no successful rows to plot")
     if ax is None:
         _, ax = plt.subplots(figsize=(7.5, 4.8))
-    divisor, x_label = 1.0, label_of(x)
+    divisor, x_label, unit = 1.0, label_of(x), ""
     if x.endswith("_bytes"):
-        unit, divisor = byte_unit(float(rows[x].max()))
+        unit, divisor = byte_unit(max(float(rows[x].max()), budget or 0.0))
         x_label = f"{x_label} ({unit})"
+    fitting = rows[fits].eq(True) if fits else None  # a missing value does not fit
     for group in dict.fromkeys(rows[hue].tolist()):
-        part = rows[rows[hue] == group]
-        ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=schedule_color(str(group)),
-                   label=str(group), gid=f"points:{group}", linewidths=0)
+        in_group = rows[hue] == group
+        part = rows[in_group & fitting] if fitting is not None else rows[in_group]
+        color = schedule_color(str(group))
+        ax.scatter(part[x] / divisor, part[y], s=10, alpha=0.55, color=color, label=str(group),
+                   gid=f"points:{group}", linewidths=0)
+        if fitting is not None:
+            over = rows[in_group & ~fitting]
+            ax.scatter(over[x] / divisor, over[y], s=12, facecolors="none", edgecolors=color, alpha=0.7,
+                       linewidths=0.7, gid=f"over:{group}")
     front = pareto_front(rows, x=x, y=y)
     if front.empty:
         raise ConfigError("table", len(frame), f"has no successful row with a finite {x} and {y} to plot")
@@ -205,13 +214,19 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     steps_y = np.r_[front[y].to_numpy(dtype=float), float(front[y].iloc[-1])]
     ax.step(steps_x, steps_y, where="post", color="black", linewidth=1.2, label="Pareto front", gid="pareto")
     ax.scatter(front[x] / divisor, front[y], s=28, facecolors="none", edgecolors="black", linewidths=0.9)
+    if fitting is not None:
+        ax.scatter([], [], s=12, facecolors="none", edgecolors="grey", linewidths=0.7, label="ring: over budget")
+    if budget is not None:
+        ax.axvline(budget / divisor, color="#C44E52", linestyle="--", linewidth=1.2,
+                   label=f"memory budget {budget / divisor:.4g} {unit}".rstrip(), gid="budget")
     spread = float(rows[x].max()) / max(float(rows[x][rows[x] > 0].min()) if (rows[x] > 0).any() else 1.0, 1e-300)
     if spread > 100:
         ax.set_xscale("log")
     ax.set_xlabel(x_label)
     ax.set_ylabel(label_of(y))
-    ax.set_title(f"{label_of(y)} against {label_of(x)}: {len(front)} of {len(rows)} points on the front",
+    counted = f", {int(fitting.sum())} fit" if fitting is not None else ""
+    ax.set_title(f"{label_of(y)} against {label_of(x)}: {len(front)} of {len(rows)} points on the front{counted}",
                  loc="left", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right", markerscale=1.6)
+    legend_beside(ax, markerscale=1.6)
     ax.grid(alpha=0.3)
     return ax

@@ -127,10 +127,11 @@ def send_links(schedule: Schedule) -> SendLinks:
     rank = np.where(target >= 0, stage_to_rank[np.maximum(target, 0)], -1)
     is_remote = (rank >= 0) & (rank != stage_to_rank[stage])
     num_ranks = max(schedule.num_ranks, 1)
-    key = np.where(is_remote, stage_to_rank[stage] * num_ranks + rank, 0)
-    crossed = np.zeros(num_ranks * num_ranks, dtype=np.int64)
-    crossed[key[is_remote]] = 1
-    pair = np.where(is_remote, (np.cumsum(crossed) - 1).take(key), -1)
+    key = stage_to_rank[stage] * num_ranks + rank
+    # Pairs numbered in order of (sending rank, receiving rank), in memory of the links' count (a
+    # ranks x ranks table took 6.4 GB at 20,000 ranks).
+    pair = np.full(len(key), -1, dtype=np.int64)
+    pair[is_remote] = np.unique(key[is_remote], return_inverse=True)[1]
     return SendLinks(stage=stage, target=target, is_forward=is_forward,
                      boundary=np.concatenate([inner, inner, [-1]]), rank=rank, is_remote=is_remote, pair=pair)
 

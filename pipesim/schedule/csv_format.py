@@ -103,7 +103,8 @@ def read_csv_schedule(
         ConfigError: see ``from_csv``; in lenient mode not for a stage on two ranks or a skipped
             stage number; with both counts given, a large microbatch index reads as out of range.
     """
-    rows = list(csv.reader(io.StringIO(text)))
+    # Excel's "CSV UTF-8" starts the file with a byte-order mark.
+    rows = list(csv.reader(io.StringIO(text.removeprefix("\ufeff"))))
     ranks: list[tuple[Op, ...]] = []
     columns: list[tuple[int, ...]] = []
     stage_to_rank: dict[int, int] = {}

@@ -62,6 +62,8 @@ class WeightPolicy(enum.Enum):
     SINGLE = "single"
 
 
+# Digits of a stage or microbatch number in an op's text: past any run (and int()'s 4,300-digit limit).
+MAX_INDEX_DIGITS = 18
 _OP_TEXT = re.compile(r"([0-9]+)([FBIWU])([0-9]+)")
 
 
@@ -87,6 +89,8 @@ class Op:
         if match is None:
             raise ConfigError("op", text, 'must look like "<stage><F|B|I|W|U><microbatch>", e.g. "1F0"')
         stage, kind, microbatch = match.groups()
+        if len(stage) > MAX_INDEX_DIGITS or len(microbatch) > MAX_INDEX_DIGITS:  # int() stops at 4,300 digits
+            raise ConfigError("op", text, f"stage and microbatch have at most {MAX_INDEX_DIGITS} digits")
         return cls(int(stage), OpKind(kind), int(microbatch))
 
 

@@ -11,7 +11,7 @@ pipeline to simulate:
   all-reduce of its gradients over the D replicas, once per minibatch, or, overlapped, starts
   each layer's all-reduce as soon as the last backward has produced its gradient
   (``overlapped_allreduce_tail_s``: what outlasts the backward is all the update waits for);
-  ZeRO stage 1 divides the optimizer state by D (``zero_optimizer_multiplier``).
+  ZeRO divides the optimizer state by D (``zero_optimizer_multiplier``).
 """
 
 from __future__ import annotations
@@ -108,14 +108,15 @@ def overlapped_allreduce_tail_s(backward_s: Sequence[float], allreduce_s: Sequen
 
 
 def zero_optimizer_multiplier(multiplier: float, dp: int, zero_stage: int) -> float:
-    """Optimizer state per weight byte on one replica: sharded over ``dp`` by ZeRO stage 1 (Rajbhandari et al. 2020).
+    """Optimizer state per weight byte on one replica: sharded over ``dp`` by ZeRO stage 1 and up
+    (Rajbhandari et al. 2020; a profile built with ZeRO-2 or 3 states its layers' state itself).
 
     Raises:
-        ConfigError: a stage other than 0 or 1.
+        ConfigError: a stage other than 0 to 3.
     """
-    if zero_stage not in (0, 1):
-        raise ConfigError("zero", zero_stage, "must be 0 (none) or 1 (optimizer state sharded over --dp)")
-    return multiplier / dp if zero_stage == 1 else multiplier
+    if zero_stage not in (0, 1, 2, 3):
+        raise ConfigError("zero", zero_stage, "must be 0 (none), 1, 2 or 3 (optimizer state sharded over --dp)")
+    return multiplier / dp if zero_stage >= 1 else multiplier
 
 
 def microbatches_per_pipeline(global_batch: int, microbatch_size: int, dp: int) -> int:

@@ -38,7 +38,17 @@ class Layer(FrozenModel):
         recomputed_bytes: bytes this layer's backward re-creates by re-running part of its own
             forward, held while that backward runs (recomputation inside the layer, as a profile
             built with recomputation has it: ``transformer_profile(recompute=...)``); 0 if unset.
-        param_bytes: bytes of the layer's weights.
+        param_bytes: bytes of the layer's weights (what one GPU keeps of them: with ZeRO-3 its shard).
+        gradient_bytes: optional bytes of the layer's gradient buffer on one GPU; unset means
+            ``param_bytes`` (ZeRO-2 and 3 shard it over the data-parallel group). Given on every
+            layer or on none.
+        optimizer_bytes: optional bytes of the layer's optimizer state on one GPU; unset means the
+            plan's ``optimizer_state_multiplier`` x ``param_bytes`` (a profile built with ZeRO-2 or
+            3, or with experts sharded differently from the rest, gives it). Given on every layer
+            or on none.
+        gathered_bytes: optional bytes of the layer's whole weights while it computes, gathered
+            from their shards (ZeRO-3 / FSDP); a stage holds the two largest of its layers' at
+            once (the layer computing and the one prefetched). 0 if unset.
         update_s: optional time of the optimizer step on this layer's weights, seconds (0 if unset).
         forward_std_s: optional spread of the forward time (standard deviation), seconds.
         backward_std_s: optional spread of the backward time, seconds.
@@ -62,6 +72,9 @@ class Layer(FrozenModel):
     selective_recompute: Bool | None = None
     recomputed_bytes: Float | None = Field(default=None, ge=0)
     param_bytes: Float = Field(ge=0)
+    gradient_bytes: Float | None = Field(default=None, ge=0)
+    optimizer_bytes: Float | None = Field(default=None, ge=0)
+    gathered_bytes: Float | None = Field(default=None, ge=0)
     update_s: Float | None = Field(default=None, ge=0)
     forward_std_s: Float | None = Field(default=None, ge=0)
     backward_std_s: Float | None = Field(default=None, ge=0)
@@ -119,6 +132,9 @@ class LayerColumns:
     weight_stashed_bytes: list[float]
     recomputed_bytes: list[float]
     selective: list[bool]
+    gradient_bytes: list[float] | None = None
+    optimizer_bytes: list[float] | None = None
+    gathered_bytes: list[float] | None = None
 
 
 class Profile(FrozenModel):
@@ -168,7 +184,23 @@ class Profile(FrozenModel):
                     earlier = f"0 to {index - 1}" if index else "none before layer 0"
                     raise ConfigError(f"layers[{index}].inputs", source,
                                       f"a layer reads only earlier layers ({earlier})")
+        for field in ("gradient_bytes", "optimizer_bytes"):
+            given = [getattr(layer, field) is not None for layer in self.layers]
+            if any(given) and not all(given):
+                index = given.index(False)
+                raise ConfigError(f"layers[{index}].{field}", None, "must be given on every layer or on none")
         return self
+
+    def __repr__(self) -> str:
+        # The default (every field of every layer) runs to tens of kilobytes for a real model.
+        forward = sum(layer.forward_s for layer in self.layers)
+        backward = sum(layer.backward_s for layer in self.layers)
+        params = sum(layer.param_bytes for layer in self.layers)
+        return (f"<Profile {self.name!r}: {self.num_layers} layers, microbatch {self.microbatch_size}, forward "
+                f"{forward * 1e3:.4g} ms + backward {backward * 1e3:.4g} ms, parameters {params / 1e9:.4g} GB, "
+                f"{self.dtype} on {self.device!r}>")
+
+    __str__ = __repr__
 
     @property
     def is_dag(self) -> bool:
@@ -211,6 +243,12 @@ class Profile(FrozenModel):
             weight_stashed_bytes=[layer.weight_stashed_bytes for layer in layers],
             recomputed_bytes=[layer.recomputed_bytes or 0.0 for layer in layers],
             selective=[layer.is_selectively_recomputed for layer in layers],
+            gradient_bytes=None if layers[0].gradient_bytes is None
+            else [layer.gradient_bytes or 0.0 for layer in layers],
+            optimizer_bytes=None if layers[0].optimizer_bytes is None
+            else [layer.optimizer_bytes or 0.0 for layer in layers],
+            gathered_bytes=None if all(layer.gathered_bytes is None for layer in layers)
+            else [layer.gathered_bytes or 0.0 for layer in layers],
         )
 
 

@@ -23,3 +23,14 @@ def file_identity(path: str | Path) -> dict[str, str]:
 def text_identity(name: str, text: str) -> dict[str, str]:
     """The identity of an input given as text rather than a file (``--uniform``, a spec's uniform profile)."""
     return {"name": name, "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+
+
+def named_identity(kind: str, name_or_path: str) -> dict[str, str]:
+    """A device, cluster or model named on the command line: a shipped one (``kind`` names its
+    package folder) by its name and the SHA-256 of the shipped file, else the file's identity."""
+    from pipesim.spec.shipped import shipped_text
+
+    shipped = shipped_text(kind, name_or_path)
+    if shipped is not None:
+        return text_identity(f"{name_or_path.strip().lower()} (shipped)", shipped[0])
+    return file_identity(name_or_path)

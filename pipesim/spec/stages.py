@@ -9,7 +9,7 @@ from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
 from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
 from pipesim.spec.plan import Plan
-from pipesim.spec.profile import Layer, Profile
+from pipesim.spec.profile import Layer, LayerColumns, Profile
 from pipesim.spec.topology import Topology
 
 
@@ -40,6 +40,10 @@ class StageCosts:
         working_bytes: per stage, the activations a microbatch's B (or I) re-creates and holds
             while it runs, on top of ``stash_bytes`` (recomputation's working memory);
             ``None``: nothing re-created.
+        gradient_bytes, optimizer_bytes: per stage, its layers' ``gradient_bytes`` and
+            ``optimizer_bytes`` summed; ``None`` where the profile leaves them to their defaults.
+        gathered_bytes: per stage, the two largest ``gathered_bytes`` of its layers (ZeRO-3:
+            the layer computing and the one prefetched); ``None`` where no layer gathers.
     """
 
     forward_s: tuple[float, ...]
@@ -55,6 +59,9 @@ class StageCosts:
     weight_stash_bytes: tuple[float, ...] | None = None
     recompute_s: tuple[float, ...] | None = None
     working_bytes: tuple[float, ...] | None = None
+    gradient_bytes: tuple[float, ...] | None = None
+    optimizer_bytes: tuple[float, ...] | None = None
+    gathered_bytes: tuple[float, ...] | None = None
 
     @property
     def num_stages(self) -> int:
@@ -197,7 +204,21 @@ def stage_costs(
         weight_stash_bytes=tuple(weight_stash),
         recompute_s=tuple(recomputed) if any(recomputed) else None,
         working_bytes=tuple(working) if any(working) else None,
+        **_held_bytes(columns, partition),
     )
+
+
+def _held_bytes(columns: LayerColumns, partition: Sequence[tuple[int, int]]) -> dict[str, tuple[float, ...]]:
+    """The stage sums of the profile's per-layer gradient and optimizer bytes, and each stage's two
+    largest gathered weights, where the profile gives them (``StageCosts``)."""
+    held: dict[str, tuple[float, ...]] = {}
+    for name in ("gradient_bytes", "optimizer_bytes"):
+        values = getattr(columns, name)
+        if values is not None:
+            held[name] = tuple(sum(values[start:end]) for start, end in partition)
+    if columns.gathered_bytes is not None:
+        held["gathered_bytes"] = tuple(sum(sorted(columns.gathered_bytes[start:end])[-2:]) for start, end in partition)
+    return held
 
 
 def stage_memory(profile: Profile, start: int, end: int, mode: str = "none") -> tuple[float, float, float]:

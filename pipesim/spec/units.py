@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 
 from pipesim.errors import ConfigError
 
@@ -48,6 +50,8 @@ def _parse(text: str, units: dict[str, float], field: str) -> float:
     if unit not in units:
         raise ConfigError(field, text, f"unknown unit {unit!r}; accepted: {accepted}")
     value = float(number) * units[unit]
+    if not math.isfinite(value):  # 1e400GB/s would read as free links, 1e400GB as no memory limit
+        raise ConfigError(field, text, f"is too large: must be below {sys.float_info.max / units[unit]:.2g}{unit}")
     if value <= 0 and units is not DURATION_UNITS:
         raise ConfigError(field, text, "must be > 0")
     return value
@@ -60,7 +64,8 @@ def parse_bandwidth(text: str, field: str = "bandwidth") -> float:
         bytes per second.
 
     Raises:
-        ConfigError: no unit, an unknown unit, or a value that is not positive.
+        ConfigError: no unit, an unknown unit, a value that is not positive, or one too large for
+            a float (which would read as unlimited).
     """
     return _parse(text, BANDWIDTH_UNITS, field)
 
@@ -73,3 +78,18 @@ def parse_duration(text: str, field: str = "latency") -> float:
 def parse_size(text: str, field: str = "memory") -> float:
     """Parse a byte size such as ``"16GB"`` or ``"80GiB"``; returns bytes."""
     return _parse(text, SIZE_UNITS, field)
+
+
+def size_unit(text: str) -> str:
+    """The unit a size was written in (``"80GiB"`` -> ``"GiB"``), ``"GB"`` when none is recognised."""
+    stripped = text.strip()
+    for unit in sorted(SIZE_UNITS, key=len, reverse=True):
+        if stripped.endswith(unit):
+            return unit
+    return "GB"
+
+
+def format_size(num_bytes: float, unit: str) -> str:
+    """``num_bytes`` in ``unit`` (one of SIZE_UNITS), e.g. ``"80 GiB"``, ``"81,559 MiB"``."""
+    value = num_bytes / SIZE_UNITS[unit]
+    return f"{value:,.0f} {unit}" if value >= 1000 or value == int(value) else f"{value:,.2f} {unit}"

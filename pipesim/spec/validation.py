@@ -6,7 +6,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from pipesim.errors import ConfigError
+from pipesim.errors import MISSING, ConfigError
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -74,7 +74,17 @@ def config_error_from(exc: ValidationError, *, source: str | None = None) -> Con
         within = field_path(tuple(first["loc"])) if first["loc"] else ""
         field = f"{within}.{raised.field}" if within and not raised.field.startswith("[") else within + raised.field
         return ConfigError(field, raised.value, raised.rule, source=source)
+    if first["type"] == "missing":  # pydantic's input is then the whole object that lacks it
+        within = first.get("input")
+        named = within.get("name") if isinstance(within, dict) else None
+        of = f" (in {_short_name(named)})" if isinstance(named, str) else ""
+        return ConfigError(field_path(tuple(first["loc"])), MISSING, f"is required{of}", source=source)
     rule = str(first["msg"])
     if rule.startswith("Value error, "):
         rule = rule[len("Value error, ") :]
     return ConfigError(field_path(tuple(first["loc"])), first.get("input"), rule, source=source)
+
+
+def _short_name(name: str, limit: int = 60) -> str:
+    """A name as it reads in a message: quoted, cut to ``limit`` characters."""
+    return repr(name if len(name) <= limit else name[: limit - 3] + "...")

@@ -5,7 +5,9 @@ numba's kernels on its first task). ``DaskCluster.start`` does it in a thread, w
 on with its own work (expanding the spec, opening the result store, simulating points here), and
 warms every worker that is there by then: the object the tasks share (a ``PointRunner``) is
 unpickled on it and a few small points load the kernels, so that the first batches start on
-workers that are ready.
+workers that are ready. While an embedded cluster starts, a Ctrl-C is held back
+(``cluster.CtrlCHeld``): the caller's thread raises it once the start has ended, when it next looks
+(``is_ready``, ``client``, ``close``), and the workers never see it.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ from typing import Any
 
 from pipesim import allocator
 from pipesim.errors import ConfigError
+from pipesim.sweep.cluster import CONNECT_TIMEOUT_S, CtrlCHeld, check_answers
 
 
 @contextmanager
 def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
-    """A Dask client: to ``scheduler`` when given, else to an embedded LocalCluster of ``workers``
-    single-threaded processes listening on 127.0.0.1 (closed on exit). Dask's own loggers are
-    set to CRITICAL.
+    """A Dask client: to ``scheduler`` when given (``cluster.check_answers`` first), else to an
+    embedded LocalCluster of ``workers`` single-threaded processes listening on 127.0.0.1 (closed
+    on exit). Dask's own loggers are set to CRITICAL.
 
     Raises:
         ConfigError: the scheduler cannot be reached, or ``workers < 1``.
@@ -40,8 +43,9 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
         if name.split(".")[0] in ("distributed", "tornado"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if scheduler is not None:
+        check_answers(scheduler, CONNECT_TIMEOUT_S)
         try:
-            client = Client(scheduler, timeout="10s")  # type: ignore[no-untyped-call]
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError, ValueError) as exc:
             raise ConfigError("scheduler", scheduler, f"cannot connect: {exc}") from None
         try:
@@ -106,6 +110,7 @@ class DaskCluster:
         self._error: BaseException | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
+        self._held: CtrlCHeld | None = None
 
     @property
     def is_started(self) -> bool:
@@ -113,24 +118,45 @@ class DaskCluster:
         return self._thread is not None
 
     def start(self) -> None:
-        """Start the cluster (or connect) and warm its workers in a background thread."""
+        """Start the cluster (or connect) and warm its workers in a background thread; an embedded
+        cluster's workers start with Ctrl-C held back (``CtrlCHeld``, from the caller's thread)."""
         if self._thread is None:
             self.started_s = time.perf_counter()
+            if self.scheduler is None:
+                self._held = CtrlCHeld().__enter__()
             self._thread = threading.Thread(target=self._start, name="pipesim-cluster-start", daemon=True)
             self._thread.start()
 
     def is_ready(self) -> bool:
-        """Whether the start has ended (with a client, or an error that ``client`` raises)."""
-        return self._done.is_set()
+        """Whether the start has ended (with a client, or an error that ``client`` raises).
+
+        Raises:
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
+        """
+        if not self._done.is_set():
+            return False
+        self._release()
+        return True
+
+    def wait(self) -> None:
+        """Wait for the start to end (an error it met is left to ``client``).
+
+        Raises:
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
+        """
+        self._done.wait()
+        self._release()
 
     def client(self) -> Any:
         """The client, once started (``start`` is called if it was not).
 
         Raises:
             ConfigError: the scheduler cannot be reached; what else the start raised.
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
         """
         self.start()
         self._done.wait()
+        self._release()
         if self._error is not None:
             raise self._error
         return self._client
@@ -141,10 +167,21 @@ class DaskCluster:
         return self._shared
 
     def close(self) -> None:
-        """Close the client and the embedded cluster (after the start has ended)."""
+        """Close the client and the embedded cluster (after the start has ended); from the thread
+        that started it, raise a Ctrl-C held back meanwhile (KeyboardInterrupt)."""
         if self._thread is not None:
             self._done.wait()
-        self._stack.close()
+        try:
+            self._stack.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Give a Ctrl-C held back while the cluster started to the thread that started it (only
+        there: signal handlers belong to the main thread)."""
+        if self._held is not None and self._done.is_set() and threading.current_thread() is threading.main_thread():
+            held, self._held = self._held, None
+            held.release()
 
     def _start(self) -> None:
         try:

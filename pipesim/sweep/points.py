@@ -153,8 +153,8 @@ class PointRunner:
         row["error"] = ""
         try:
             result_row = self._simulate(point, profile)
-        except PipesimError as exc:
-            row["error"] = str(exc).splitlines()[0]
+        except (PipesimError, MemoryError) as exc:  # a point too large for this machine ends only itself
+            row["error"] = str(exc).splitlines()[0] if isinstance(exc, PipesimError) else f"out of memory: {exc}"
             row.update(empty_metrics())
         else:
             row.update(result_row)

@@ -6,7 +6,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from pipesim.sweep.collect import Stopped, submit_and_collect
 from pipesim.sweep.local import HERE, Progress, WorkDone, cluster_at_once, run_here
 from pipesim.sweep.points import COLUMNS, SHARED_COSTS, SHARED_WORK, PointRunner, shared_work_order, sweep_kernels
 from pipesim.sweep.spec import Resolved, SweepSpec, load_spec
-from pipesim.sweep.parts import finished_chunks
+from pipesim.sweep.parts import has_chunks
 from pipesim.sweep.store import ResultStore, SweepFailedError, finished_digest, read_table, resume_hint
 from pipesim.sweep.tasks import BatchDone, warm_points, warm_up
 
@@ -43,6 +43,8 @@ class SweepSummary:
             ``close`` (the cluster, beside ``merge``), ``close wait`` (for the close, after the merge).
         batches: each Dask batch's timing (rows left out), in the order they finished.
         started_epoch_s: ``time.time()`` at the start, to place the batches' times.
+        dropped: per chunk a resume found damaged (or repeated) and removed, a line naming it and
+            why; its points were simulated again.
     """
 
     out: Path
@@ -57,6 +59,7 @@ class SweepSummary:
     phases: dict[str, float] = field(default_factory=dict)
     batches: tuple[BatchDone, ...] = ()
     started_epoch_s: float = 0.0
+    dropped: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -103,6 +106,7 @@ def run_sweep(
     base_dir: Path | None = None,
     worker_timeout_s: float = WORKER_TIMEOUT_S,
     in_process: bool | None = None,
+    warn: Callable[[str], None] = lambda line: None,
 ) -> SweepSummary:
     """Simulate every point of a sweep and write one row per point to ``out``: on the cluster at
     ``scheduler``, else in this process for as long as an embedded cluster of ``workers`` would
@@ -121,9 +125,12 @@ def run_sweep(
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
         in_process: None chooses where points run (above); False sends every point to Dask, True
             runs every point in this process.
+        warn: called with a line for each chunk of an interrupted run that ``resume`` found
+            damaged and removed (also in ``SweepSummary.dropped``).
 
     Raises:
-        ConfigError: a bad spec, existing chunks without ``resume``, or no scheduler.
+        ConfigError: a bad spec, another sweep writing ``out``, existing chunks without ``resume``,
+            or no scheduler.
         SweepFailedError: the scheduler was lost, no worker came for ``worker_timeout_s``, a batch
             killed its workers, or the disk refused a write; finished points stay in ``OUT.parts/``.
     """
@@ -146,7 +153,7 @@ def run_sweep(
         raise ConfigError(exc.field, exc.value, exc.rule, source=spec_path) from None
     points = resolved.points()
     digest = resolved.digest()
-    if resume and not Path(f"{target}.parts").exists() and finished_digest(target) == digest:
+    if resume and not has_chunks(Path(f"{target}.parts")) and finished_digest(target) == digest:
         frame = read_table(target)
         if progress:
             progress(len(points), len(points), HERE, 1.0)
@@ -158,12 +165,13 @@ def run_sweep(
     # Points that share a schedule's shape run one after another (rows are sorted by point when merged).
     ordered = shared_work_order(points)
     runner = cluster = None
-    if not resume and not finished_chunks(Path(f"{target}.parts")):
+    if not resume and not has_chunks(Path(f"{target}.parts")):
         # Every point is to run: the cluster may start while the result store opens.
         runner, cluster = _runner_and_cluster(resolved, points, num_workers, workers, scheduler, in_process)
     phases: dict[str, float] = {}
     num_here, chunks, finished = 0, 0, []
     closing: threading.Thread | None = None
+    store: ResultStore | None = None
     try:
         # The command as far as it decides the rows: --workers, --scheduler or --resume do not, and a resumed
         # table must be byte for byte the uninterrupted one.
@@ -172,6 +180,8 @@ def run_sweep(
                **resolved.inputs}
         store = ResultStore(target, digest, len(points), COLUMNS, resume=resume, run=run)
         resumed = len(store.done)
+        for line in store.dropped:
+            warn(f"{line}; removed, its points run again")
         todo = [point for point in ordered if point["point"] not in store.done]
         work = WorkDone(todo)
         if progress:
@@ -199,11 +209,18 @@ def run_sweep(
                 finished = submit_and_collect(client, cluster.shared, batches, store, progress, len(points), work,
                                               worker_timeout_s)
                 phases["dask"] = time.perf_counter() - mark
+        if cluster is not None and cluster.is_started:
+            cluster.wait()  # a Ctrl-C held while it started stops the sweep before its table is written
     except Stopped as stop:  # what is kept is counted once the workers that may still write are stopped
         _close(cluster, phases)
-        raise SweepFailedError(f"{stop.what}; {resume_hint(store.parts, store.recount())}") from stop.__cause__
+        assert store is not None
+        hint = resume_hint(store.parts, store.recount())
+        store.close()
+        raise SweepFailedError(f"{stop.what}; {hint}") from stop.__cause__
     except BaseException:
         _close(cluster, phases)
+        if store is not None:
+            store.close()
         raise
     if cluster is not None and cluster.is_started:
         phases["cluster"] = _ready_s(cluster)
@@ -215,6 +232,7 @@ def run_sweep(
         frame = store.finish()
         phases["merge"] = time.perf_counter() - mark
     finally:
+        store.close()
         if closing is not None:
             closing.join()
     phases["close wait"] = time.perf_counter() - mark - phases.get("merge", 0.0)
@@ -222,7 +240,7 @@ def run_sweep(
         out=target, num_points=len(points), num_run=len(todo), num_resumed=resumed,
         num_errors=int((frame["error"].fillna("") != "").sum()), num_batches=chunks + len(finished),
         wall_s=time.perf_counter() - started, startup_s=phases.get("cluster", 0.0), num_here=num_here,
-        phases=phases, batches=tuple(finished), started_epoch_s=epoch,
+        phases=phases, batches=tuple(finished), started_epoch_s=epoch, dropped=tuple(store.dropped),
     )
 
 

@@ -21,6 +21,7 @@ from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import Bool, FrozenModel, build
 from pipesim.sweep.where import Expression
+from pipesim.sweep.yaml_bounds import check_expanded_size, construct_int
 from pipesim.spec.units import parse_bandwidth, parse_duration, parse_size
 
 MAX_POINTS = 2_000_000
@@ -107,8 +108,20 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+ZeroStages = Annotated[tuple[Literal[0, 1, 2, 3], ...], BeforeValidator(_axis)]
+
+
 class ModelProfileSpec(FrozenModel):
-    """``{model: {preset: NAME, ...}}``: a published transformer's profile (``pipesim.transformer_profile``)."""
+    """``{model: {preset: NAME, ...}}``: a transformer's profile (``pipesim.transformer_profile``).
+
+    ``preset`` is a preset name or a model file (``pipesim.spec.model_files``; a relative path from
+    the spec's folder). ``dp``, ``cp``,
+    ``ep`` and ``zero`` (data-, context- and expert-parallel degrees of the job around the
+    simulated pipeline, and its ZeRO stage) are axes: each takes a list, and the item stands for
+    one profile per combination, each labelled with its values. With ``zero`` 1 or more each
+    layer states its Adam state and gradients as ZeRO shards them, in place of the
+    ``optimizer_state`` axis.
+    """
 
     preset: str
     device: str = "h100"
@@ -116,18 +129,38 @@ class ModelProfileSpec(FrozenModel):
     seq_len: int | None = Field(default=None, ge=1)
     tp: int = Field(default=1, ge=1)
     recompute: Literal["none", "selective", "full"] = "none"
+    dp: PositiveInts = (1,)
+    cp: PositiveInts = (1,)
+    ep: PositiveInts = (1,)
+    zero: ZeroStages = (0,)
+
+    def variants(self) -> list[ModelProfileSpec]:
+        """One spec per combination of the ``dp``, ``cp``, ``ep`` and ``zero`` axes."""
+        return [self.model_copy(update={"dp": (dp,), "cp": (cp,), "ep": (ep,), "zero": (zero,)})
+                for dp, cp, ep, zero in itertools.product(self.dp, self.cp, self.ep, self.zero)]
 
     def label(self) -> str:
-        """The profile's name in result rows."""
+        """The profile's name in result rows (of one variant; the degrees past tp shown where set)."""
+        extra = "".join(f",{name}={values[0]}" for name, values in
+                        (("dp", self.dp), ("cp", self.cp), ("ep", self.ep), ("zero", self.zero)) if values != (
+                            0 if name == "zero" else 1,))
         return (f"model({self.preset},device={self.device},microbatch_size={self.microbatch_size},"
-                f"seq_len={self.seq_len or 'default'},tp={self.tp},recompute={self.recompute})")
+                f"seq_len={self.seq_len or 'default'},tp={self.tp},recompute={self.recompute}{extra})")
 
-    def build(self) -> Profile:
-        """The Profile."""
+    def build(self, base_dir: Path | None = None) -> Profile:
+        """The Profile (of one variant); a model file's relative path is taken from ``base_dir``."""
+        from pipesim.spec.model_files import load_model
+        from pipesim.spec.transformer import PRESETS, preset
         from pipesim.spec.transformer_profile import transformer_profile
 
-        return transformer_profile(self.preset, device=self.device, microbatch_size=self.microbatch_size,
-                                   seq_len=self.seq_len, tp=self.tp, recompute=self.recompute)
+        path = Path(self.preset) if base_dir is None or Path(self.preset).is_absolute() else base_dir / self.preset
+        if self.preset.strip().lower() in PRESETS or not path.exists():
+            config = preset(self.preset)  # an unknown name is refused with the presets listed
+        else:
+            config = load_model(str(path))
+        return transformer_profile(config, device=self.device, microbatch_size=self.microbatch_size,
+                                   seq_len=self.seq_len, tp=self.tp, recompute=self.recompute, dp=self.dp[0],
+                                   cp=self.cp[0], ep=self.ep[0], zero=self.zero[0], layer_state=self.zero[0] >= 1)
 
 
 class ProfileEntry(FrozenModel):
@@ -149,6 +182,14 @@ class ProfileEntry(FrozenModel):
             return self.uniform
         assert self.model is not None  # the validator holds exactly one
         return self.model
+
+    @property
+    def entries(self) -> list[UniformProfileSpec | ModelProfileSpec]:
+        """The profiles this item stands for: one, or a model's variants (``ModelProfileSpec.variants``)."""
+        if self.model is not None:
+            return list(self.model.variants())
+        assert self.uniform is not None  # the validator holds exactly one
+        return [self.uniform]
 
 
 def _profile_item(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -173,7 +214,8 @@ class SweepSpec(FrozenModel):
 
     Attributes:
         profile: profile files (pipesim JSON or PipeDream graph.txt), ``{uniform: {...}}`` or
-            ``{model: {preset, device, microbatch_size, seq_len, tp, recompute}}``; a top-level
+            ``{model: {preset, device, microbatch_size, seq_len, tp, recompute, dp, cp, ep, zero}}``
+            (the last four axes: ``ModelProfileSpec``); a top-level
             ``model:`` (names or such mappings) stands in for ``profile:``.
         topology: topology files; exclusive with bandwidth and latency.
         bandwidth, latency: of a uniform topology with one device per stage (default: free links).
@@ -289,6 +331,9 @@ def load_spec(path: str | Path) -> SweepSpec:
     text = read_text(path, "spec")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader refusing repeated keys
+        check_expanded_size(data)
+    except RecursionError:
+        raise ConfigError("spec", str(path), "is nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
@@ -321,6 +366,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", construct_int)  # at most 4,300 digits, as int()
+
+
 def where_fields() -> tuple[str, ...]:
     """Names a ``where`` expression may use: spec keys and row columns, plus ``layers``."""
     return (*AXES, *AXES.values(), "layers")
@@ -347,14 +395,15 @@ class Resolved:
                 self.profiles.append((item, load_profile(path)))
                 self.inputs["profiles"].append(file_identity(path))
                 continue
-            try:
-                built = item.entry.build()
-            except ConfigError as exc:  # a model the spec names but the presets lack, say: its field in the spec
-                kind = "model" if item.model is not None else "uniform"
-                field = "preset" if kind == "model" and exc.field == "model" else exc.field  # the spec's key for it
-                raise ConfigError(f"profile[{index}].{kind}.{field}", exc.value, exc.rule) from None
-            self.profiles.append((item.entry.label(), built))
-            self.inputs["profiles"].append(text_identity(item.entry.label(), item.entry.label()))
+            for entry in item.entries:
+                try:
+                    built = entry.build(base) if isinstance(entry, ModelProfileSpec) else entry.build()
+                except ConfigError as exc:  # a model the spec names but the presets lack, say: its field in the spec
+                    kind = "model" if item.model is not None else "uniform"
+                    field = "preset" if kind == "model" and exc.field == "model" else exc.field  # the spec's key
+                    raise ConfigError(f"profile[{index}].{kind}.{field}", exc.value, exc.rule) from None
+                self.profiles.append((entry.label(), built))
+                self.inputs["profiles"].append(text_identity(entry.label(), entry.label()))
         self.topologies: list[tuple[str, Topology | None]] = [
             (item, load_topology(Path(item) if Path(item).is_absolute() else base / item)) for item in spec.topology
         ] or [("", None)]

@@ -2,18 +2,19 @@
 
 While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one chunk per finished batch
 (``pipesim.sweep.parts``: written whole, by the sweep or by the Dask worker that ran the batch),
-so a killed sweep leaves only whole chunks. ``--resume`` reads the chunks back and skips their
-points. When every point is done, the chunks (this run's taken from memory) are merged, sorted by
-point, written atomically to OUT (Parquet, or CSV by suffix) and the folder is removed. A finished CSV table gets ``OUT.digest`` beside it (the
-spec's digest and the hash of the CSV's bytes), so that ``--resume`` on a finished CSV, as on
-a finished Parquet table (which holds the digest in its metadata), does nothing.
+so a killed sweep leaves only whole chunks; one sweep at a time writes there. ``--resume`` checks
+the chunks and skips their points. When every point is done, the chunks (this run's taken from
+memory) are merged, sorted by point, written atomically to OUT (Parquet, or CSV by suffix) and
+what pipesim wrote in the folder is removed.
+A finished CSV table gets ``OUT.digest`` beside it (the spec's digest and the hash of the CSV's
+bytes), so that ``--resume`` on a finished CSV, as on a finished Parquet table (which holds the
+digest in its metadata), does nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,8 +23,8 @@ from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.spec.files import dumps, read_json, write_text_atomic
-from pipesim.sweep.parts import (chunk_path, chunk_table, finished_chunks, rows_frame, write_atomic, write_chunk,
-                                 write_reason)
+from pipesim.sweep.parts import (MANIFEST_NAME, PartsLock, check_chunks, chunk_path, chunk_table, finished_chunks,
+                                 read_manifest, remove_parts, rows_frame, write_atomic, write_chunk, write_reason)
 
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
 CSV_DIGEST_SCHEMA = "pipesim.sweep-csv-digest/1"
@@ -224,7 +225,8 @@ def read_run(path: str | Path) -> dict[str, Any] | None:
 
 
 class ResultStore:
-    """The chunk folder of one sweep's output.
+    """The chunk folder of one sweep's output, locked against a second sweep onto the same ``out``
+    (``parts.PartsLock``) until ``finish`` or ``close``.
 
     Args:
         out: the final table's path (``.parquet`` or ``.csv``).
@@ -234,8 +236,14 @@ class ResultStore:
         resume: continue an interrupted sweep; without it, existing chunks are an error.
         run: what produced the table, written into its metadata (``write_table``).
 
+    Attributes:
+        done: the points whose rows are in sound chunks.
+        dropped: one line per chunk a resume found damaged, of another sweep or repeated, and
+            removed (its points are not in ``done``, so they run again).
+
     Raises:
-        ConfigError: chunks exist without ``resume``, or belong to another spec.
+        ConfigError: another sweep is writing ``out``, chunks exist without ``resume``, or they
+            belong to another spec (or their manifest is damaged).
         SweepFailedError: the folder or its manifest cannot be written.
     """
 
@@ -249,11 +257,27 @@ class ResultStore:
         self.num_points = num_points
         self.columns = tuple(columns)
         self.done: set[int] = set()
+        self.dropped: list[str] = []
         self.tables: dict[str, Any] = {}
         # Names this run in the manifest: a worker writes its batch's chunk only where it reads this token
         # there (the folder it sees is this run's), and a task left running by an interrupted run does not.
         self.writer = uuid.uuid4().hex
-        manifest = self.parts / "manifest.json"
+        manifest = self.parts / MANIFEST_NAME
+        with writing(self.parts, self.parts, 0):
+            self.parts.mkdir(parents=True, exist_ok=True)  # through a link to scratch space too
+            self.lock = PartsLock(self.parts, out)
+        try:
+            self._take_over(manifest, resume)
+        except BaseException:
+            self.close()
+            raise
+        # The writer's libraries now, before any work is sent out: imported at the first chunk, with both cores
+        # busy with workers, they held that chunk back by about a second (2026-11-25).
+        import pandas  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+
+    def _take_over(self, manifest: Path, resume: bool) -> None:
+        """Check the chunks left by an interrupted sweep (keeping the sound ones) and write the manifest."""
         # A sweep that ended before its first chunk left nothing to keep: it starts over, --resume or not.
         chunks = finished_chunks(self.parts)
         if chunks and not resume:
@@ -262,32 +286,25 @@ class ResultStore:
                 "pass --resume to continue it, or delete that folder to start over",
             )
         if chunks:
-            previous = read_json(manifest, "manifest") if manifest.exists() else {}
-            if previous.get("digest") != digest:
+            previous = read_manifest(manifest) if manifest.exists() else {}
+            if previous.get("digest") != self.digest:
                 raise ConfigError(
                     "resume", str(self.parts), "holds results of a different spec, profile or pipesim version; "
                     "delete it to start over",
                 )
-            self.done = self._read_done(chunks)
-        for stray in self.parts.glob(".*.tmp") if self.parts.exists() else ():
+            self.done, bad = check_chunks(chunks, self.columns, self.num_points)
+            for chunk, reason in bad:  # pipesim's own chunk, damaged: its points run again
+                chunk.unlink(missing_ok=True)
+                self.dropped.append(f"{chunk}: {reason}")
+        for stray in self.parts.glob(".*.tmp"):
             stray.unlink()
         with writing(manifest, self.parts, len(self.done)):
-            self.parts.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": digest, "num_points": num_points,
-                                               "writer": self.writer}))
-        # The writer's libraries now, before any work is sent out: imported at the first chunk, with both cores
-        # busy with workers, they held that chunk back by about a second (2026-11-25).
-        import pandas  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
+            write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": self.digest,
+                                               "num_points": self.num_points, "writer": self.writer}))
 
-    @staticmethod
-    def _read_done(chunks: Sequence[Path]) -> set[int]:
-        import pyarrow.parquet as pq
-
-        done: set[int] = set()
-        for chunk in chunks:
-            done.update(pq.read_table(chunk, columns=["point"]).column("point").to_pylist())
-        return done
+    def close(self) -> None:
+        """Give up the lock on ``OUT.parts`` (the chunks stay for a resume)."""
+        self.lock.release()
 
     def write_chunk(self, rows: Sequence[dict[str, Any]]) -> Path:
         """Write one finished batch's rows as a chunk and mark its points done.
@@ -304,20 +321,26 @@ class ResultStore:
         return path
 
     def add_written(self, points: Sequence[int], table: Any) -> None:
-        """Mark ``points`` done, their chunk written (``write_chunk``) with ``table``, which the merge
-        takes instead of reading the chunk back."""
+        """Mark ``points`` done, their chunk written (``parts.write_chunk``) with ``table``, which the
+        merge takes instead of reading the chunk back."""
         self.done.update(points)
         self.tables[chunk_path(self.parts, points).name] = table
 
     def recount(self) -> int:
         """Read the points done again from the chunks on disk (after workers that may have written
         chunks unreported have stopped); the count."""
-        self.done = self._read_done(finished_chunks(self.parts))
-        return len(self.done)
+        import pyarrow.parquet as pq
+
+        done: set[int] = set()
+        for chunk in finished_chunks(self.parts):
+            done.update(pq.read_table(chunk, columns=["point"]).column("point").to_pylist())
+        self.done = done
+        return len(done)
 
     def finish(self) -> Any:
-        """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table. The
-        chunks written in this run are taken from memory; only those of an interrupted run are read.
+        """Merge the chunks into ``out`` (sorted by point), remove what pipesim wrote in the folder,
+        return the table. The chunks written in this run are taken from memory; only those of an
+        interrupted run are read.
 
         Raises:
             ConfigError: the chunks do not hold every point exactly once.
@@ -326,9 +349,8 @@ class ResultStore:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        chunks = finished_chunks(self.parts)
-        tables = [pq.read_table(chunk) if chunk.name not in self.tables else self.tables[chunk.name]
-                  for chunk in chunks]
+        tables = [self.tables[chunk.name] if chunk.name in self.tables else pq.read_table(chunk)
+                  for chunk in finished_chunks(self.parts)]
         if tables:
             # One schema for all: a column that is all null in one chunk (no point had an error) and
             # text in another is text; the chunks' pandas metadata (their own index) is dropped.
@@ -342,7 +364,8 @@ class ResultStore:
             raise ConfigError("parts", str(self.parts), f"hold {len(points)} rows for {self.num_points} points")
         with writing(self.out, self.parts, len(points)):
             write_table(frame, self.out, digest=self.digest, run=self.run)
-        shutil.rmtree(self.parts)
+        remove_parts(self.parts)
+        self.close()
         return frame
 
 

@@ -34,7 +34,7 @@ def test_model_json_has_the_contract_keys_and_writes_a_loadable_profile(tmp_path
     assert profile.num_layers == 82 and profile.layers[0].name == "embedding"
 
 
-@pytest.mark.parametrize(("args", "field"), [(("--preset", "gpt5"), "--preset"), (("--preset", "llama3-8b", "--tp", "3"), "tp")])
+@pytest.mark.parametrize(("args", "field"), [(("--preset", "gpt5"), "gpt5"), (("--preset", "llama3-8b", "--tp", "3"), "tp")])
 def test_model_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], field: str) -> None:
     done = pipesim("model", *args)
     assert done.returncode == 2
@@ -82,7 +82,7 @@ SIMULATE_MODEL = ("--model", "llama3-8b", "--stages", "2", "--microbatches", "2"
         (("simulate", *SIMULATE_MODEL, "--zero", "1"),
          "zero=1: needs --dp D > 1 (ZeRO-1 shards the optimizer state over the data-parallel pipelines)"),
         (("simulate", *SIMULATE_MODEL, "--dp-overlap"),
-         "dp_overlap=True: needs --dp D > 1 (it overlaps the data-parallel all-reduce with the last backward)"),
+         "dp_overlap=True: needs --dp D > 1 (it overlaps the data-parallel reduction with the last backward)"),
     ],
 )
 def test_capacity_commands_refuse_bad_options_in_one_line(args: tuple[str, ...], message: str) -> None:
@@ -115,43 +115,53 @@ def test_dp_1_tp_1_reproduce_todays_output_exactly() -> None:
     assert flagged == plain
 
 
-def test_tp_and_dp_reproduce_a_hand_computed_iteration_time() -> None:
-    # Two layers, one a stage, 1F1B, p = 2, m = 2, free pipeline links, H100 preset links.
+def node_cluster(path: Path, gpus_per_node: int) -> str:
+    """A cluster file: nodes of ``gpus_per_node`` on 900 GB/s, 50 GB/s NICs, every collective at the link's
+    full rate, no latency: the arithmetic below is alpha-free."""
+    path.write_text(json.dumps({"schema": "pipesim.cluster/1", "name": "test", "tiers": [
+        {"name": "nvlink", "gpus": gpus_per_node, "bandwidth_bytes_per_s": 900e9, "latency_s": 0},
+        {"name": "nic", "gpus": None, "bandwidth_bytes_per_s": 50e9, "latency_s": 0}]}))
+    return str(path)
+
+
+def test_tp_and_dp_reproduce_a_hand_computed_iteration_time(tmp_path: Path) -> None:
+    # Two layers, one a stage, 1F1B, p = 2, m = 2, free pipeline links; nodes of 2 GPUs, TP = 2 inside one.
     # TP = 2: F = 4/2 ms + 2 all-reduces of 9e8 bytes over NVLink, each 2 (2-1)/2 x 9e8 / 900e9 s = 1 ms -> 4 ms;
     #         B = 8/2 ms + 2 ms = 6 ms; weights per rank 1e9 / 2 = 5e8 bytes.
-    # DP = 2: each update all-reduces 5e8 bytes over the 400 Gbit/s NIC: 2 (2-1)/2 x 5e8 / 50e9 s = 10 ms.
+    # DP = 2: the two replicas are a node apart; each update all-reduces 5e8 bytes over the 50 GB/s NIC:
+    #         2 (2-1)/2 x 5e8 / 50e9 s = 10 ms.
     # 1F1B makespan (m + p - 1)(F + B) = 3 x 10 ms, then stage 0's update: 30 + 10 = 40 ms.
     data = simulate_json("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9",
-                         "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+                         "--stages", "2", "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2",
+                         "--cluster", node_cluster(tmp_path / "c.json", 2))
     assert data["iteration_time_s"] == pytest.approx(0.040, rel=1e-12)
     assert (data["tp"], data["dp"]) == (2, 2)
     assert data["global_throughput_samples_per_s"] == pytest.approx(2 * 2 / 0.040, rel=1e-12)
 
 
-def test_dp_overlap_leaves_the_update_only_the_all_reduce_tail() -> None:
+def test_dp_overlap_leaves_the_update_only_the_all_reduce_tail(tmp_path: Path) -> None:
     # Four layers, two a stage, 1F1B, p = 2, m = 2, free pipeline links: F = 2 ms, B = 4 ms a stage,
-    # makespan (m + p - 1)(F + B) = 18 ms. DP = 2 all-reduces 1e8 bytes a layer over the H100
-    # preset's 400 Gbit/s NIC: 2 (2-1)/2 x 1e8 / 50e9 s = 2 ms a layer.
+    # makespan (m + p - 1)(F + B) = 18 ms. DP = 2 across nodes of one GPU all-reduces 1e8 bytes a layer
+    # over the 50 GB/s NIC: 2 (2-1)/2 x 1e8 / 50e9 s = 2 ms a layer.
     # Not overlapped: stage 0's update after its last B: 18 + 2 x 2 = 22 ms.
     # Overlapped: in stage 0's last B (14-18 ms) layer 1's gradient is ready at 16 and all-reduced
     # 16-18, layer 0's at 18, all-reduced 18-20: the update waits 2 ms, 20 ms in all.
     args = ("--uniform", "layers=4,forward_ms=1,backward_ms=2,activation_bytes=0,param_bytes=1e8", "--stages", "2",
-            "--microbatches", "2", "--schedule", "1f1b", "--dp", "2")
+            "--microbatches", "2", "--schedule", "1f1b", "--dp", "2", "--cluster", node_cluster(tmp_path / "c.json", 1))
     assert simulate_json(*args)["iteration_time_s"] == pytest.approx(0.022, rel=1e-12)
     assert simulate_json(*args, "--dp-overlap")["iteration_time_s"] == pytest.approx(0.020, rel=1e-12)
 
 
-def test_pp_in_node_sends_the_tensor_parallel_all_reduces_over_the_nic() -> None:
-    # The hand-computed TP/DP case above, with TP across nodes: each all-reduce of 9e8 bytes takes
-    # 2 (2-1)/2 x 9e8 / 50e9 s = 18 ms over the 400 Gbit/s NIC instead of 1 ms over NVLink.
-    # F = 2 + 2 x 18 = 38 ms, B = 4 + 36 = 40 ms; 1F1B: 3 x 78 ms, then the 10 ms update: 244 ms.
+def test_pp_in_node_sends_the_tensor_parallel_all_reduces_over_the_nic(tmp_path: Path) -> None:
+    # The hand-computed TP/DP case above with a pipeline's two stages inside each 2-GPU node: TP's ranks
+    # are a node apart, each all-reduce of 9e8 bytes takes 2 (2-1)/2 x 9e8 / 50e9 s = 18 ms over the NIC
+    # instead of 1 ms over NVLink. F = 2 + 2 x 18 = 38 ms, B = 4 + 36 = 40 ms; 1F1B: 3 x 78 ms, then the
+    # 10 ms update (DP 4 GPUs apart, over the NIC): 244 ms.
+    cluster = node_cluster(tmp_path / "c.json", 2)
     args = ("--uniform", "layers=2,forward_ms=4,backward_ms=8,activation_bytes=9e8,param_bytes=1e9", "--stages", "2",
-            "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2")
+            "--microbatches", "2", "--schedule", "1f1b", "--tp", "2", "--dp", "2", "--cluster", cluster)
     assert simulate_json(*args, "--placement", "pp-in-node")["iteration_time_s"] == pytest.approx(0.244, rel=1e-12)
     assert simulate_json(*args, "--placement", "tp-in-node") == simulate_json(*args)
-    refused = pipesim("simulate", *args[:-4], "--tp", "16", "--placement", "tp-in-node")
-    assert refused.returncode == 2 and "tp" in refused.stderr and "pp-in-node" in refused.stderr
-    assert "Traceback" not in refused.stderr
 
 
 def test_memory_budget_gives_fits_and_headroom_per_device() -> None:
@@ -173,10 +183,11 @@ def test_global_batch_sets_microbatches_and_an_indivisible_one_is_refused() -> N
 def test_model_in_simulate_reports_the_device_budget_tokens_and_mfu() -> None:
     data = simulate_json("--model", "llama3-8b", "--device", "h100", "--stages", "4", "--global-batch", "32",
                          "--dp", "2", "--seq-len", "2048", "--recompute-stages", "selective", "--schedule", "1f1b")
-    assert data["memory_budget_bytes"] == 80e9 and isinstance(data["fits"], bool)
+    # the default budget is the memory the H100's driver reports: 81,559 MiB
+    assert data["memory_budget_bytes"] == 81559 * 2**20 and isinstance(data["fits"], bool)
     assert data["num_gpus"] == 8 and data["tokens_per_s"] == pytest.approx(
         data["throughput_samples_per_s"] * 2 * 2048, rel=1e-12)  # type: ignore[operator]
-    assert 0 < data["mfu"] < 0.5  # type: ignore[operator]
+    assert 0 < data["mfu"] < 0.6  # type: ignore[operator]
 
 
 def test_schedules_side_by_side_equal_their_single_runs_and_accept_torch_names(tmp_path: Path) -> None:
@@ -263,6 +274,8 @@ def test_search_on_a_local_dask_cluster_gives_what_one_process_gives() -> None:
     alone = pipesim(*SMALL_SEARCH)
     on_dask = pipesim(*SMALL_SEARCH, "--workers", "2")
     assert alone.returncode == 0 and on_dask.returncode == 0, on_dask.stderr
-    assert on_dask.stdout == alone.stdout
+    first, second = json.loads(alone.stdout), json.loads(on_dask.stdout)
+    assert first.pop("run")["command"] != second.pop("run")["command"]  # the record names each command as typed
+    assert first == second
     both = pipesim(*SMALL_SEARCH, "--workers", "2", "--scheduler", "tcp://127.0.0.1:1")
     assert both.returncode == 2 and "either --workers" in both.stderr

@@ -3,10 +3,8 @@ bad --out paths are one line and exit 2, JSON is strict, and Perfetto traces car
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import html.parser
-import io
 import json
 import re
 import subprocess
@@ -16,26 +14,12 @@ from typing import Any
 
 import pytest
 
-from pipesim.cli import main
-from cli_runner import ROOT, VGG, pipesim
+from cli_runner import ROOT, VGG, in_process, pipesim
 
 RUN_KEYS = {"command", "pipesim_version", "profile", "bandwidth_bytes_per_s", "latency_s", "schedule", "num_stages",
             "num_microbatches", "num_minibatches", "stages_per_rank", "engine"}
 SMALL = ("--uniform", "layers=8,forward_ms=1,backward_ms=2,activation_bytes=1000,param_bytes=4000",
          "--microbatches", "4", "--bandwidth", "10GB/s", "--latency", "5us")
-
-
-def in_process(*args: str) -> subprocess.CompletedProcess[str]:
-    """``pipesim ARGS`` through the CLI's entry point in this process (no interpreter start-up):
-    its exit status and what it printed. For commands whose checks do not read the command line."""
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(args))
-        except SystemExit as exit_:
-            code = int(exit_.code or 0)
-    return subprocess.CompletedProcess(["pipesim", *args], code, out.getvalue(), err.getvalue())
 
 
 def strict_load(path: Path) -> Any:

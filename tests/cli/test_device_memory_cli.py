@@ -43,7 +43,7 @@ def test_the_headline_and_the_budget_read_the_largest_device_not_the_largest_sta
     rows = [line.split() for line in table.stdout.splitlines() if line.split()[:2] == ["0", "│"]]
     assert rows[0][:8:2] == ["0", "0,4", "84.2%", "3.40"] and rows[0][-2:] == ["-400.00", "MB"]
     assert rows[1][:14:2] == ["0", "0", "0:2", "84.2%", "15.8%", "0.000", "2.20"]
-    assert "does NOT fit in 3.0 GB per device (worst overshoot 0.40 GB, device 0)" in table.stdout
+    assert "does NOT fit in 3GB per device (worst overshoot 0.40 GB, device 0)" in table.stdout
     saved = json.loads((out / "metrics.json").read_text())
     assert (saved["fits"], saved["memory_budget_bytes"]) == (False, 3e9)
     assert saved["device_memory_headroom_bytes"] == data["device_memory_headroom_bytes"]
@@ -52,13 +52,13 @@ def test_the_headline_and_the_budget_read_the_largest_device_not_the_largest_sta
     report = tmp_path / "report.html"
     assert pipesim("report", str(out), "--out", str(report)).returncode == 0
     text = report.read_text()
-    verdict = "does NOT fit in 3.0 GB per device (worst overshoot 0.40 GB, device 0)"
+    verdict = "does NOT fit in 3GB per device (worst overshoot 0.40 GB, device 0)"
     assert f'<p class="verdict"><strong>{verdict}</strong></p>' in text
-    assert "does NOT fit in 3.0 GB</h1>" in text
+    assert "does NOT fit in 3GB</h1>" in text
     assert text.index(verdict) < text.index("<h2>Summary</h2>") and "<h2>Per device</h2>" in text
     looser = tmp_path / "looser.html"
     assert pipesim("report", str(out), "--out", str(looser), "--memory", "3.5GB").returncode == 0
-    assert "fits in 3.5 GB per device (least headroom 0.10 GB, device 0)" in looser.read_text()
+    assert "fits in 3.5GB per device (least headroom 0.10 GB, device 0)" in looser.read_text()
 
 
 def test_report_memory_on_a_sweep_table_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -60,6 +60,17 @@ def test_pipedream_versions_delay_and_no_bubble() -> None:
                 assert stage.discrepancy_max == 0  # stashing: B uses its F's version
 
 
+def test_pipedream_no_bubble_when_its_warm_up_outlasts_a_minibatch() -> None:
+    # m < p (PipeDream itself updates per input, m = 1): stage 0 runs p - 1 forwards ahead, so its
+    # backwards after its last forward span ceil(p / m) minibatches of drain; the window leaves
+    # them out (K = 3 + ceil(p / m) keeps one steady minibatch at least) and sees no bubble.
+    for p in range(2, 9):
+        for m in range(1, p):
+            metrics = run("pipedream", p, m, 3 + -(-p // m)).metrics
+            assert close(metrics.iteration_time_s, m * (TF + TB)), (p, m)
+            assert metrics.bubble_fraction < 1e-12, (p, m, metrics.bubble_fraction)
+
+
 def test_2bw_two_versions_delay_one_no_bubble() -> None:
     for p in range(1, 9):
         for m in (p, p + 3, 2 * p):

@@ -5,12 +5,14 @@ bubble of DualPipe and DualPipeV is (PP/2-1)(F&B+B-3W) for PP stages, with F a f
 B a full backward chunk, W a backward-for-weights chunk and F&B two mutually overlapped
 forward and backward chunks. The table counts the time slots of a uniform pipeline whose
 forward, backward-for-inputs and backward-for-weights take equal time (F = I = W, B = 2W),
-the zero-bubble papers' assumption; there the busiest device's idle time equals it exactly.
+the zero-bubble papers' assumption. The tests below find it exact for the most idle device (the
+busiest idles less) whenever F = I and W <= F, and not otherwise.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -55,12 +57,40 @@ def test_dualpipe_bubble_table(num_ranks: int) -> None:
         assert math.isclose(max(bubbles), (pp / 2 - 1) * (2 * b - 3 * w), rel_tol=1e-12), (m, bubbles)
 
 
-def test_the_table_is_not_exact_where_forward_and_weight_times_differ() -> None:
-    # F = 2W breaks the equal-slot assumption: the table's count of slots understates the idle
-    # time of the critical device (9 W against 6 W here, as README says).
+@pytest.mark.parametrize(("f", "i", "w"), [(2.0, 2.0, 1.0), (3.0, 3.0, 1.0), (3.0, 3.0, 2.0), (4.0, 4.0, 3.0)])
+def test_the_table_is_exact_for_the_most_idle_device_whenever_f_equals_i_and_w_is_no_longer(
+        f: float, i: float, w: float) -> None:
+    b = i + w
+    for num_ranks in (2, 3, 4):
+        pp = 2 * num_ranks
+        for m in (pp, pp + 3):
+            for overlap in (0.0, 0.5, 1.0):
+                table = (pp / 2 - 1) * (f + b - overlap * min(f, b) + b - 3 * w)
+                bubbles = device_bubbles(run(num_ranks, m, f=f, b=b, w=w, overlap=overlap, chunks="dualpipe"))
+                assert math.isclose(max(bubbles), table, rel_tol=1e-12), (num_ranks, m, overlap, bubbles)
+
+
+def test_the_table_is_not_exact_otherwise_nor_for_the_busiest_device() -> None:
+    # F = 2W, I = W: the table's count of slots understates the most idle device's idle time
+    # (9 W against 6 W).
     f, b, w, overlap = 2.0, 2.0, 1.0, 0.5
     bubbles = device_bubbles(run(4, 16, f=f, b=b, w=w, overlap=overlap, chunks="dualpipe"))
-    assert max(bubbles) > (4 - 1) * (f + b - overlap * min(f, b) + b - 3 * w)
+    assert (max(bubbles), (4 - 1) * (f + b - overlap * min(f, b) + b - 3 * w)) == (9.0, 6.0)
+    # F = I = 1, W = 2 (W > F): 2 idle against the table's 1, though F = I.
+    bubbles = device_bubbles(run(2, 4, f=1.0, b=3.0, w=2.0, overlap=0.0, chunks="dualpipe"))
+    assert (max(bubbles), (2 - 1) * (1.0 + 3.0 + 3.0 - 3 * 2.0)) == (2.0, 1.0)
+    # F = I = W, R = 3, half overlap: the most idle device idles the table's 3 W, the busiest 2.5 W.
+    bubbles = device_bubbles(run(3, 6, f=1.0, b=2.0, w=1.0, overlap=0.5, chunks="dualpipe"))
+    assert (max(bubbles), min(bubbles)) == (3.0, 2.5)
+
+
+def test_readme_states_what_these_tests_show(root: Path) -> None:
+    text = (root / "README.md").read_text(encoding="utf-8")
+    paragraph = text[text.index("**Overlapped F&B chunks (dualpipev).**"):]
+    paragraph = paragraph[:paragraph.index("\n\n")]
+    assert "busiest device idles exactly" not in paragraph
+    assert "the most idle device idles exactly" in paragraph
+    assert "whenever F = I and W ≤ F" in paragraph
 
 
 def test_chunk_waits_for_both_inputs_and_sends_both_at_its_end() -> None:
@@ -100,6 +130,34 @@ def test_chunks_are_torch_overlap_pairs() -> None:
     flat = [str(op) for ops in schedule.ranks for op in ops]
     pairs = [(flat[g], flat[g + 1]) for g in chunk_starts(schedule).tolist()]
     assert pairs == [("0F3", "3B1"), ("3F2", "0B0"), ("3F3", "0B1"), ("2F2", "1B0"), ("1F3", "2B1"), ("2F3", "1B1")]
+
+
+# R = 2, m = 4, F = 1, B = 3, I = 2, W = 1 (ms), no overlap (a chunk takes F + B = 4), free links;
+# [xFi+yBj] is a chunk. Worked by hand, each op at max(its rank free, its inputs' ends):
+#   rank 1: 1F0 1-2, 2F0 2-3, 1F1 3-4, 2F1 4-5, 1F2 5-6, 2B0 6-9 (not a chunk: the last rank's
+#           first pair), [2F2+1B0] 9-13, [1F3+2B1] 13-17, [2F3+1B1] 17-21, 2B2 21-24, 1B2 24-27,
+#           2I3 28-30, 1I3 30-32, 2W3 32-33, 1W3 33-34
+#   rank 0: 0F0 0-1, 0F1 1-2, 0F2 2-3, 3F0 3-4, 3I0 4-6, 3W0 6-7, 3F1 7-8, [0F3+3B1] 8-12,
+#           [3F2+0B0] 13-17, 3B2 17-20, [3F3+0B1] 21-25, 3B3 25-28, 0I2 28-30, 0W2 30-31,
+#           0I3 32-34, 0W3 34-35
+# One minibatch takes 35. DualPipe's step() runs each minibatch apart, so minibatch k is that
+# table shifted by 35 k: rank 0 starts it at its own end, and rank 1 (done at 34) waits for 0F0.
+DUALPIPEV_MINIBATCH_MS = 35.0
+
+
+@pytest.mark.parametrize("num_minibatches", [1, 2, 3])
+def test_each_minibatch_runs_apart_as_dualpipes_step(num_minibatches: int) -> None:
+    profile = uniform_profile(num_layers=4, forward_s=1e-3, backward_s=3e-3, backward_input_s=2e-3,
+                              backward_weight_s=1e-3)
+    result = simulate(profile, Topology.uniform(num_devices=2), schedule="dualpipev", num_stages=4,
+                      num_microbatches=4, num_minibatches=num_minibatches, stages_per_rank=2)
+    assert result.metrics.makespan_s == pytest.approx(num_minibatches * DUALPIPEV_MINIBATCH_MS * 1e-3, rel=1e-12)
+    # Every minibatch leaves the last rank's first pair as two chunks, not only the first one.
+    flat = [str(op) for ops in result.schedule.ranks for op in ops]
+    last_rank = [(flat[g], flat[g + 1]) for g in chunk_starts(result.schedule).tolist()
+                 if result.schedule.table.rank[g] == 1]
+    expected = [(f"2F{2 + 4 * k}", f"1B{4 * k}") for k in range(num_minibatches)]
+    assert last_rank[::3] == expected and ("1F6", "2B4") not in last_rank
 
 
 def test_overlap_outside_its_range_names_the_field() -> None:

@@ -64,6 +64,28 @@ def test_steps_and_steady_state_utilization() -> None:
         assert alternating.metrics.iteration_time_s == m * 3.0
 
 
+def test_the_drain_stays_outside_the_window_when_forwards_are_slower() -> None:
+    # p = 4, m = 4, F = 2, B = 1. In steady state a step holds F(i + w) and B(i) and lasts
+    # max(F, B) = 2; one microbatch per step, so a minibatch takes m max(F, B) = 4 x 2 = 8.
+    # Stage 0 runs B(i) at step i + 2p - 1 = i + 7, beside F(i + 7) only while i + 7 <= N - 1:
+    # with N = 4 K, microbatches N - 7 .. N - 1 run their backward alone, in a step of B = 1.
+    # Microbatch N - 7 = 4 (K - 2) + 1 lies in minibatch K - 2: the drain takes the last two
+    # minibatches, and the window (from minibatch 0's end) holds K - 3 minibatches.
+    for k in (4, 8, 64):
+        metrics = run(4, 4, k, "minibatch", tf=2.0, tb=1.0).metrics
+        assert metrics.iteration_time_s == 4 * max(2.0, 1.0), k  # 7.0, 7.667, 7.968 when the drain was in
+        assert (metrics.warmup_minibatches, metrics.cooldown_minibatches) == (1, 2), k
+        assert metrics.bubble_fraction == 0.0, k
+    # Any depth and size: with K = 3 + ceil((2p - 1) / m) (warm-up, drain, one steady minibatch)
+    # a minibatch takes m max(F, B) and no stage idles, F above or below B.
+    for p in range(1, 6):
+        for m in (1, 2, p, 2 * p):
+            for tf, tb in ((2.0, 1.0), (3.0, 1.0), (1.0, 3.0)):
+                metrics = run(p, m, 3 + -(-(2 * p - 1) // m), "minibatch", tf=tf, tb=tb).metrics
+                assert metrics.iteration_time_s == m * max(tf, tb), (p, m, tf, tb)
+                assert metrics.bubble_fraction == 0.0, (p, m, tf, tb)
+
+
 def test_engines_agree_bit_for_bit() -> None:
     for update in ("minibatch", "microbatch"):
         des = run(4, 3, 6, update, tf=0.75, tb=1.5, engine="des")

@@ -59,6 +59,18 @@ def test_a_kind_the_profile_gives_no_time_is_shared_equally_and_a_target_below_t
     assert calibrated.layers[2].update_s == 0.0 and calibrated.layers[3].update_s == 0.0
 
 
+def test_a_calibration_takes_the_calibrated_runs_counts_unless_given_its_own() -> None:
+    assert CalibrationRun().counts(8, 4) == (8, 4)
+    assert CalibrationRun().counts(8, 2) == (8, 3)  # at least one steady-state minibatch
+    assert CalibrationRun(num_microbatches=4, num_minibatches=20).counts(8, 4) == (4, 20)
+    assert CalibrationRun(num_minibatches=6).counts(2, 4) == (2, 6)
+    with pytest.raises(ConfigError, match="calibration_microbatches=None: give the calibration's own or"):
+        CalibrationRun().counts()
+    assert "m=as the run K=as the run" in CalibrationRun().describe()
+    assert "m=8 K=4" in CalibrationRun().describe(counts=(8, 4)) and "minibatches 1..2" in CalibrationRun().describe(
+        counts=(8, 4))
+
+
 def test_a_calibration_run_needs_a_steady_state() -> None:
     with pytest.raises(ConfigError, match="calibration_minibatches"):
         CalibrationRun(num_minibatches=2)
@@ -75,7 +87,7 @@ def test_a_real_calibration_run_sets_each_stage_op_times_from_its_spans() -> Non
     spec = ModelSpec("mlp", depth=3, width=16)
     profile = measure_profile(spec, 4, timing=Timing(warmup=1, repeats=3, processes=1), calibrate=False).profile
     assert profile.has_split_backward  # I and W timed apart, for the split-backward schedules
-    result = calibrate(profile, spec, ((0, 2), (2, 4)), CalibrationRun(num_microbatches=2, num_minibatches=3))
+    result = calibrate(profile, spec, ((0, 2), (2, 4)), CalibrationRun(num_microbatches=4, num_minibatches=4))
     assert result.cpu_share > 0
     assert len(result.op_times) == 2 and all(t.of(k) > 0 for t in result.op_times for k in "FBU")
     for got, wanted in zip(stage_op_times(result.profile, result.partition), result.op_times, strict=True):
@@ -84,7 +96,16 @@ def test_a_real_calibration_run_sets_each_stage_op_times_from_its_spans() -> Non
     assert result.layer_op_times == stage_op_times(profile, ((0, 2), (2, 4)))
     assert len(result.op_spread) == 2 and all(s.of(k) >= 0 for s in result.op_spread for k in "FBU")
     assert any(s.of(k) > 0 for s in result.op_spread for k in "FB")  # real op times vary
-    assert "gpipe run of the real runtime" in result.profile.device
+    assert "separate gpipe and 1f1b runs of the real runtime" in result.profile.device
+    # A GPipe and a 1F1B run: each op's time in its context. On the last stage, in the two steady-state
+    # minibatches, GPipe runs 6 F after an F and 6 B after a B, 1F1B 6 F after a B and 8 B after an F.
+    assert [trace.info.schedule for trace in result.traces] == ["gpipe", "1f1b"]
+    assert {(1, "F", "F"), (1, "F", "B"), (1, "B", "B"), (1, "B", "F")} <= set(result.context_s)
+    assert all(seconds > 0 for seconds in result.context_s.values())
+    alone = calibrate(profile, spec, ((0, 2), (2, 4)), CalibrationRun(num_microbatches=2, num_minibatches=3,
+                                                                      schedule="gpipe"))
+    assert [trace.info.schedule for trace in alone.traces] == ["gpipe"]
+    assert (1, "F", "B") not in alone.context_s and "separate gpipe runs" in alone.profile.device
 
 
 def test_priority_outside_the_nice_range_is_refused_and_zero_changes_nothing() -> None:
@@ -101,15 +122,16 @@ def test_priority_outside_the_nice_range_is_refused_and_zero_changes_nothing() -
 
 
 def test_a_calibration_for_several_stages_per_rank_runs_on_as_many_processes() -> None:
-    """With fewer ranks than stages, the calibration runs GPipe's looped form on that many ranks."""
+    """With fewer ranks than stages, the calibration runs GPipe's and 1F1B's looped forms on that many ranks."""
     pytest.importorskip("torch")
     from pipesim.harness.calibration import calibrate
     from pipesim.harness.config import ModelSpec
     from pipesim.harness.profiler import Timing, measure_profile
 
-    assert CalibrationRun().schedule_for(4, 2) == "looped-bfs"
-    assert CalibrationRun(schedule="1f1b").schedule_for(4, 2) == "interleaved-1f1b"
-    assert CalibrationRun().schedule_for(4, 4) == CalibrationRun().schedule_for(4) == "gpipe"
+    assert CalibrationRun().schedules_for(4, 2) == ("looped-bfs", "interleaved-1f1b")
+    assert CalibrationRun(schedule="1f1b").schedules_for(4, 2) == ("interleaved-1f1b",)
+    assert CalibrationRun(schedule="gpipe").schedules_for(4, 4) == CalibrationRun(schedule="gpipe").schedules_for(4) \
+        == ("gpipe",)
     spec = ModelSpec("mlp", depth=3, width=16)
     profile = measure_profile(spec, 4, timing=Timing(warmup=1, repeats=3, processes=1), calibrate=False).profile
     partition = ((0, 1), (1, 2), (2, 3), (3, 4))
@@ -118,4 +140,4 @@ def test_a_calibration_for_several_stages_per_rank_runs_on_as_many_processes() -
     for got, wanted in zip(stage_op_times(result.profile, partition), result.op_times, strict=True):
         for kind in "FBU":
             assert got.of(kind) == pytest.approx(wanted.of(kind), rel=1e-9)
-    assert "looped-bfs run of the real runtime on 2 ranks" in result.profile.device
+    assert "looped-bfs and interleaved-1f1b runs of the real runtime on 2 ranks" in result.profile.device

@@ -216,6 +216,20 @@ def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> Non
         times = report["op_times_runs"][0]
         assert set(times["measured"]) == set(times["predicted"]) == {"0F", "0B", "0U", "1F", "1B", "1U"}
         assert all(value > 0 for value in times["measured_cpu"].values())
+        # The op breakdown: the same ops per stage and kind, their spans' parts, and the error as a sum.
+        rows = report["op_breakdown_runs"][0]
+        assert [(row["stage"], row["kind"]) for row in rows] == [(0, "F"), (0, "B"), (0, "U"), (1, "F"), (1, "B"),
+                                                                 (1, "U")]
+        for row in rows:
+            assert row["measured_s"] == pytest.approx(times["measured"][f"{row['stage']}{row['kind']}"])
+            assert row["receive_s"] + row["work_s"] + row["send_s"] == pytest.approx(row["measured_s"])
+            assert min(row["receive_s"], row["work_s"], row["send_s"], row["wait_s"]) >= 0
+        parts = report["error_contributions_runs"][0]
+        assert sum(parts.values()) == pytest.approx(report["iteration_time_errors_runs"][0], abs=1e-9)
+        # The calibration ran with the validated run's m=2 and K=3: two ops of each F and B per stage
+        # in its one steady-state minibatch.
+        calibration = report["calibration_breakdown_runs"][0]
+        assert {row["count"] for row in calibration if row["kind"] in "FB"} == {2}
 
 
 @torch_needed

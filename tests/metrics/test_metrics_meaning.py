@@ -62,7 +62,10 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
             if index + 1 == len(events) or events[index + 1][0] != time_s:  # read after each instant
                 totals.append(sum(levels.values()))
                 held.append((counts["weights"], counts["activations"]))
-        assert stage.peak_memory_bytes == pytest.approx(max(totals, default=0.0), rel=1e-9)
+        # Events at one instant summed in another order may leave a rounding residue of the sizes
+        # they move (x + x - x - x): equal within 1e-9 of the largest.
+        moved = max((abs(e[4]) for e in events), default=0.0)
+        assert stage.peak_memory_bytes == pytest.approx(max(totals, default=0.0), rel=1e-9, abs=1e-9 * moved)
         assert sum(stage.peak_breakdown_bytes.values()) == pytest.approx(stage.peak_memory_bytes, rel=1e-9)
         assert stage.weight_versions_max == max((w for w, _ in held), default=0)
         assert stage.max_inflight_microbatches == max((a for _, a in held), default=0)

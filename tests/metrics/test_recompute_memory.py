@@ -61,7 +61,7 @@ def test_megatron_activation_memory_per_layer_and_the_re_created_layer(recompute
     sbh = s * b * h
     per_layer = {"none": sbh * (34 + 5 * a * s / h), "selective": 34 * sbh, "full": 2 * sbh}[recompute]
     working = sbh * (34 + 5 * a * s / h) - per_layer
-    profile = pipesim.transformer_profile(config, device="a100-80gb", microbatch_size=b, seq_len=s,
+    profile = pipesim.transformer_profile(config, device="a100-80gb", microbatch_size=b, seq_len=s, attention="unfused",
                                           recompute=recompute, include_embeddings=False)  # type: ignore[arg-type]
     # GPipe, 4 stages of 24 layers, 2 microbatches: both are stashed when the first backward starts.
     result = pipesim.simulate(profile, schedule="gpipe", num_stages=4, num_microbatches=2)
@@ -97,7 +97,8 @@ def test_a_profile_input_layer_is_kept_by_recomputation() -> None:
 def test_tensor_parallelism_divides_the_loss_buffer_and_the_re_created_bytes_not_the_input() -> None:
     from pipesim.spec.parallel import tensor_parallel_profile
 
-    model = pipesim.transformer_profile("llama3-8b", microbatch_size=1, seq_len=1024, recompute="selective")
+    model = pipesim.transformer_profile("llama3-8b", microbatch_size=1, seq_len=1024, recompute="selective",
+                                        attention="unfused")
     # Selective recomputation re-creates the attention scores: without dropout (Llama) the softmax
     # output alone, 2 bytes a score, a s^2 b of them.
     assert model.layers[1].recomputed_bytes == 2 * 32 * 1024 * 1024

@@ -16,8 +16,7 @@ from pipesim.spec.profile import Profile
 from pipesim.spec.validation import build
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT.parent / "shared" / "reference" / "pipedream_optimizer.json"
-needs_reference = pytest.mark.skipif(not REFERENCE.exists(), reason=f"{REFERENCE} is not beside the checkout")
+REFERENCE = ROOT / "tests" / "data" / "pipedream_optimizer.json"  # PipeDream's optimizer, run (tests/data/README.md)
 
 #        +-> 1 --+
 #   0 ---|       |--> 3
@@ -44,7 +43,6 @@ def test_a_dag_wider_than_the_budget_gives_none() -> None:
     assert antichain_states(fan, [1.0] * 14, max_states=5000) is not None
 
 
-@needs_reference
 def test_state_counts_are_the_released_optimizers() -> None:
     cases = json.loads(REFERENCE.read_text())["cases"]
     counts = {case["model"]: case["outputs"]["num_antichain_states"] for case in cases}
@@ -56,7 +54,6 @@ def test_state_counts_are_the_released_optimizers() -> None:
         assert dag is not None and dag.num_states == count, model
 
 
-@needs_reference
 def test_resnet50_on_two_servers_cuts_a_residual_block_as_the_released_optimizer_does() -> None:
     """Its best plan's first stage ends with a block's shortcut conv (node88) but not the main
     branch's first two layers (node86, node87): no prefix of the node-number order."""

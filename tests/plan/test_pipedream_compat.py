@@ -1,4 +1,4 @@
-"""`--cost-model pipedream` against the released optimizer's own outputs (../shared/reference, 45 cases)."""
+"""`--cost-model pipedream` against the released optimizer's own outputs (tests/data, 45 cases)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pipesim.spec.files import load_profile
 from pipesim.spec.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = ROOT.parent / "shared" / "reference" / "pipedream_optimizer.json"
-CASES: list[dict[str, Any]] = json.loads(REFERENCE.read_text())["cases"] if REFERENCE.exists() else []
+REFERENCE = ROOT / "tests" / "data" / "pipedream_optimizer.json"  # PipeDream's optimizer, run (tests/data/README.md)
+CASES: list[dict[str, Any]] = json.loads(REFERENCE.read_text())["cases"]
 MORE = json.loads((ROOT / "tests" / "golden" / "pipedream_optimizer_more.json").read_text())["cases"]
 def _run(case: dict[str, Any]) -> tuple[float, str, float]:
     inputs = case["inputs"]
@@ -30,7 +30,6 @@ def _run(case: dict[str, Any]) -> tuple[float, str, float]:
     return found.time_per_minibatch_s, config, found.data_parallel_time_per_minibatch_s
 
 
-@pytest.mark.skipif(not CASES, reason="../shared/reference/pipedream_optimizer.json is not there")
 @pytest.mark.parametrize("case", [pytest.param(case, id=case["case_id"]) for case in CASES])
 def test_the_released_optimizers_objective_is_reproduced(case: dict[str, Any]) -> None:
     outputs = case["outputs"]

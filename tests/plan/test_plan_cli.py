@@ -46,7 +46,7 @@ def test_plan_json_has_the_issue_shape_and_the_simulation_picks_the_fastest_cand
 
 def test_pipedream_cost_model_returns_the_released_optimizers_choice() -> None:
     """Flat 16 GPUs at 1 GB/s on PipeDream's VGG-16 profile: the released optimizer finds 13-2-1 at
-    0.0565297673846 s per minibatch of 128 (../shared/reference/pipedream_optimizer.json)."""
+    0.0565297673846 s per minibatch of 128 (tests/data/pipedream_optimizer.json)."""
     done = pipesim("plan", "--profile", VGG, "--devices", "16", "--bandwidth", "1GB/s", "--cost-model", "pipedream",
                    "--json")
     assert done.returncode == 0, done.stderr

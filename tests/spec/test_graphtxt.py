@@ -17,9 +17,7 @@ from pipesim.spec.files import load_profile, model_to_json, save_model
 from pipesim.spec.graphtxt import DEVICE, parse_graph_txt, reorder_layers
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
-PIPEDREAM = SHARED / "traces" / "pipedream"
-needs_shared = pytest.mark.skipif(not PIPEDREAM.is_dir(), reason=f"{PIPEDREAM} is not beside the checkout")
+PIPEDREAM = REPO / "traces" / "pipedream"  # PipeDream's graph.txt files as released
 
 # A diamond behind an input: node1 feeds node2 and node10, both feed node11. Nodes are listed out
 # of order, and node10 must come after node2 (numeric, not string, tie-break).
@@ -156,8 +154,7 @@ def test_self_loop_is_a_cycle() -> None:
     assert caught.value.value == "node12 -> node12"
 
 
-@needs_shared
-def test_vgg16_matches_the_shared_readme_table() -> None:
+def test_vgg16_matches_the_traces_readme_table() -> None:
     profile = load_profile(PIPEDREAM / "vgg16" / "graph.txt")
     assert profile.num_layers == 41
     assert profile.name == "vgg16"
@@ -173,7 +170,6 @@ def test_vgg16_matches_the_shared_readme_table() -> None:
     assert profile.layers[-1].activation_bytes == 0.0
 
 
-@needs_shared
 @pytest.mark.parametrize("model", ["vgg16", "resnet50", "gnmt"])
 def test_shuffled_lines_give_the_same_profile(model: str) -> None:
     lines = (PIPEDREAM / model / "graph.txt").read_text(encoding="utf-8").splitlines()
@@ -195,10 +191,9 @@ def _converter() -> ModuleType:
     return module
 
 
-@needs_shared
 def test_shipped_traces_equal_a_fresh_conversion() -> None:
     convert = _converter()
-    profiles = convert.build_profiles(SHARED)
+    profiles = convert.build_profiles(PIPEDREAM)
     shipped = {path.stem for path in (REPO / "traces").glob("*.json")}
     assert shipped == set(profiles)
     for stem, profile in profiles.items():
@@ -217,10 +212,9 @@ def test_shipped_traces_equal_a_fresh_conversion() -> None:
     }
 
 
-@needs_shared
 def test_converter_check_through_its_entry_point() -> None:
     result = subprocess.run(
-        [sys.executable, str(REPO / "traces" / "convert.py"), "--check", "--shared", str(SHARED)],
+        [sys.executable, str(REPO / "traces" / "convert.py"), "--check"],
         capture_output=True, text=True, check=False,
     )
     assert (result.returncode, result.stdout.strip()) == (0, "up to date"), result.stderr
@@ -233,10 +227,8 @@ def test_load_profile_reads_graph_txt_and_shipped_json(tmp_path: Path) -> None:
     assert load_profile(folder / "graph.txt") == parse_graph_txt(DIAMOND, source=str(folder / "graph.txt"))
     vgg16 = load_profile(REPO / "traces" / "vgg16.json")
     assert (vgg16.name, vgg16.num_layers, vgg16.microbatch_size) == ("vgg16", 41, 128)
-    assert vgg16.source == "shared/traces/pipedream/vgg16/graph.txt"
-    if PIPEDREAM.is_dir():
-        fresh = load_profile(PIPEDREAM / "vgg16" / "graph.txt")
-        assert fresh.layers == vgg16.layers
+    assert vgg16.source == "traces/pipedream/vgg16/graph.txt"
+    assert load_profile(PIPEDREAM / "vgg16" / "graph.txt").layers == vgg16.layers
 
 
 def test_saved_profile_round_trips_and_follows_the_umask(tmp_path: Path) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pipesim.search import Candidate, enumerate_candidates
-from pipesim.spec.devices import device_preset, placed_links
+from pipesim.spec.cluster import load_cluster
+from pipesim.spec.collectives import Group, group_path
+from pipesim.spec.transformer_profile import Parallelism
 from pipesim.spec.parallel import data_parallel_profile, overlapped_allreduce_tail_s
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import uniform_profile
@@ -37,13 +39,14 @@ def test_overlap_moves_the_all_reduce_out_of_the_update() -> None:
 
 
 def test_pp_in_node_bounds_the_pipeline_by_a_node_and_lets_tp_span_nodes() -> None:
-    config, device = preset("llama3-70b"), device_preset("h100")
-    megatron = [item for item in enumerate_candidates(config, device, num_gpus=64, global_batch=64)
+    config, cluster = preset("llama3-70b"), load_cluster("dgx-h100")
+    megatron = [item for item in enumerate_candidates(config, cluster, num_gpus=64, global_batch=64)
                 if isinstance(item, Candidate)]
-    pipelines_in_nodes = [item for item in enumerate_candidates(config, device, num_gpus=64, global_batch=64,
+    pipelines_in_nodes = [item for item in enumerate_candidates(config, cluster, num_gpus=64, global_batch=64,
                                                                 placement="pp-in-node") if isinstance(item, Candidate)]
     assert max(item.tp for item in megatron) == 8 and max(item.pp for item in megatron) == 64
     assert max(item.pp for item in pipelines_in_nodes) == 8 and max(item.tp for item in pipelines_in_nodes) == 64
-    links = placed_links(device, "pp-in-node", tp=16)
-    assert (links.tensor_parallel_bytes_per_s, links.pipeline_bytes_per_s) == (50e9, 900e9)
-    assert links.device.intra_node_bandwidth_bytes_per_s == 50e9  # what transformer_profile's TP reads
+    # pp-in-node with pp = 8: a TP group of 16 is 8 GPUs apart, one per node: the NIC's rate (50 GB/s x 0.92).
+    tp_stride = Parallelism(tp=16, pp=8, dp=1, placement="pp-in-node").strides[0]
+    assert tp_stride == 8
+    assert group_path(cluster, Group(16, tp_stride)).bus_bytes_per_s == pytest.approx(50e9 * 0.92)

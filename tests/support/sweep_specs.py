@@ -12,6 +12,18 @@ import pytest
 
 from pipesim.sweep import SweepSummary, run_sweep
 
+# 144 points heavy enough (the DES, m up to 512, K=16) that a CLI sweep runs for tens of seconds and
+# starts its embedded cluster after its first points (pipesim.sweep.local).
+HEAVY_SPEC = """\
+profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
+bandwidth: [10GB/s, 20GB/s, 40GB/s]
+stages: [2, 4, 8]
+microbatches: [64, 128, 256, 512]
+minibatches: [16]
+schedule: [gpipe, 1f1b, pipedream, 2bw]
+engine: des
+"""
+
 
 def spec_fixture(text: str) -> Callable[..., Path]:
     """A module-scoped fixture ``spec_path``: ``text`` written to a spec.yaml of its own folder."""

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from pipesim.harness.rank.process import configure_process
+from pipesim.harness.rank.rendezvous import join_process_group
 from pipesim.spec.files import write_text_atomic
 
 
@@ -77,8 +78,7 @@ def main(argv: list[str]) -> int:
     if backend == "nccl":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
-                            timeout=timedelta(seconds=120))
+    join_process_group(backend, rank, int(os.environ["WORLD_SIZE"]), timedelta(seconds=120))
     _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]) / result, device)
     dist.barrier()
     dist.destroy_process_group()

@@ -26,6 +26,7 @@ from pipesim.harness.rank.emulated import EmulatedStage, SendCost, wait_until
 from pipesim.harness.rank.models import build_model
 from pipesim.harness.rank.p2p import Incoming, Links
 from pipesim.harness.rank.process import configure_process, without_gc
+from pipesim.harness.rank.rendezvous import join_process_group
 from pipesim.harness.recorder import (
     COMPUTING,
     FAILED,
@@ -302,7 +303,8 @@ class RankRuntime:
             self._deferred.append((position, result.version, minibatch, start, finish))
         else:
             cpu_now = time.thread_time()
-            self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - last.cpu)
+            self.recorder.compute(position, result.version, minibatch, op_start, end, cpu_now - last.cpu,
+                                  receive_s=start - op_start, send_s=end - finish)
             self.recorder.cpu_time(cpu_now - last.cpu, end - op_start)
             last.cpu = cpu_now
         last.minibatch, last.end = minibatch, end
@@ -381,9 +383,8 @@ def write_error(run_dir: Path, rank: int, op: str, error: BaseException) -> None
 
 
 def init_process_group(config: RunConfig, rank: int, world_size: int) -> None:
-    """Join the process group named by MASTER_ADDR/MASTER_PORT (as torchrun sets them)."""
+    """Join the process group named by MASTER_ADDR/MASTER_PORT (as torchrun sets them; ``rendezvous``)."""
     configure_process(config.threads, config.emulation.realtime_priority if config.emulation else 0)
     if config.device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(config.backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=config.comm_timeout_s))
+    join_process_group(config.backend, rank, world_size, timedelta(seconds=config.comm_timeout_s))

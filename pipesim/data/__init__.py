@@ -1,0 +1,1 @@
+"""Data shipped with pipesim: device files (``devices/``) and cluster files (``clusters/``)."""

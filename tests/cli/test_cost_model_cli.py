@@ -1,0 +1,185 @@
+"""Issue 31's command-line contracts through the real entry point: device, cluster, simulate --model, model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipesim.spec.device import load_device
+from pipesim.spec.transformer import forward_flops_per_token, preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pipesim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=180)
+
+
+def test_device_json_has_the_contract_keys() -> None:
+    done = pipesim("device", "h100", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["name"] == "h100" and data["memory_bytes"] == 81559 * 2**20
+    assert data["peak_flops"]["bf16"] == 989.4e12 and data["memory_bandwidth_bytes_per_s"] == 3.35e12
+    shown = pipesim("device", "a100-80gb")
+    assert shown.returncode == 0 and "sources:" in shown.stdout and "MAMF" in shown.stdout
+
+
+def test_device_calibrate_fits_saved_measurements_into_a_file_device_reads(tmp_path: Path) -> None:
+    out = tmp_path / "h200-refit.json"
+    raw = ROOT / "benchmarks" / "data" / "h200-measurements-2026-11-28.json"
+    done = pipesim("device", "calibrate", "--measurements", str(raw), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    shown = pipesim("device", str(out), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["matmul"] == load_device("h200").model_dump(mode="json")["matmul"]
+
+
+def test_simulate_model_reports_model_tflops_per_gpu_by_hand_arithmetic() -> None:
+    args = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2", "--stages", "2",
+            "--global-batch", "16", "--microbatch-size", "1", "--seq-len", "1024", "--schedule", "1f1b", "--json")
+    done = pipesim(*args)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    for key in ("iteration_time_s", "tokens_per_s", "mfu", "fits", "num_gpus", "model_tflops_per_gpu"):
+        assert key in data
+    gpus = 2 * 2 * 2
+    assert data["num_gpus"] == gpus
+    tokens_per_s = 16 * 1024 / data["iteration_time_s"]  # one global batch of 16 sequences of 1,024 tokens per step
+    assert data["tokens_per_s"] == pytest.approx(tokens_per_s)
+    flops_per_token = forward_flops_per_token(preset("llama3-8b"), 1024)
+    # model FLOPs per step (3 x forward, no recomputation) / step time / GPUs / 1e12
+    assert data["model_tflops_per_gpu"] == pytest.approx(3 * flops_per_token * 16 * 1024 / data["iteration_time_s"]
+                                                         / gpus / 1e12)
+    assert data["mfu"] == pytest.approx(data["model_tflops_per_gpu"] * 1e12 / 989.4e12)
+    assert data["cluster"] == "dgx-h100" and data["device"] == "h100"
+
+
+def test_the_cluster_flags_and_file_reach_the_data_parallel_reduction(tmp_path: Path) -> None:
+    base = ("simulate", "--model", "llama2-7b", "--device", "a100-80gb", "--tp", "8", "--dp", "4", "--stages", "1",
+            "--global-batch", "4", "--seq-len", "1024", "--schedule", "1f1b", "--json")
+    default = json.loads(pipesim(*base).stdout)["iteration_time_s"]
+    named = json.loads(pipesim(*base, "--cluster", "dgx-a100").stdout)["iteration_time_s"]
+    slow = pipesim(*base, "--inter-node-bandwidth", "25Gbit/s", "--inter-node-latency", "20us")
+    assert slow.returncode == 0, slow.stderr
+    assert named == default < json.loads(slow.stdout)["iteration_time_s"]
+    cluster = json.loads((ROOT / "pipesim" / "data" / "clusters" / "dgx-a100.json").read_text())
+    cluster["tiers"][1]["bandwidth_bytes_per_s"] = 25e9 / 8
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(cluster))
+    from_file = pipesim(*base, "--cluster", str(path))
+    assert from_file.returncode == 0, from_file.stderr
+    assert json.loads(from_file.stdout)["iteration_time_s"] > default
+
+
+def test_ranks_and_stages_per_rank_run_a_model_interleaved() -> None:
+    done = pipesim("simulate", "--model", "gpt3-175b", "--device", "a100-80gb", "--tp", "8", "--ranks", "4",
+                   "--stages-per-rank", "2", "--dp", "2", "--global-batch", "16", "--schedule", "interleaved-1f1b",
+                   "--recompute-stages", "full", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["num_gpus"] == 8 * 4 * 2
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (("--device", "h900"), "device='h900'"),
+    (("--cluster", "nowhere.json"), "cluster"),
+    (("--device", "a100-80gb", "--precision", "fp8"), "precision='fp8'"),
+    (("--inter-node-bandwidth", "fast"), "inter_node_bandwidth"),
+    (("--attention", "sparse"), "--attention"),
+])
+def test_bad_hardware_input_is_one_line_and_exit_2(args: tuple[str, ...], field: str) -> None:
+    done = pipesim("simulate", "--model", "llama3-8b", "--stages", "1", "--microbatches", "1", "--schedule", "1f1b",
+                   *args)
+    assert done.returncode == 2, done.stderr
+    assert field in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_model_takes_a_name_through_model_and_lists_a_layers_ops() -> None:
+    done = pipesim("model", "--model", "llama3-8b", "--device", "h200", "--ops")
+    assert done.returncode == 0, done.stderr
+    for name in ("qkv", "attention", "fc1", "swiglu", "fc2", "norm"):
+        assert name in done.stdout
+    data = json.loads(pipesim("model", "--model", "llama3-8b", "--json").stdout)
+    assert {op["name"] for op in data["layer_ops"]} >= {"qkv", "attention", "projection", "fc1", "fc2"}
+
+
+def test_a_model_runs_outputs_name_the_model_device_and_cluster_with_their_hashes(tmp_path: Path) -> None:
+    """Issue 36 item 1: the run record of a --model run names its inputs, not "uniform:None"."""
+    import hashlib
+
+    from pipesim.spec.model_files import model_to_json
+
+    done = pipesim("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "2", "--global-batch", "8",
+                   "--seq-len", "1024", "--schedule", "1f1b", "--json")
+    run = json.loads(done.stdout)["run"]
+    preset_json = model_to_json(preset("llama3-8b"))
+    assert run["profile"] == {"name": "llama3-8b (preset)",
+                              "sha256": hashlib.sha256(preset_json.encode()).hexdigest()}
+    shipped = (ROOT / "pipesim" / "data" / "devices" / "h100.json").read_bytes()
+    assert run["model_run"]["device"] == {"name": "h100 (shipped)", "sha256": hashlib.sha256(shipped).hexdigest()}
+    assert run["model_run"]["cluster"]["name"] == "dgx-h100 (shipped)"
+    for key, value in (("seq_len", 1024), ("microbatch_size", 1), ("global_batch", 8), ("tp", 1), ("pp", 2),
+                       ("dp", 1), ("recompute", "none"), ("sequence_parallel", False), ("precision", "bf16"),
+                       ("optimizer_step_bytes_per_parameter", 34.0), ("optimizer_state_bytes_per_parameter", 12.0)):
+        assert run["model_run"][key] == value, key
+    model_file = tmp_path / "model.json"
+    model_file.write_text(preset_json)
+    again = json.loads(pipesim("simulate", "--model", str(model_file), "--stages", "2", "--global-batch", "8",
+                               "--seq-len", "1024", "--schedule", "1f1b", "--json").stdout)["run"]
+    assert again["profile"] == {"name": "model.json", "sha256": hashlib.sha256(preset_json.encode()).hexdigest()}
+    searched = json.loads(pipesim("search", "--model", str(model_file), "--device", "a100-80gb", "--gpus", "2",
+                                  "--global-batch", "4", "--seq-len", "1024", "--json", "--out",
+                                  str(tmp_path / "s")).stdout)
+    assert searched["run"]["model"]["name"] == "model.json"
+    assert searched["run"]["device"]["name"] == "a100-80gb (shipped)" and searched["run"]["global_batch"] == 4
+    assert json.loads((tmp_path / "s" / "run.json").read_text()) == searched["run"]
+
+
+def test_the_python_capacity_study_gives_what_simulate_gives() -> None:
+    """Issue 36 item 9: the capacity study from Python (model, device, degrees, budget) is the CLI's."""
+    import pipesim
+
+    result = pipesim.simulate_training("llama3-8b", device="h100", tp=2, pp=2, dp=2, global_batch=16, seq_len=1024,
+                                       memory_bytes=40e9)
+    data = json.loads(pipesim_cli := pipesim_json("--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2",
+                                                   "--stages", "2", "--global-batch", "16", "--seq-len", "1024",
+                                                   "--memory", "40GB", "--schedule", "1f1b"))
+    assert pipesim_cli
+    assert result.tokens_per_s == pytest.approx(data["tokens_per_s"], rel=1e-12)
+    assert result.model_tflops_per_gpu == pytest.approx(data["model_tflops_per_gpu"], rel=1e-12)
+    assert result.fits is data["fits"] and result.num_gpus == data["num_gpus"] == 8
+    assert repr(result).startswith("<TrainingResult 8 GPUs") and "\n" not in repr(result)
+
+
+def pipesim_json(*args: str) -> str:
+    done = pipesim("simulate", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize(("memory", "budget_bytes", "shown"), [
+    (None, 81559 * 2**20, "fits in 81,559 MiB (h100's memory) per device"),  # what the H100's driver reports
+    ("80GB", 80e9, "fits in 80GB per device"),
+    ("80GiB", 80 * 2**30, "fits in 80GiB per device"),
+])
+def test_the_budget_is_the_devices_real_memory_and_verdicts_keep_the_unit_given(
+        memory: str | None, budget_bytes: float, shown: str) -> None:
+    """Issue 36 item 4."""
+    args = ("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "2", "--global-batch", "8",
+            "--seq-len", "1024", "--schedule", "1f1b", *(("--memory", memory) if memory else ()))
+    data = json.loads(pipesim(*args, "--json").stdout)
+    assert data["memory_budget_bytes"] == budget_bytes
+    printed = pipesim(*args).stdout
+    assert shown in printed
+    headroom = min(data["device_memory_headroom_bytes"])
+    unit = {"80GB": ("GB", 1e9), "80GiB": ("GiB", 2**30)}.get(memory or "", ("MiB", 2**20))
+    value = headroom / unit[1]
+    assert (f"least headroom {value:,.0f} {unit[0]}" if value >= 1000 else f"least headroom {value:,.2f} {unit[0]}") \
+        in printed

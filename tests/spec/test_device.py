@@ -1,0 +1,78 @@
+"""Device files: every shipped number has a source, bad files are one line, the fit reproduces the shipped H200."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim.errors import ConfigError
+from pipesim.spec.calibration import fit_device
+from pipesim.spec.device import Device, load_device, shipped_devices
+from pipesim.spec.files import load_device_file
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCED = ("memory_bytes", "peak_flops", "vector_flops", "memory_bandwidth_bytes_per_s", "num_sms", "launch_s",
+           "sustained_share", "matmul", "memory", "attention")
+
+
+@pytest.mark.parametrize("name", shipped_devices())
+def test_every_shipped_device_number_names_its_source(name: str) -> None:
+    device = load_device(name)
+    assert set(SOURCED) <= set(device.sources), set(SOURCED) - set(device.sources)
+    assert all(source.strip() for source in device.sources.values())
+    assert device.default_cluster is not None
+
+
+def test_the_shipped_devices_are_the_ones_the_issue_names() -> None:
+    assert set(shipped_devices()) >= {"v100", "a100-40gb", "a100-80gb", "h100", "h200"}
+    assert "fp8" in load_device("h100").peak_flops and "fp8" not in load_device("a100-80gb").peak_flops
+    # Memory as the driver reports it: an H100 80GB shows 81,559 MiB.
+    assert load_device("h100").memory_bytes == 81559 * 2**20
+
+
+def test_a_bad_device_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
+    data = json.loads((ROOT / "pipesim" / "data" / "devices" / "h100.json").read_text())
+    for field, value, message in (("peak_flops", {"bf17": 1e15}, "peak_flops.bf17"),
+                                  ("num_sms", 0, "num_sms"),
+                                  ("memory", {"max_efficiency": 0.9, "half_bytes": 0,
+                                              "kind_efficiency": {"norm": 1.5}}, "kind_efficiency.norm")):
+        path = tmp_path / "device.json"
+        path.write_text(json.dumps({**data, field: value}))
+        with pytest.raises(ConfigError, match=message):
+            load_device_file(path=path)
+    with pytest.raises(ConfigError, match="device"):
+        load_device("no-such-gpu")
+
+
+def test_a_precision_the_card_lacks_is_refused() -> None:
+    with pytest.raises(ConfigError, match="precision='fp8'"):
+        load_device("a100-80gb").peak("fp8")
+
+
+def test_fitting_the_shipped_measurements_gives_the_shipped_h200_curves() -> None:
+    """The H200 file was fitted from the raw measurements kept in benchmarks/data: refitting them
+    (what ``pipesim device calibrate --measurements`` does, no GPU) gives the same curves."""
+    shipped = load_device("h200")
+    raw = json.loads((ROOT / shipped.measured["raw"]).read_text())  # type: ignore[index]
+    fitted, errors = fit_device(raw, shipped)
+    assert fitted.matmul == shipped.matmul
+    assert fitted.attention == shipped.attention
+    assert fitted.launch_s == shipped.launch_s and fitted.sustained_share == shipped.sustained_share
+    assert fitted.memory.max_efficiency == shipped.memory.max_efficiency
+    assert errors["matmul"] < 0.12 and errors["attention"] < 0.08
+
+
+def test_the_fitted_curve_predicts_the_measured_products_within_ten_percent_at_the_median() -> None:
+    shipped = load_device("h200")
+    raw = json.loads((ROOT / shipped.measured["raw"]).read_text())  # type: ignore[index]
+    burst = shipped.model_copy(update={"sustained_share": 1.0})  # the sweep ran in bursts
+    ratios = sorted(burst.matmul_s(row["m"], row["n"], row["k"], precision="bf16") / row["seconds"]
+                    for row in raw["gemm"] if row["seconds"] >= 40e-6)
+    assert abs(ratios[len(ratios) // 2] - 1) < 0.03
+    assert 0.85 < ratios[len(ratios) // 10] and ratios[9 * len(ratios) // 10] < 1.15
+
+
+def test_device_is_a_frozen_model() -> None:
+    assert isinstance(load_device("v100"), Device) and load_device("v100").default_precision == "fp16"
