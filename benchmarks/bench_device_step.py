@@ -160,11 +160,11 @@ def measure(out: str, steps: int, seconds: float) -> None:
                 torch.cuda.synchronize()
             for event in profiler.events():
                 if event.device_type == torch.autograd.DeviceType.CUDA:
-                    seconds = event.device_time_total / 1e6
-                    kinds[_kind(event.name)] = kinds.get(_kind(event.name), 0.0) + seconds
+                    kernel_s = event.device_time_total / 1e6
+                    kinds[_kind(event.name)] = kinds.get(_kind(event.name), 0.0) + kernel_s
                     kernels.setdefault(event.name[:160], [0, 0.0])
                     kernels[event.name[:160]][0] += 1
-                    kernels[event.name[:160]][1] += seconds
+                    kernels[event.name[:160]][1] += kernel_s
         except (RuntimeError, AttributeError) as error:  # the timings above stand without the breakdown
             kinds = {"error": str(error)[:200]}  # type: ignore[dict-item]
         results["models"][name] = {
