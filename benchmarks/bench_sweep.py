@@ -1,7 +1,8 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
 Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--baseline TREE [--label L]] [--no-write]
-       python benchmarks/bench_sweep.py --scaling 1,2 [--every N] [--repeats R] [--out FILE] [--no-write]
+       python benchmarks/bench_sweep.py --scaling 1,2 [--every N] [--repeats R] [--budget S] [--out FILE.md]
+                                        [--no-write]
 (``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
 Measurements, each quoted against a baseline taken in the same run (the machines are shared and
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import tempfile
 import time
@@ -246,7 +248,10 @@ def main() -> None:
                         "(benchmarks/sweep_scaling.py); only that")
     parser.add_argument("--every", type=int, default=1, help="with --scaling: only the stage counts divisible by N")
     parser.add_argument("--repeats", type=int, default=2, help="with --scaling: runs per worker count")
-    parser.add_argument("--out", type=Path, help="with --scaling: also write the report to this file")
+    parser.add_argument("--budget", type=float, help="with --scaling: seconds; the counts run in the order given, "
+                        "a run predicted to end past the budget is skipped")
+    parser.add_argument("--out", type=Path, help="with --scaling: also write the report to this file, and its "
+                        "data (every run's phases) beside it as .json")
     args = parser.parse_args()
     if args.scaling:
         scaling(args)
@@ -361,15 +366,20 @@ def scaling(args: argparse.Namespace) -> None:
     from sweep_scaling import report
 
     counts = [int(count) for count in args.scaling.split(",")]
-    lines = report(counts, args.every, args.repeats)
+    load_start = open("/proc/loadavg").read().split()[0]
+    lines, data = report(counts, args.every, args.repeats, args.budget)
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    load_end = open("/proc/loadavg").read().split()[0]
     text = "\n".join([f"## Sweeps on W workers: the serial part (`bench_sweep.py --scaling {args.scaling}`)", "",
-                      f"{stamp}; {machine()}; jit backend: {jit.backend()}; load average "
-                      f"{open('/proc/loadavg').read().split()[0]} at the end.", "", *lines])
+                      f"{stamp}; {machine()}; jit backend: {jit.backend()}; load average {load_start} at the "
+                      f"start, {load_end} at the end.", "", *lines])
     print(text, flush=True)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+        meta = {"date": stamp, "machine": machine(), "jit_backend": jit.backend(), "load_average_start": load_start,
+                "load_average_end": load_end, "command": sys.argv}
+        args.out.with_suffix(".json").write_text(json.dumps({**meta, **data}, indent=1) + "\n")
     if not args.no_write:
         write_section("sweep-scaling", text)
 

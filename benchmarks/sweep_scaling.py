@@ -19,6 +19,10 @@ on the workers (``SweepSummary.batches``):
 
 The serial part is the wall minus ``busy / W``; fitting ``T = S + P / W`` to two counts gives
 the same from walls alone. Every run's table must equal the first's (pandas ``equals``).
+
+With a time budget (``--budget``, for a host lent for a few minutes), the counts run in the order
+given and a run whose wall, predicted by that fit through the runs so far, would end past the
+budget is skipped and named.
 """
 
 from __future__ import annotations
@@ -84,15 +88,35 @@ def phases(summary: SweepSummary, workers: int) -> dict[str, float]:
             "serial": summary.wall_s - busy / count, "points here": summary.num_here, "batches": len(batches)}
 
 
-def measure(counts: list[int], every: int, repeats: int) -> tuple[list[dict[str, Any]], bool, Any]:
-    """Runs at each worker count, alternated; the rows, whether every table equals the first, the spec."""
+def predicted_wall(rows: list[dict[str, Any]], count: int) -> float | None:
+    """The wall of a run on ``count`` workers by ``T = S + P / W`` through the lowest and highest
+    counts run so far (None before two counts, or where that fit has no parallel part)."""
+    counts = sorted({row["workers"] for row in rows})
+    if len(counts) < 2:
+        return None
+    low, high = counts[0], counts[-1]
+    wall = {c: min(row["wall"] for row in rows if row["workers"] == c) for c in (low, high)}
+    work = (wall[low] - wall[high]) / (1 / low - 1 / high)
+    return None if work <= 0 else wall[high] - work / high + work / count
+
+
+def measure(counts: list[int], every: int, repeats: int,
+            deadline: float | None = None) -> tuple[list[dict[str, Any]], bool, Any, list[int]]:
+    """Runs at each worker count, alternated; the rows, whether every table equals the first, the
+    spec, and the counts skipped because they would have ended past ``deadline`` (perf_counter)."""
     spec = subset(every)
     rows: list[dict[str, Any]] = []
+    skipped: list[int] = []
     first = None
     same = True
     order = [count for turn in range(repeats) for count in (counts if turn % 2 == 0 else counts[::-1])]
     with tempfile.TemporaryDirectory() as folder:
         for index, count in enumerate(order):
+            guess = predicted_wall(rows, count)
+            if deadline is not None and guess is not None and time.perf_counter() + guess > deadline:
+                print(f"  {count} workers: skipped (about {guess:.0f} s, past the budget)", flush=True)
+                skipped.append(count)
+                continue
             out = Path(folder) / f"run-{index}.parquet"
             summary = run_sweep(spec, out, workers=count)
             frame = read_table(out)
@@ -103,7 +127,7 @@ def measure(counts: list[int], every: int, repeats: int) -> tuple[list[dict[str,
             rows.append({"workers": count, **phases(summary, count)})
             print(f"  {count} workers: {summary.wall_s:.1f} s ({summary.where}, {summary.num_batches} batches)",
                   flush=True)
-    return rows, same, spec
+    return rows, same, spec, skipped
 
 
 COLUMNS = ("wall", "expand", "cluster", "here", "first batch", "busy / W", "CPU / busy", "tail", "merge", "close",
@@ -146,17 +170,28 @@ def fitted(rows: list[dict[str, Any]], spec: Any) -> list[str]:
             f"{full[low] / full[high]:.2f}x."]
 
 
-def report(counts: list[int], every: int, repeats: int) -> list[str]:
-    """Fill numba's cache, measure, and the lines for RESULTS.md."""
+def report(counts: list[int], every: int, repeats: int,
+           budget_s: float | None = None) -> tuple[list[str], dict[str, Any]]:
+    """Fill numba's cache, measure (within ``budget_s`` seconds from now, when given), and the
+    lines for RESULTS.md with the same as data (every run's phases, for a JSON file)."""
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
     spec = subset(every)
     print(f"filling numba's cache ({len(Resolved(spec).points())} points in the spec)", flush=True)
     compile_s = fill_numba_cache(spec)
     print(f"  {compile_s:.1f} s", flush=True)
-    rows, same, spec = measure(counts, every, repeats)
+    rows, same, spec, skipped = measure(counts, every, repeats, deadline)
     points = len(Resolved(spec).points())
     lines = [f"{points:,} points (`benchmarks/sweep_10k.yaml`{f', stages divisible by {every}' if every > 1 else ''}), "
              f"worker counts {', '.join(map(str, counts))} alternated, {repeats} runs each; numba's cache filled "
              f"first ({compile_s:.1f} s). Medians, seconds of wall time (module docstring of "
              "`benchmarks/sweep_scaling.py`):", "", *table(rows), "", *fitted(rows, spec),
              f"Every run's table equal to the first's (pandas `equals`): {'yes' if same else 'NO'}."]
-    return lines
+    if skipped:
+        lines.append(f"Skipped to stay within the {budget_s:g} s budget: {', '.join(map(str, skipped))} workers.")
+    walls = {count: statistics.median(row["wall"] for row in rows if row["workers"] == count)
+             for count in sorted({row["workers"] for row in rows})}
+    data = {"points": points, "every": every, "repeats": repeats, "counts": counts, "compile_s": compile_s,
+            "budget_s": budget_s, "skipped": skipped, "same_tables": same, "median_wall_s": walls,
+            "speedups": {f"{high}/{low}": walls[low] / walls[high] for low in walls for high in walls if high > low},
+            "runs": rows, "fit": fitted(rows, spec)}
+    return lines, data
