@@ -26,7 +26,7 @@ from pipesim.sweep.store import SweepFailedError
 @click.option("--resume", is_flag=True,
               help="Continue an interrupted sweep from OUT.parts/, skipping finished points (a damaged chunk is named "
                    "and its points run again).")
-@click.option("--batch-size", type=int, default=None, help="Points per batch (default: about 32 batches per worker).")
+@click.option("--batch-size", type=int, default=None, help="Points per batch (default: sized by predicted work, 4 to 24 batches per worker).")
 @click.option("--progress/--no-progress", default=None,
               help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
                    "stderr is a terminal).")

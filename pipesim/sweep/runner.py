@@ -119,7 +119,7 @@ def run_sweep(
         workers: processes of the embedded cluster (default: the number of CPUs).
         scheduler: address of an existing Dask scheduler, e.g. ``tcp://127.0.0.1:8786``.
         resume: continue an interrupted sweep from the chunks in ``OUT.parts/``.
-        batch_size: points per Dask task (default: about BATCHES_PER_WORKER tasks per worker).
+        batch_size: points per Dask task (default: sized by predicted work, ``batches.plan_batches``).
         progress: called with (points done, total, where they run, share of the work done:
             ``local.WorkDone``) at the start and as chunks are written.
         worker_timeout_s: how long the cluster may have no worker before the sweep gives up.
