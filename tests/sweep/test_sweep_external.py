@@ -102,6 +102,16 @@ def embedded(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
     return read_table(out)
 
 
+def test_the_rows_are_the_same_on_any_number_of_workers(spec_path: Path, embedded: Any, tmp_path: Path) -> None:
+    """One process alone, and 3 embedded workers: the embedded 2 workers' table (pandas ``equals``)."""
+    alone = run_sweep(spec_path, tmp_path / "alone.parquet", workers=1, in_process=True)
+    three = run_sweep(spec_path, tmp_path / "three.parquet", workers=3, in_process=False)
+    assert (alone.num_here, three.num_here) == (NUM_POINTS, 0)
+    assert read_table(tmp_path / "alone.parquet").equals(embedded)
+    assert read_table(tmp_path / "three.parquet").equals(embedded)
+    assert len({batch.worker for batch in three.batches}) >= 2  # more than one worker took batches
+
+
 def test_a_dask_scheduler_with_two_dask_workers_gives_the_embedded_clusters_rows(
     dask_cluster: str, spec_path: Path, embedded: Any, tmp_path: Path
 ) -> None:
