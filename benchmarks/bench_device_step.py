@@ -101,8 +101,8 @@ def _build(config: dict[str, Any], attention: str) -> Any:
 
 def _kind(name: str) -> str:
     lowered = name.lower()
-    for kind, marks in (("gemm", ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "nvjet", "wgmma")),
-                        ("attention", ("flash", "fmha", "attention", "cudnn")),
+    for kind, marks in (("attention", ("flash", "fmha", "sdpa", "attention", "cudnn")),  # cuDNN's are wgmma too
+                        ("gemm", ("gemm", "cutlass", "sm90_xmma", "sm80_xmma", "cublas", "nvjet", "wgmma")),
                         ("nccl", ("nccl",)), ("optimizer", ("adam", "multi_tensor"))):
         if any(mark in lowered for mark in marks):
             return kind

@@ -7,10 +7,12 @@
 # Each part has its own time limit, so one that hangs costs only its share; what each wrote is kept.
 # The predictions are made afterwards on any machine from the files written here (see RESULTS.md).
 #
-#   bash benchmarks/gpu_host_run.sh OUT_DIR [SCALING_COUNTS]     # e.g. OUT_DIR 2,14; about 8 minutes
+#   bash benchmarks/gpu_host_run.sh OUT_DIR [SCALING_COUNTS [TREE]]   # e.g. OUT_DIR 2,14,4; at most 9 minutes
+# TREE: the source tree whose sweep is measured (default this one).
 set -u
-out=${1:?usage: gpu_host_run.sh OUT_DIR [SCALING_COUNTS]}
+out=$(realpath -m "${1:?usage: gpu_host_run.sh OUT_DIR [SCALING_COUNTS [TREE]]}")
 counts=${2:-}
+tree=$(realpath "${3:-.}")
 py=${PYTHON:-python3}
 mkdir -p "$out" /tmp/gpu-host-logs
 logs=/tmp/gpu-host-logs
@@ -28,13 +30,14 @@ timeout 70 "$py" benchmarks/bench_expert_gemms.py --measure --out "$out/experts.
     > "$logs/experts.log" 2>&1; stamp "  exit $?"; tail -2 "$logs/experts.log"
 
 stamp "3/4 4-rank validation on the host's CPUs"
-timeout 190 "$py" benchmarks/bench_validate.py --cases 4-rank --runs 3 --time-limit 165 --no-write \
+timeout 175 "$py" benchmarks/bench_validate.py --cases 4-rank --runs 3 --time-limit 150 --no-write \
     --out "$logs/validate" > "$logs/validate.log" 2>&1; stamp "  exit $?"; tail -6 "$logs/validate.log"
 
 if [ -n "$counts" ]; then
     stamp "4/4 sweep scaling on workers $counts"
-    timeout 170 "$py" benchmarks/bench_sweep.py --scaling "$counts" --repeats 1 --no-write \
-        --out "$out/scaling.md" > "$logs/scaling.log" 2>&1; stamp "  exit $?"; tail -8 "$logs/scaling.log"
+    (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" timeout 160 "$py" benchmarks/bench_sweep.py \
+        --scaling "$counts" --repeats 1 --budget 140 --no-write --out "$out/scaling.md") > "$logs/scaling.log" 2>&1
+    stamp "  exit $?"; tail -12 "$logs/scaling.log"
 fi
 
 tar czf "$out/logs.tgz" -C /tmp gpu-host-logs

@@ -84,8 +84,8 @@ def test_the_table_is_not_exact_otherwise_nor_for_the_busiest_device() -> None:
     assert (max(bubbles), min(bubbles)) == (3.0, 2.5)
 
 
-def test_readme_states_what_these_tests_show(root: Path) -> None:
-    text = (root / "README.md").read_text(encoding="utf-8")
+def test_the_docs_state_what_these_tests_show(root: Path) -> None:
+    text = (root / "docs" / "schedules.md").read_text(encoding="utf-8")
     paragraph = text[text.index("**Overlapped F&B chunks (dualpipev).**"):]
     paragraph = paragraph[:paragraph.index("\n\n")]
     assert "busiest device idles exactly" not in paragraph
