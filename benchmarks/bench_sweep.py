@@ -1,6 +1,8 @@
 """Sweep benchmark: the 10,080-point acceptance sweep of issue 7, measured or projected.
 
 Usage: python benchmarks/bench_sweep.py [--full] [--sample N] [--workers W] [--baseline TREE [--label L]] [--no-write]
+       python benchmarks/bench_sweep.py --scaling 1,2 [--every N] [--repeats R] [--budget S] [--out FILE.md]
+                                        [--no-write]
 (``make bench-sweep`` projects; ``make bench-sweep-full`` runs all 10,080 points, a few minutes.)
 
 Measurements, each quoted against a baseline taken in the same run (the machines are shared and
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import sys
 import tempfile
 import time
@@ -111,10 +114,12 @@ FINDINGS = (
     "columns go back to the OS and are faulted in again. "
     "Against the merge base of issue 17's work (eb4a112), all 10,080 points serially in one process: 69.5 s "
     "against 102.7 s of CPU time, every row identical (a hash over the rows). "
-    "The progress line's time left (`sweep.local.WorkDone`): on one run of this sweep, at 13%, 24%, 48%, 63% "
-    "and 78% of its wall time the points done held 2%, 14%, 36%, 53% and 74% of the sweep's ops (p x m x K) "
-    "and 26%, 51%, 71%, 81% and 90% of its points; weighing each point by its ops plus 10,000 "
-    "(`POINT_OVERHEAD_COST`, its own overhead) gives 9%, 24%, 46%, 61% and 78%."
+    "The progress line's time left (`sweep.local.WorkDone`): on one run of this sweep (points then run in "
+    "shared-work order), at 13%, 24%, 48%, 63% and 78% of its wall time the points done held 2%, 14%, 36%, 53% "
+    "and 74% of the sweep's ops (p x m x K) and 26%, 51%, 71%, 81% and 90% of its points; weighing each point "
+    "by its ops plus 10,000 for its own overhead gave 9%, 24%, 46%, 61% and 78%. Since 2026-11-28 a point "
+    "weighs its schedule's op count plus 12,500 (`sweep.batches.point_cost`, a fit of 1.2 ms + 0.1 us per op "
+    "to every point's CPU time, in one process: see the section on the serial part)."
 )
 
 PHASES = ("plan + row", "build + lower", "engine", "metrics")
@@ -212,7 +217,11 @@ def against_baseline(baseline: Path, label: str) -> list[str]:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from sweep_ab import REPEATS, rows
 
-    found = rows(baseline, ROOT, every=20)
+    from sweep_ab import same_tables
+
+    with tempfile.TemporaryDirectory() as keep:
+        found = rows(baseline, ROOT, every=20, keep=keep)
+        count, same = same_tables(keep)
     lines = [f"Against {label}, in the same run (`bench_sweep.py --baseline`, `benchmarks/sweep_ab.py`): each tree "
              "in its own worker process, the steps asked of both alternately, the fastest of "
              f"{REPEATS['serial']} (serial) and {REPEATS['run_sweep']} (run_sweep) runs per side kept. `serial`: "
@@ -222,6 +231,8 @@ def against_baseline(baseline: Path, label: str) -> list[str]:
              "|---|---|---|---|---|"]
     lines += [f"| {row['point']} | {row['step']} | {row['baseline_s']:.2f} | {row['candidate_s']:.2f} | "
               f"{row['candidate_s'] / row['baseline_s']:.2f} |" for row in found]
+    lines += ["", f"The {count} tables of the run_sweep steps, both trees: {'all equal' if same else 'NOT all equal'} "
+              "(pandas `equals`)."]
     return lines
 
 
@@ -233,7 +244,18 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="source tree of a commit to compare with, in the same run")
     parser.add_argument("--label", default="", help="what the baseline is (e.g. its commit)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--scaling", help="worker counts, e.g. 2,14: the serial part by phase, alternated "
+                        "(benchmarks/sweep_scaling.py); only that")
+    parser.add_argument("--every", type=int, default=1, help="with --scaling: only the stage counts divisible by N")
+    parser.add_argument("--repeats", type=int, default=2, help="with --scaling: runs per worker count")
+    parser.add_argument("--budget", type=float, help="with --scaling: seconds; the counts run in the order given, "
+                        "a run predicted to end past the budget is skipped")
+    parser.add_argument("--out", type=Path, help="with --scaling: also write the report to this file, and its "
+                        "data (every run's phases) beside it as .json")
     args = parser.parse_args()
+    if args.scaling:
+        scaling(args)
+        return
 
     spec = load_spec(SPEC)
     resolved = Resolved(spec)
@@ -335,6 +357,31 @@ def main() -> None:
         return
     write_section("sweep", section)
     print(f"wrote {RESULTS}")
+
+
+def scaling(args: argparse.Namespace) -> None:
+    """``--scaling``: the serial part of the sweep by phase at each worker count (``sweep_scaling.py``)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from results_file import machine, write_section
+    from sweep_scaling import report
+
+    counts = [int(count) for count in args.scaling.split(",")]
+    load_start = open("/proc/loadavg").read().split()[0]
+    lines, data = report(counts, args.every, args.repeats, args.budget)
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    load_end = open("/proc/loadavg").read().split()[0]
+    text = "\n".join([f"## Sweeps on W workers: the serial part (`bench_sweep.py --scaling {args.scaling}`)", "",
+                      f"{stamp}; {machine()}; jit backend: {jit.backend()}; load average {load_start} at the "
+                      f"start, {load_end} at the end.", "", *lines])
+    print(text, flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+        meta = {"date": stamp, "machine": machine(), "jit_backend": jit.backend(), "load_average_start": load_start,
+                "load_average_end": load_end, "command": sys.argv}
+        args.out.with_suffix(".json").write_text(json.dumps({**meta, **data}, indent=1) + "\n")
+    if not args.no_write:
+        write_section("sweep-scaling", text)
 
 
 if __name__ == "__main__":

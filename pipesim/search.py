@@ -56,7 +56,7 @@ from pipesim.plan.search_space import (
     stage_ranks,
 )
 from pipesim.reuse import Reuse
-from pipesim.schedule.registry import build_schedule
+from pipesim.schedule.registry import build_schedule, default_num_minibatches
 from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.cluster import Cluster, load_cluster
 from pipesim.spec.device import Device, load_device
@@ -76,6 +76,8 @@ from pipesim.spec.transformer_profile import (
     pipeline_latency_s,
     transformer_profile,
 )
+from pipesim.sweep.batches import plan_batches, run_cost
+from pipesim.sweep.dask_cluster import DaskCluster
 from pipesim.training import model_throughput
 
 # GPUs N: past the largest clusters built; bounds the candidates enumerated from N's divisors.
@@ -347,8 +349,8 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
             decided = [runner.decide(queue[position][2], queue[position][3])]
         else:  # a round at this threshold; then settled one by one as in one process
             batch = queue[position:position + _round_size(workers)]
-            decided = _on_dask(runner.setting, [[entry[2]] for entry in batch], workers=workers, scheduler=scheduler,
-                               progress=None, done=done, total=total)
+            decided = _on_dask(DaskCluster(workers=workers, scheduler=scheduler, shared=runner.setting),
+                               runner.setting, [[entry[2]] for entry in batch], progress=None, done=done, total=total)
         for (bound, _, item, _), outcome in zip(queue[position:], decided, strict=False):
             threshold = -best[0][0] if prune and len(best) >= top else math.inf
             if bound > threshold:
@@ -393,26 +395,59 @@ def _round_size(workers: int | None) -> int:
     return DASK_ROUND_PER_WORKER * max(1, workers or 4)
 
 
-def _on_dask(setting: _Setting, groups: list[list[Candidate]], *, workers: int | None, scheduler: str | None,
+def _on_dask(cluster: DaskCluster, setting: _Setting, groups: list[list[Candidate]], *,
              progress: Callable[[int, int], None] | None, done: int, total: int) -> list[Outcome]:
-    """``run_groups`` over batches of neighbouring groups on Dask, the outcomes in the groups' order."""
+    """``run_groups`` on Dask, the outcomes in the groups' order: while ``cluster`` starts in the
+    background, groups are evaluated here, cheapest first; the rest go in batches by predicted
+    cost, heaviest first (``pipesim.sweep.batches``), groups that share a schedule order together
+    where they fit. The cluster is closed at the end."""
     from distributed import as_completed
 
-    from pipesim.sweep.runner import BATCHES_PER_WORKER, dask_client
-
-    with dask_client(workers=workers, scheduler=scheduler) as client:
-        num_batches = BATCHES_PER_WORKER * max(1, sum(client.nthreads().values()))
-        size = max(1, -(-len(groups) // num_batches))
-        batches = [groups[i : i + size] for i in range(0, len(groups), size)]
-        futures = [client.submit(run_groups, setting, batch, pure=False) for batch in batches]
-        results: dict[int, list[Outcome]] = {}
-        index = {future.key: position for position, future in enumerate(futures)}
-        for future in as_completed(futures):  # type: ignore[no-untyped-call]
-            results[index[future.key]] = future.result()
-            done += sum(len(group) for group in batches[index[future.key]])
+    cluster.start()
+    found: dict[int, list[Outcome]] = {}
+    try:
+        runner = _GroupRunner(setting)
+        cheapest = sorted(range(len(groups)), key=lambda index: _group_cost(groups[index]))
+        while cheapest and not cluster.is_ready():  # the cheapest groups run here while the cluster starts
+            index = cheapest.pop(0)
+            found[index] = runner.run(groups[index])
+            done += len(groups[index])
             if progress is not None:
                 progress(done, total)
-    return [outcome for position in range(len(batches)) for outcome in results[position]]
+        client = cluster.client()
+        families: list[list[list[int]]] = []
+        for index in sorted(cheapest):
+            if families and _order_key(groups[families[-1][-1][0]][0]) == _order_key(groups[index][0]):
+                families[-1].append([index])
+            else:
+                families.append([[index]])
+        batches = plan_batches(families, lambda index: _group_cost(groups[index]),
+                               max(1, sum(client.nthreads().values())), split_groups=False)
+        futures = [client.submit(run_groups, cluster.shared, [groups[index] for index in batch], pure=False,
+                                 priority=len(batches) - position)
+                   for position, batch in enumerate(batches)]
+        position_of = {future.key: position for position, future in enumerate(futures)}
+        for future in as_completed(futures):  # type: ignore[no-untyped-call]
+            outcomes = iter(future.result())
+            for index in batches[position_of[future.key]]:
+                found[index] = [next(outcomes) for _ in groups[index]]
+                done += len(groups[index])
+            if progress is not None:
+                progress(done, total)
+    finally:
+        cluster.close()
+    return [outcome for index in range(len(groups)) for outcome in found[index]]
+
+
+def _order_key(item: Candidate) -> tuple[Any, ...]:
+    """What decides a candidate's schedule order: its neighbours with the same one share it (``Reuse``)."""
+    return (item.schedule, item.pp * item.stages_per_rank, item.num_microbatches)
+
+
+def _group_cost(group: Sequence[Candidate]) -> int:
+    """Predicted work of a group of candidates, in ops (``pipesim.sweep.batches.run_cost``)."""
+    return sum(run_cost(item.schedule, item.pp * item.stages_per_rank, item.num_microbatches,
+                        default_num_minibatches(item.schedule)) for item in group)
 
 
 _megatron_cut = functools.lru_cache(maxsize=4096)(megatron_cut)

@@ -14,6 +14,9 @@ from pipesim.errors import PipesimError
 from pipesim.schedule.csv_format import from_csv
 from pipesim.spec.files import load_plan, load_profile, load_topology
 from pipesim.spec.graphtxt import parse_graph_txt
+from pipesim.spec.plan import Plan
+from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -94,16 +97,78 @@ def mutated_json(draw: st.DrawFn, valid: dict[str, Any]) -> str:
     return text
 
 
-def check_outcome(read: Any, path: Path) -> None:
+def finite_at_least_zero(value: Any) -> bool:
+    return isinstance(value, float | int) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def positive_or_free(value: Any) -> bool:
+    """A bandwidth or a memory size: above 0, inf meaning unlimited; never NaN."""
+    return isinstance(value, float | int) and not isinstance(value, bool) and value > 0
+
+
+def check_profile(profile: Profile) -> None:
+    """What a profile a reader accepted must be, whatever text it came from: layers with finite,
+    non-negative times and sizes, split backwards given in pairs, a microbatch of one sample or more."""
+    assert profile.layers and isinstance(profile.microbatch_size, int) and profile.microbatch_size >= 1
+    for layer in profile.layers:
+        for value in (layer.forward_s, layer.backward_s, layer.activation_bytes, layer.param_bytes):
+            assert finite_at_least_zero(value), layer
+        for value in (layer.backward_input_s, layer.backward_weight_s, layer.stash_bytes, layer.weight_stash_bytes,
+                      layer.recomputed_bytes, layer.update_s, layer.forward_std_s, layer.backward_std_s,
+                      layer.gradient_allreduce_s):
+            assert value is None or finite_at_least_zero(value), layer
+        assert (layer.backward_input_s is None) == (layer.backward_weight_s is None), layer
+        assert layer.weight_stash_bytes is None or layer.weight_stash_bytes <= layer.stashed_bytes, layer
+        assert all(isinstance(i, int) and 0 <= i for i in layer.inputs or ()), layer
+    for value in (profile.forward_overhead_s, profile.backward_overhead_s, profile.update_overhead_s,
+                  profile.input_bytes, profile.loss_bytes):
+        assert value is None or finite_at_least_zero(value), profile
+
+
+def check_topology(topology: Topology) -> None:
+    """Devices of positive memory and finite positive speed; links and levels of positive bandwidth
+    and finite non-negative latency, each link between two devices that exist."""
+    assert topology.devices
+    for device in topology.devices:
+        assert positive_or_free(device.memory_bytes) and positive_or_free(device.speed), device
+        assert math.isfinite(device.speed), device
+    assert positive_or_free(topology.bandwidth_bytes_per_s) and finite_at_least_zero(topology.latency_s)
+    for link in topology.links:
+        assert 0 <= link.src < topology.num_devices and 0 <= link.dst < topology.num_devices, link
+        assert link.src != link.dst and positive_or_free(link.bandwidth_bytes_per_s), link
+        assert finite_at_least_zero(link.latency_s), link
+    sizes = [level.group_size for level in topology.levels]
+    assert all(size >= 1 for size in sizes) and sizes == sorted(set(sizes)), sizes
+    for level in topology.levels:
+        assert positive_or_free(level.bandwidth_bytes_per_s) and finite_at_least_zero(level.latency_s), level
+
+
+def check_plan(plan: Plan) -> None:
+    """Counts of 1 or more; per-stage lists of one entry per stage; a partition of contiguous,
+    non-empty layer ranges from layer 0; replicas of 1 or more on devices of index 0 or more."""
+    assert plan.num_stages >= 1 and plan.num_microbatches >= 1 and plan.num_minibatches >= 1
+    assert plan.stages_per_rank >= 1 and plan.num_stages % plan.stages_per_rank == 0
+    for given in (plan.partition, plan.replicas, plan.placement, plan.recompute_stages):
+        assert not given or len(given) == plan.num_stages, plan
+    ends = [0, *(end for _, end in plan.partition)]
+    assert all(start == ends[index] and end > start for index, (start, end) in enumerate(plan.partition)), plan
+    assert all(r >= 1 for r in plan.replicas) and all(d >= 0 for d in plan.placement), plan
+    assert finite_at_least_zero(plan.optimizer_state_multiplier), plan
+
+
+def check_outcome(read: Any, path: Path, check: Any) -> None:
+    """``read(path)`` gives a model that passes ``check``, or a one-line PipesimError naming the file."""
     try:
-        read(path)
+        model = read(path)
     except PipesimError as error:
         message = str(error)
         assert "\n" not in message, message
         assert str(path) in message, message
         assert "=" in message or ": " in message, message
+        return
     except Exception as error:  # noqa: BLE001 - the point: nothing else may escape
         raise AssertionError(f"{type(error).__name__} escaped: {error}") from error
+    check(model)
 
 
 @FUZZ
@@ -111,7 +176,7 @@ def check_outcome(read: Any, path: Path) -> None:
 def test_profile_json_fuzz(tmp_path_factory: Any, text: str) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "profile.json"
     path.write_text(text, encoding="utf-8")
-    check_outcome(load_profile, path)
+    check_outcome(load_profile, path, check_profile)
 
 
 @FUZZ
@@ -119,7 +184,7 @@ def test_profile_json_fuzz(tmp_path_factory: Any, text: str) -> None:
 def test_topology_json_fuzz(tmp_path_factory: Any, text: str) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "topology.json"
     path.write_text(text, encoding="utf-8")
-    check_outcome(load_topology, path)
+    check_outcome(load_topology, path, check_topology)
 
 
 @FUZZ
@@ -127,7 +192,7 @@ def test_topology_json_fuzz(tmp_path_factory: Any, text: str) -> None:
 def test_plan_json_fuzz(tmp_path_factory: Any, text: str) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "plan.json"
     path.write_text(text, encoding="utf-8")
-    check_outcome(load_plan, path)
+    check_outcome(load_plan, path, check_plan)
 
 
 @st.composite
@@ -171,7 +236,7 @@ def mutated_graph(draw: st.DrawFn) -> str:
 def test_graph_txt_fuzz(tmp_path_factory: Any, text: str) -> None:
     path = tmp_path_factory.mktemp("fuzz") / "graph.txt"
     path.write_text(text, encoding="utf-8")
-    check_outcome(load_profile, path)
+    check_outcome(load_profile, path, check_profile)
 
 
 def test_graph_txt_fuzz_seed_file_is_valid() -> None:
@@ -208,6 +273,22 @@ SPEC = {
 }
 
 
+def check_sweep_spec(spec: Any) -> None:
+    """An accepted sweep spec's axes: each non-empty, counts of 1 or more, uniform profiles of
+    finite non-negative times and sizes, spreads and optimizer multipliers finite and non-negative."""
+    for axis in (spec.profile, spec.stages, spec.microbatches, spec.schedule, spec.jitter, spec.optimizer_state):
+        assert len(axis) >= 1, spec
+    assert all(isinstance(n, int) and n >= 1 for n in (*spec.stages, *spec.microbatches, *spec.stages_per_rank))
+    assert all(k is None or k >= 1 for k in spec.minibatches)
+    assert all(finite_at_least_zero(value) for value in (*spec.jitter, *spec.optimizer_state))
+    for item in spec.profile:
+        uniform = getattr(item, "uniform", None)
+        if uniform is not None:
+            assert uniform.layers >= 1 and uniform.microbatch_size >= 1, uniform
+            assert all(finite_at_least_zero(v) for v in (uniform.forward_ms, uniform.backward_ms,
+                                                         uniform.activation_bytes, uniform.param_bytes)), uniform
+
+
 @FUZZ
 @given(text=mutated_json(SPEC))
 def test_sweep_spec_fuzz(tmp_path_factory: Any, text: str) -> None:
@@ -215,7 +296,7 @@ def test_sweep_spec_fuzz(tmp_path_factory: Any, text: str) -> None:
 
     path = tmp_path_factory.mktemp("fuzz") / "spec.yaml"
     path.write_text(text, encoding="utf-8")  # JSON is YAML
-    check_outcome(load_spec, path)
+    check_outcome(load_spec, path, check_sweep_spec)
 
 
 def _small_trace() -> dict[str, Any]:

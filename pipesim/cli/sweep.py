@@ -26,7 +26,7 @@ from pipesim.sweep.store import SweepFailedError
 @click.option("--resume", is_flag=True,
               help="Continue an interrupted sweep from OUT.parts/, skipping finished points (a damaged chunk is named "
                    "and its points run again).")
-@click.option("--batch-size", type=int, default=None, help="Points per batch (default: about 32 batches per worker).")
+@click.option("--batch-size", type=int, default=None, help="Points per batch (default: sized by predicted work, 4 to 24 batches per worker).")
 @click.option("--progress/--no-progress", default=None,
               help="Show progress on stderr: a bar on a terminal, a line at every tenth elsewhere (default: when "
                    "stderr is a terminal).")
@@ -36,9 +36,10 @@ def sweep_command(spec_path: str, out: str, workers: int | None, scheduler: str 
                   batch_size: int | None, progress: bool | None, worker_timeout_s: float) -> None:
     """Simulate every point of SPEC.yaml (the product of its lists, filtered by where:) into one table.
 
-    Points run in this process while a cluster would cost more than it saves (about 2 s to start),
-    the rest on an embedded Dask cluster, or all on --scheduler. Rows stream to OUT.parts/ as
-    batches finish; an interrupted sweep continues with --resume.
+    An embedded Dask cluster starts in the background where it saves more than it costs (about
+    2 s); points run in this process until it is ready, the rest on it in batches by predicted
+    work, heaviest first. --scheduler sends every point to that cluster. Rows stream to
+    OUT.parts/ as batches finish; an interrupted sweep continues with --resume.
     """
     started = time.perf_counter()
     if workers is not None and scheduler is not None:

@@ -1,12 +1,14 @@
-"""Where a sweep's points run: in this process while a Dask cluster would cost more than it saves.
+"""Where a sweep's points run: in this process until a Dask cluster is ready, or for good where one would not pay.
 
 Starting an embedded cluster of W workers costs about ``CLUSTER_START_S`` and saves, at best,
-``(1 - 1/W)`` of the serial time of the points it runs. So the sweep runs its points in this
-process, one after another, and projects the serial time of the rest from the points so far (the
-first one, which pays the one-time imports and kernel loads, not counted): per point and per unit
-of ``point_cost`` (medians), the larger of the two, since small points cost more per unit.
-Once the cluster would save more than it costs, the rest goes to Dask. The rows are the same
-either way (a point's row does not depend on where it ran); only the wall time differs.
+``(1 - 1/W)`` of the serial time of the points it runs. A sweep whose predicted work
+(``batches.point_cost``) is at least ``CLUSTER_FROM_OPS`` starts its cluster at once, in the
+background (``dask_cluster.DaskCluster``); a smaller one runs its points here, one after another, and
+projects the serial time of the rest from the points so far (the first one, which pays the
+one-time imports and kernel loads, not counted): per point and per unit of cost (medians), the
+larger of the two, since small points cost more per unit. Once a cluster would save more than it
+costs, it starts in the background. Either way points go on running here, cheapest first, until
+the cluster is ready, and the rest go to Dask. The rows are the same wherever a point ran.
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from pipesim.errors import interrupted
+from pipesim.sweep.batches import point_cost
+from pipesim.sweep.dask_cluster import DaskCluster
 from pipesim.sweep.points import PointRunner
 from pipesim.sweep.store import ResultStore
 
 #: Seconds an embedded LocalCluster of 2 workers takes to start and take its first task on the
 #: 2-core benchmark machine (benchmarks/RESULTS.md, "Sweeps": 1.2-3 s).
 CLUSTER_START_S = 2.0
+
+#: Predicted work (ops and each point's overhead, ``batches.point_cost``) from which a sweep starts its
+#: embedded cluster at once: about 5 s of one core of the 2-core benchmark machine (0.1 us per op,
+#: benchmarks/RESULTS.md, "Sweeps"), of which 2 workers save more than ``CLUSTER_START_S``.
+CLUSTER_FROM_OPS = 50_000_000
 
 #: Rows simulated here are written as one chunk at most this often (seconds): a chunk costs a
 #: Parquet write of a few ms, which would dominate a sweep of small points written point by point,
@@ -34,9 +43,6 @@ MEASURED_POINTS = 8
 
 #: Where points run, as progress says it ("" before any run).
 HERE, ON_DASK = "here", "on Dask"
-#: A point's own cost beyond its ops, in units of ``point_cost`` (planning, lowering, the metrics'
-#: calls): fitted to the 10,080-point benchmark sweep's progress (benchmarks/RESULTS.md, sweeps).
-POINT_OVERHEAD_COST = 10_000
 
 
 class Progress(Protocol):
@@ -47,12 +53,12 @@ class Progress(Protocol):
 
 
 class WorkDone:
-    """How much of a sweep's work is done: each point weighs its ``point_cost`` plus
-    ``POINT_OVERHEAD_COST``. A sweep's points differ in size by orders of magnitude and run in
-    shared-work order, so time left follows this share, not the count of points."""
+    """How much of a sweep's work is done: each point weighs its predicted cost (``point_cost``).
+    A sweep's points differ in size by orders of magnitude and do not run in order of size, so
+    time left follows this share, not the count of points."""
 
     def __init__(self, points: Sequence[dict[str, Any]]) -> None:
-        self.cost = {point["point"]: point_cost(point) + POINT_OVERHEAD_COST for point in points}
+        self.cost = {point["point"]: point_cost(point) for point in points}
         self.total = sum(self.cost.values())
         self.done = 0
 
@@ -66,9 +72,9 @@ class WorkDone:
         return self.done / self.total if self.total else 1.0
 
 
-def point_cost(point: dict[str, Any]) -> int:
-    """Rough work of a point: its compute ops, p * m * K (forward and backward each)."""
-    return int(point["num_stages"]) * int(point["num_microbatches"]) * int(point["num_minibatches"])
+def cluster_at_once(points: Sequence[dict[str, Any]]) -> bool:
+    """Whether the predicted work of ``points`` is enough to start a cluster before measuring any."""
+    return sum(point_cost(point) for point in points) >= CLUSTER_FROM_OPS
 
 
 def cluster_pays(measured: Sequence[tuple[float, int]], rest_points: int, rest_cost: int, num_workers: int) -> bool:
@@ -84,14 +90,15 @@ def cluster_pays(measured: Sequence[tuple[float, int]], rest_points: int, rest_c
 
 
 def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: ResultStore, *,
-             num_workers: int, progress: Progress | None, total: int, work: WorkDone,
+             cluster: DaskCluster | None, num_workers: int, progress: Progress | None, total: int, work: WorkDone,
              batch_size: int | None = None) -> tuple[int, int]:
-    """Simulate ``points`` in order in this process until a cluster of ``num_workers`` would pay
-    for the rest (``cluster_pays``); the rows go to ``store`` in chunks, of ``batch_size`` points
-    when given, else one at most every ``CHUNK_EVERY_S`` seconds.
+    """Simulate ``points`` in order in this process until ``cluster`` is ready; start it once a
+    cluster of ``num_workers`` would pay for the rest (``cluster_pays``) if it was not started
+    before. Without a cluster, every point. The rows go to ``store`` in chunks, of ``batch_size``
+    points when given, else one at most every ``CHUNK_EVERY_S`` seconds.
 
     Returns:
-        the number of points run here (the rest are Dask's) and of chunks written.
+        the number of points run here (the rest are the cluster's) and of chunks written.
 
     Raises:
         SweepFailedError: a chunk could not be written (the earlier chunks are kept).
@@ -103,9 +110,12 @@ def run_here(runner: PointRunner, points: Sequence[dict[str, Any]], store: Resul
     written = time.perf_counter()
     try:
         for point in points:
-            if len(measured) >= check_at:  # at 8, 16, 32, ... points measured
-                if cluster_pays(measured, len(points) - here, rest_cost, num_workers):
+            if cluster is not None and cluster.is_started:
+                if cluster.is_ready():
                     break
+            elif cluster is not None and len(measured) >= check_at:  # at 8, 16, 32, ... points measured
+                if cluster_pays(measured, len(points) - here, rest_cost, num_workers):
+                    cluster.start()
                 check_at *= 2
             started = time.perf_counter()
             pending.append(runner.run(point))

@@ -103,6 +103,9 @@ COLUMN_KINDS: dict[str, str] = {
 # they run one after another (``shared_work_order``).
 SHARED_WORK = ("profile", "num_stages", "stages_per_rank", "partition_strategy", "schedule", "pipemare_update",
                "num_minibatches", "num_microbatches")
+# The outer axes of SHARED_WORK, without the counts: points equal in these share their stage costs
+# (``pipesim.reuse``) and their partition, and are kept together on a worker where they fit.
+SHARED_COSTS = SHARED_WORK[:-2]
 
 
 def shared_work_order(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

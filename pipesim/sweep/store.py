@@ -1,10 +1,11 @@
 """Sweep results on disk: finished batches as atomic Parquet chunks, merged into one table at the end.
 
-While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one ``chunk-FIRST-LAST.parquet``
-per finished batch, each written to a temporary name and renamed, so a killed sweep leaves only
-whole chunks; one sweep at a time writes there (``parts``). ``--resume`` checks the chunks and
-skips their points. When every point is done, the chunks are merged, sorted by point, written
-atomically to OUT (Parquet, or CSV by suffix) and what pipesim wrote in the folder is removed.
+While a sweep runs, ``OUT.parts/`` holds ``manifest.json`` and one chunk per finished batch
+(``pipesim.sweep.parts``: written whole, by the sweep or by the Dask worker that ran the batch),
+so a killed sweep leaves only whole chunks; one sweep at a time writes there. ``--resume`` checks
+the chunks and skips their points. When every point is done, the chunks (this run's taken from
+memory) are merged, sorted by point, written atomically to OUT (Parquet, or CSV by suffix) and
+what pipesim wrote in the folder is removed.
 A finished CSV table gets ``OUT.digest`` beside it (the spec's digest and the hash of the CSV's
 bytes), so that ``--resume`` on a finished CSV, as on a finished Parquet table (which holds the
 digest in its metadata), does nothing.
@@ -14,23 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pipesim.errors import ConfigError, PipesimError
 from pipesim.spec.files import dumps, read_json, write_text_atomic
-from pipesim.sweep.parts import (
-    CHUNK_GLOB,
-    MANIFEST_NAME,
-    PartsLock,
-    check_chunks,
-    read_manifest,
-    remove_parts,
-)
+from pipesim.sweep.parts import (MANIFEST_NAME, PartsLock, check_chunks, chunk_path, chunk_table, finished_chunks,
+                                 read_manifest, remove_parts, rows_frame, write_atomic, write_chunk, write_reason)
 
 PARTS_SCHEMA = "pipesim.sweep-parts/1"
 CSV_DIGEST_SCHEMA = "pipesim.sweep-csv-digest/1"
@@ -60,9 +54,7 @@ def writing(path: Path, parts: Path, done: int) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        text = str(exc).strip()
-        reason = exc.strerror or (text.splitlines()[0] if text else type(exc).__name__)
-        raise SweepFailedError(f"cannot write {path}: {reason}; {resume_hint(parts, done)}") from exc
+        raise SweepFailedError(f"cannot write {path}: {write_reason(exc)}; {resume_hint(parts, done)}") from exc
 
 
 def table_format(path: Path, field: str = "out") -> str:
@@ -75,32 +67,6 @@ def table_format(path: Path, field: str = "out") -> str:
     if suffix not in FORMATS:
         raise ConfigError(field, str(path), f"must end in {', '.join(FORMATS)}")
     return FORMATS[suffix]
-
-
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(temporary)`` then rename the temporary file onto ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        write(temporary)
-        os.chmod(temporary, 0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def rows_frame(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> Any:
-    """A DataFrame of ``rows`` with ``columns`` in order."""
-    import pandas as pd
-
-    return pd.DataFrame.from_records(list(rows), columns=list(columns))
 
 
 def write_table(frame: Any, path: Path, *, digest: str | None = None, run: dict[str, Any] | None = None) -> None:
@@ -292,6 +258,10 @@ class ResultStore:
         self.columns = tuple(columns)
         self.done: set[int] = set()
         self.dropped: list[str] = []
+        self.tables: dict[str, Any] = {}
+        # Names this run in the manifest: a worker writes its batch's chunk only where it reads this token
+        # there (the folder it sees is this run's), and a task left running by an interrupted run does not.
+        self.writer = uuid.uuid4().hex
         manifest = self.parts / MANIFEST_NAME
         with writing(self.parts, self.parts, 0):
             self.parts.mkdir(parents=True, exist_ok=True)  # through a link to scratch space too
@@ -309,7 +279,7 @@ class ResultStore:
     def _take_over(self, manifest: Path, resume: bool) -> None:
         """Check the chunks left by an interrupted sweep (keeping the sound ones) and write the manifest."""
         # A sweep that ended before its first chunk left nothing to keep: it starts over, --resume or not.
-        chunks = sorted(self.parts.glob(CHUNK_GLOB))
+        chunks = finished_chunks(self.parts)
         if chunks and not resume:
             raise ConfigError(
                 "resume", False, f"{self.parts} holds {len(chunks)} finished chunks of an interrupted sweep: "
@@ -330,7 +300,7 @@ class ResultStore:
             stray.unlink()
         with writing(manifest, self.parts, len(self.done)):
             write_text_atomic(manifest, dumps({"schema": PARTS_SCHEMA, "digest": self.digest,
-                                               "num_points": self.num_points}))
+                                               "num_points": self.num_points, "writer": self.writer}))
 
     def close(self) -> None:
         """Give up the lock on ``OUT.parts`` (the chunks stay for a resume)."""
@@ -343,23 +313,51 @@ class ResultStore:
             SweepFailedError: the chunk could not be written (the earlier chunks are kept).
         """
         points = [int(row["point"]) for row in rows]
-        path = self.parts / f"chunk-{min(points):08d}-{max(points):08d}.parquet"
+        path = chunk_path(self.parts, points)
+        table = chunk_table(rows, self.columns)
         with writing(path, self.parts, len(self.done)):
-            write_table(rows_frame(rows, self.columns), path)
-        self.done.update(points)
+            write_chunk(self.parts, table)
+        self.add_written(points, table)
         return path
 
+    def add_written(self, points: Sequence[int], table: Any) -> None:
+        """Mark ``points`` done, their chunk written (``parts.write_chunk``) with ``table``, which the
+        merge takes instead of reading the chunk back."""
+        self.done.update(points)
+        self.tables[chunk_path(self.parts, points).name] = table
+
+    def recount(self) -> int:
+        """Read the points done again from the chunks on disk (after workers that may have written
+        chunks unreported have stopped); the count."""
+        import pyarrow.parquet as pq
+
+        done: set[int] = set()
+        for chunk in finished_chunks(self.parts):
+            done.update(pq.read_table(chunk, columns=["point"]).column("point").to_pylist())
+        self.done = done
+        return len(done)
+
     def finish(self) -> Any:
-        """Merge the chunks into ``out`` (sorted by point), remove the folder, return the table.
+        """Merge the chunks into ``out`` (sorted by point), remove what pipesim wrote in the folder,
+        return the table. The chunks written in this run are taken from memory; only those of an
+        interrupted run are read.
 
         Raises:
             ConfigError: the chunks do not hold every point exactly once.
             SweepFailedError: ``out`` could not be written (the chunks are kept).
         """
-        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
-        frames = [pd.read_parquet(chunk) for chunk in sorted(self.parts.glob(CHUNK_GLOB))]
-        frame = pd.concat(frames, ignore_index=True) if frames else rows_frame([], self.columns)
+        tables = [self.tables[chunk.name] if chunk.name in self.tables else pq.read_table(chunk)
+                  for chunk in finished_chunks(self.parts)]
+        if tables:
+            # One schema for all: a column that is all null in one chunk (no point had an error) and
+            # text in another is text; the chunks' pandas metadata (their own index) is dropped.
+            merged = pa.concat_tables(tables, promote_options="default").replace_schema_metadata(None)
+            frame = merged.to_pandas()
+        else:
+            frame = rows_frame([], self.columns)
         frame = frame.sort_values("point", kind="stable").reset_index(drop=True)
         points = frame["point"].tolist()
         if points != list(range(self.num_points)):

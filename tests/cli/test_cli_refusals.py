@@ -37,6 +37,7 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
         (("--partition", ""), "partition='': must not be empty"),
         (("--topology", ""), "topology='': must not be empty"),
         (("--stages", "0"), "stages=0: must be >= 1"),
+        (("--global-batch", "0"), "global_batch=0: must be >= 1"),
         (("--stages", "-1"), "stages=-1: must be >= 1"),
         (("--samples", "0"), "samples=0: must be an integer from 1 to 100,000"),
         (("--samples", str(10**12)), "samples=1000000000000: must be an integer from 1 to 100,000"),
@@ -55,9 +56,6 @@ MODEL_ONLY = "applies to --model only (it builds the profile); --profile and --u
          "partition='30:\u0664\u0661': each stage must be START:END layer indices, e.g. 0:4,4:8"),
         (("--latency", "1e308s"), "makespan_s=inf: overflows a float: the run's op times, latencies or transfers "
                                   "add up past 1.8e308 s; give smaller times or sizes, or faster speeds"),
-        (("--latency", "1e300s"), "makespan_s=1.6000000000000006e+301: must be at most 9.22e+12 s (292,000 years, "
-                                  "what a trace's microsecond clock holds); give smaller times or sizes, or faster "
-                                  "speeds"),
         (("--optimizer-state", "1e308"), "peak_memory_bytes=inf: overflows a float: the run's byte counts add up "
                                           "past 1.8e308 B; give smaller sizes or a smaller optimizer-state multiplier"),
         (("--shared-nics",), "shared_nics=True: needs --bandwidth: links without one are free, so flows have no "
@@ -69,6 +67,18 @@ def test_simulate_refuses_bad_options(args: tuple[str, ...], message: str, tmp_p
     done = in_process("simulate", *VGG_RUN, *args, "--out", str(tmp_path / "out"))
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
     assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_a_makespan_past_the_trace_clock_is_refused_with_its_value(tmp_path: Path) -> None:
+    # Two stages, one microbatch: the activation crosses the link once and its gradient once, each
+    # after 1e300 s of latency; the op times (milliseconds) vanish beside them in a float sum.
+    done = in_process("simulate", "--profile", VGG, "--stages", "2", "--microbatches", "1", "--schedule", "1f1b",
+                      "--latency", "1e300s", "--out", str(tmp_path / "out"))
+    makespan_s = 1e300 + 1e300
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: makespan_s={makespan_s!r}: must be at most "
+                                                 "9.22e+12 s (292,000 years, what a trace's microsecond clock holds); "
+                                                 "give smaller times or sizes, or faster speeds\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
@@ -86,6 +96,9 @@ def test_overflowing_spread_is_named_without_runtime_warnings() -> None:
         ("layers=100000001,forward_ms=1,backward_ms=2",
          "uniform.layers='100000001': must be an integer from 1 to 100,000"),
         ("layers=0,forward_ms=1,backward_ms=2", "uniform.layers='0': must be an integer from 1 to 100,000"),
+        ("layers=8,forward_ms=-1,backward_ms=2", "uniform.forward_ms='-1': must be >= 0"),
+        ("layers=8,forward_ms=1,backward_ms=2,activation_bytes=-0.5", "uniform.activation_bytes='-0.5': must be >= 0"),
+        ("layers=8,forward_ms=1,backward_ms=2,param_bytes=-1", "uniform.param_bytes='-1': must be >= 0"),
     ],
 )
 def test_uniform_profiles_are_bounded_and_keys_given_once(uniform: str, message: str) -> None:

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from pipesim.cli.outputs import ProgressBar
-from pipesim.sweep.local import POINT_OVERHEAD_COST, WorkDone, point_cost
+from pipesim.sweep.batches import POINT_OVERHEAD_OPS, point_cost
+from pipesim.sweep.local import WorkDone
 
 
 def lines(capsys: pytest.CaptureFixture[str]) -> list[str]:
@@ -34,13 +35,14 @@ def test_without_a_share_time_left_follows_the_rate_of_items(capsys: pytest.Capt
 
 
 def test_work_done_weighs_each_point_by_its_ops_and_a_fixed_overhead() -> None:
-    small = {"point": 0, "num_stages": 2, "num_microbatches": 2, "num_minibatches": 1}
-    large = {"point": 1, "num_stages": 64, "num_microbatches": 512, "num_minibatches": 4}
+    small = {"point": 0, "schedule": "1f1b", "num_stages": 2, "num_microbatches": 2, "num_minibatches": 1}
+    large = {"point": 1, "schedule": "1f1b", "num_stages": 64, "num_microbatches": 512, "num_minibatches": 4}
+    # F and B per stage and microbatch, an update per stage and minibatch, and the point's own overhead.
+    assert point_cost(small) == 2 * (2 * 2 + 1) + POINT_OVERHEAD_OPS
+    assert point_cost(large) == 64 * (2 * 512 * 4 + 4) + POINT_OVERHEAD_OPS
     work = WorkDone([small, large])
     assert work.share() == 0.0
     share = work.add([{"point": 0}])
-    expected = (point_cost(small) + POINT_OVERHEAD_COST) / (point_cost(small) + point_cost(large)
-                                                            + 2 * POINT_OVERHEAD_COST)
-    assert share == pytest.approx(expected) and share < 0.1
+    assert share == pytest.approx(point_cost(small) / (point_cost(small) + point_cost(large))) and share < 0.1
     assert work.add([{"point": 1}]) == pytest.approx(1.0)
     assert WorkDone([]).share() == 1.0

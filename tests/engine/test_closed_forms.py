@@ -47,6 +47,23 @@ def test_flush_iteration_time_is_per_minibatch_with_several_minibatches(name: st
         assert close(metrics.makespan_s, k * (m + p - 1) * (TF + TB))
 
 
+FLUSH_SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("zb-h2", 1), ("zb-auto", 1), ("interleaved-1f1b", 2),
+                   ("looped-bfs", 2), ("interleaved-zb", 2), ("zbv", 2), ("dualpipev", 2)]
+
+
+@pytest.mark.parametrize(("name", "per_rank"), FLUSH_SCHEDULES)
+def test_every_flush_schedule_keeps_one_version_and_no_staleness(name: str, per_rank: int) -> None:
+    # A flush updates after the minibatch's last backward: every op of minibatch k runs on version k,
+    # and the U that consumes a gradient makes version k + 1 from version k: a delay of 0 steps.
+    p, m = 4, 8
+    profile = uniform_profile(num_layers=p, forward_s=TF, backward_s=TB, activation_bytes=1e6, param_bytes=4e6)
+    metrics = simulate(profile, Topology.uniform(num_devices=p // per_rank), schedule=name, num_stages=p,
+                       num_microbatches=m, num_minibatches=3, stages_per_rank=per_rank).metrics
+    for stage in metrics.stages:
+        assert (stage.weight_versions_max, stage.forward_delay_steps, stage.forward_delay_mean,
+                stage.discrepancy_max) == (1, 0, 0.0, 0), (name, stage.stage)
+
+
 def test_pipedream_versions_delay_and_no_bubble() -> None:
     for p in range(1, 9):
         for m in (p, p + 1, 2 * p):
@@ -102,6 +119,16 @@ def test_scaling_every_time_scales_every_span() -> None:
     scaled = simulate(profile, Topology.uniform(num_devices=4), schedule="1f1b", num_stages=4, num_microbatches=6)
     for a, b in zip(base.trace.spans["end_s"].tolist(), scaled.trace.spans["end_s"].tolist(), strict=True):
         assert close(3 * a, b)
+
+
+def test_each_hop_takes_the_bandwidth_of_the_level_its_two_devices_share() -> None:
+    # Two servers of two devices: 0-1 and 2-3 over 10 GB/s inside a server, 1-2 over 1 GB/s between.
+    # One microbatch down four stages and back: four hops inside a server, two between.
+    profile = uniform_profile(num_layers=4, forward_s=TF, backward_s=TB, activation_bytes=1e6)
+    topology = Topology.hierarchical(num_devices=4, devices_per_server=2, intra_bandwidth="10GB/s",
+                                     inter_bandwidth="1GB/s")
+    result = simulate(profile, topology, schedule="gpipe", num_stages=4, num_microbatches=1)
+    assert close(result.metrics.makespan_s, 4 * TF + 4 * TB + 4 * 1e6 / 10e9 + 2 * 1e6 / 1e9)
 
 
 def test_communication_adds_latency_plus_bytes_over_bandwidth() -> None:

@@ -86,7 +86,8 @@ def test_the_drain_stays_outside_the_window_when_forwards_are_slower() -> None:
                 assert metrics.bubble_fraction == 0.0, (p, m, tf, tb)
 
 
-def test_engines_agree_bit_for_bit() -> None:
+def test_engines_plumb_the_shared_kernel_alike() -> None:
+    """Plumbing only: both engines run one timing kernel; the closed forms above check the times."""
     for update in ("minibatch", "microbatch"):
         des = run(4, 3, 6, update, tf=0.75, tb=1.5, engine="des")
         analytic = run(4, 3, 6, update, tf=0.75, tb=1.5, engine="analytic")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from validation_oracle import check_report_arithmetic
+
 ROOT = Path(__file__).resolve().parents[2]
 NO_TORCH = "import sys; sys.modules['torch'] = None; from pipesim.cli import main; main(sys.argv[1:])"
 
@@ -209,6 +211,7 @@ def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> Non
         assert report["predicted"]["iteration_time_s"] > 0 and report["measured"]["iteration_time_s"] > 0
         assert report["versions_match"] is True and report["version_ops_compared"] > 0
         assert report["peak_memory_error"] == [0.0, 0.0]
+        check_report_arithmetic(report)
         # By default the op times come from a separate calibration run; the layer profile's own
         # prediction is reported beside it, and the run's per-op wall and CPU times are kept.
         assert report["op_times"] == "calibration run"

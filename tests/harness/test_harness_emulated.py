@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from validation_oracle import check_report_arithmetic
+
 ROOT = Path(__file__).resolve().parents[2]
-OP_S = 0.004  # each layer's F and B: long enough that a stage's op is several milliseconds
+# Each layer's F and B: long against what a loaded shared host adds to one op (a late wake-up, an
+# isend of a few milliseconds), so that half of it is a slack no busy host eats into.
+OP_S = 0.02
 
 torch_needed = pytest.mark.skipif(
     subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0,
@@ -76,7 +80,8 @@ def test_emulated_ops_take_at_least_their_predicted_durations_back_to_back(files
         # The device runs its ops back to back: op k ends no earlier than the rank's first start plus
         # the durations of ops 0..k, less at most the isend it expects after it (the median of the
         # rank's recent isend calls: well under 1 ms on an idle host, a few ms on one whose cores are
-        # busy with other programs). A device that skipped a wait would end a whole op (4 ms) early.
+        # busy with other programs), so half an op (10 ms) of slack. A device that skipped a wait
+        # would end a whole op (20 ms) early.
         first_start.setdefault(span.device, span.start_s)
         device_time[span.device] = device_time.get(span.device, 0.0) + expected_s
         assert span.end_s > first_start[span.device] + device_time[span.device] - OP_S / 2, span.op
@@ -99,13 +104,9 @@ def test_validate_emulated_reports_replay_noise_floor_and_exact_memory(files: tu
     assert [r["schedule"] for r in reports] == ["1f1b", "pipedream"]
     for report in reports:
         assert report["compute"] == "emulated" and report["op_times"] == "layer profile"
-        runs = report["measured"]["iteration_time_s_runs"]
-        middle = sorted(runs)[len(runs) // 2 - 1: len(runs) // 2 + 1]
-        median = sum(middle) / len(middle)
-        assert report["noise_floor"] == pytest.approx(max(abs(t - median) for t in runs) / median)
-        assert report["median_error"] == report["iteration_time_error"]
-        assert len(report["replay_error_runs"]) == 2
-        assert report["replay_error"] == pytest.approx(sum(report["replay_error_runs"]) / 2)
+        # the error, replay error and noise floor, recomputed from the runs the report lists
+        assert len(report["measured"]["iteration_time_s_runs"]) == len(report["replay_error_runs"]) == 2
+        check_report_arithmetic(report)
         # stashes are the profile's sizes and the weights are real: tracked memory is exact
         assert report["versions_match"] is True and report["peak_memory_error"] == [0.0, 0.0]
         # the prediction is the one with the measured host cost added

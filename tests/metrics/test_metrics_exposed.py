@@ -49,3 +49,41 @@ def test_metrics_match_the_definitions(schedule: str, jitter: float) -> None:
         assert (stage.forward_delay_steps, stage.forward_delay_mean, stage.discrepancy_max) == staleness(
             trace, stage.stage)
     assert any(stage.exposed_communication_s > 0 for stage in metrics.stages)
+
+
+def test_a_send_that_arrived_before_its_op_started_counts_only_while_in_flight() -> None:
+    # In a measured run an op may start well after its input arrived (the host woke late): the
+    # idle time after the arrival is not communication. Every send of a simulated run moved
+    # earlier by half its length leaves each gap's last stretch without a message in flight.
+    profile = pipesim.uniform_profile(num_layers=4, forward_s=1e-3, backward_s=2e-3, activation_bytes=1e6)
+    topology = pipesim.Topology.uniform(num_devices=4, bandwidth="1GB/s", latency="5us")
+    trace = pipesim.simulate(profile, topology, schedule="1f1b", num_stages=4, num_microbatches=4).trace
+    sends = trace.spans["stream"] == STREAMS.index("send")
+    shift = (trace.spans["end_s"] - trace.spans["start_s"]) / 2 * sends
+    early = Trace(info=trace.info, spans={**trace.spans, "start_s": trace.spans["start_s"] - shift,
+                                          "end_s": trace.spans["end_s"] - shift}, memory=trace.memory)
+    low, high, _, _ = steady_window(early)
+    metrics, before = compute_metrics(early), compute_metrics(trace)
+    for stage, unshifted in zip(metrics.stages, before.stages, strict=True):
+        assert stage.exposed_communication_s == pytest.approx(exposed_reference(early, stage.device, low, high),
+                                                              rel=1e-12, abs=1e-15)
+        assert stage.exposed_communication_s <= unshifted.exposed_communication_s
+    # A 1 MB message holds the 1 GB/s link 1 ms: moved 0.5 ms earlier, it is in flight for less of each wait.
+    assert sum(s.exposed_communication_s for s in metrics.stages) < sum(s.exposed_communication_s
+                                                                          for s in before.stages)
+
+
+def test_an_input_gradient_on_a_newer_version_than_its_forward_is_a_discrepancy() -> None:
+    # No simulated split-backward schedule updates between an F and its I (they flush), but a measured
+    # trace may show it: version(I) - version(F) counts as B's does. One I of stage 0 moved a version on.
+    profile = pipesim.uniform_profile(num_layers=2, forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3,
+                                      backward_weight_s=1e-3)
+    trace = pipesim.simulate(profile, schedule="zb-h1", num_stages=2, num_microbatches=2, num_minibatches=2).trace
+    spans = list(trace.iter_spans())
+    row = next(index for index, span in enumerate(spans) if span.stream == "compute" and span.op == "0I1")
+    version = trace.spans["weight_version"].copy()
+    assert version[row] == 0
+    version[row] = 1
+    moved = Trace(info=trace.info, spans={**trace.spans, "weight_version": version}, memory=trace.memory)
+    assert [stage.discrepancy_max for stage in compute_metrics(moved).stages] == [1, 0]
+    assert [stage.discrepancy_max for stage in compute_metrics(trace).stages] == [0, 0]

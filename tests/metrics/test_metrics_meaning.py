@@ -38,8 +38,8 @@ def shuffled(trace: Trace, seed: int) -> Trace:
                  memory={c: v[memory] for c, v in trace.memory.items()})
 
 
-def check_definitions(trace: Trace, metrics: Metrics) -> None:
-    """Every per-stage metric, recomputed from its definition."""
+def check_definitions(trace: Trace, metrics: Metrics, microbatch_size: int) -> None:
+    """Every metric, recomputed from its definition; ``microbatch_size``: the profile's samples per microbatch."""
     spans = list(trace.iter_spans())
     compute = [span for span in spans if span.stream == "compute"]
     ends: dict[int, float] = defaultdict(float)
@@ -47,12 +47,35 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
         ends[span.minibatch] = max(ends[span.minibatch], span.end_s)
     assert metrics.makespan_s == max(span.end_s for span in spans)
     low, high = metrics.window_start_s, metrics.window_end_s
-    if metrics.num_minibatches >= 2:
-        assert low == ends[0] and high == ends[metrics.num_minibatches - 1 - metrics.cooldown_minibatches]
+    # The window drops the first (warm-up) minibatch from 2 on and, from 3 on, the drain: the last
+    # minibatch and every one from the first with an op ending after its device's last forward,
+    # keeping at least one minibatch in the window.
+    k = metrics.num_minibatches
+    last_forward: dict[int, float] = defaultdict(lambda: float("-inf"))
+    for span in compute:
+        if "F" in span.op:
+            last_forward[span.device] = max(last_forward[span.device], span.end_s)
+    drained = min((s.minibatch for s in compute if s.end_s > last_forward[s.device]), default=k)
+    warmup, cooldown = int(k >= 2), (k - 1 - min(k - 2, max(1, drained - 1)) if k >= 3 else 0)
+    assert (metrics.warmup_minibatches, metrics.cooldown_minibatches) == (warmup, cooldown)
+    if k >= 2:
+        assert low == ends[0] and high == ends[k - 1 - cooldown]
+    else:
+        assert (low, high) == (0.0, metrics.makespan_s)
+    assert metrics.iteration_time_s == pytest.approx((high - low) / (k - warmup - cooldown), rel=1e-12)
+    samples = metrics.num_microbatches * microbatch_size
+    assert metrics.throughput_samples_per_s == pytest.approx(
+        samples / metrics.iteration_time_s if metrics.iteration_time_s > 0 else float("inf"), rel=1e-12)
+    assert metrics.bubble_fraction == pytest.approx(1 - sum(metrics.device_utilization) / metrics.num_ranks,
+                                                    rel=1e-9, abs=1e-12)
+    assert metrics.peak_memory_bytes == max(metrics.device_peak_memory_bytes)
     for device, utilization in enumerate(metrics.device_utilization):
         busy = sum(max(0.0, min(s.end_s, high) - max(s.start_s, low)) for s in compute if s.device == device)
         assert utilization == pytest.approx(busy / (high - low) if high > low else 1.0, rel=1e-9, abs=1e-12)
     for stage in metrics.stages:
+        assert stage.device == trace.info.stage_to_rank[stage.stage]
+        assert stage.utilization == metrics.device_utilization[stage.device]  # a stage's is its device's
+        assert stage.bubble_fraction == pytest.approx(1 - stage.utilization, rel=1e-12, abs=1e-15)
         levels, counts, totals, held = dict.fromkeys(CATEGORIES, 0.0), dict.fromkeys(CATEGORIES, 0), [], []
         events = sorted((e for e in zip(*(trace.memory[c].tolist() for c in trace.memory), strict=True)
                          if e[2] == stage.stage), key=lambda e: e[0])
@@ -62,11 +85,12 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
             if index + 1 == len(events) or events[index + 1][0] != time_s:  # read after each instant
                 totals.append(sum(levels.values()))
                 held.append((counts["weights"], counts["activations"]))
-        # Events at one instant summed in another order may leave a rounding residue of the sizes
-        # they move (x + x - x - x): equal within 1e-9 of the largest.
-        moved = max((abs(e[4]) for e in events), default=0.0)
-        assert stage.peak_memory_bytes == pytest.approx(max(totals, default=0.0), rel=1e-9, abs=1e-9 * moved)
-        assert sum(stage.peak_breakdown_bytes.values()) == pytest.approx(stage.peak_memory_bytes, rel=1e-9)
+        # Sums in another order differ by rounding, which is relative to the bytes moved, not to a
+        # level that cancels to about 0 (a stash taken and freed at one instant).
+        rounding = 1e-9 * sum(abs(event[4]) for event in events)
+        assert stage.peak_memory_bytes == pytest.approx(max(totals, default=0.0), rel=1e-9, abs=rounding)
+        assert sum(stage.peak_breakdown_bytes.values()) == pytest.approx(stage.peak_memory_bytes, rel=1e-9,
+                                                                         abs=rounding)
         assert stage.weight_versions_max == max((w for w, _ in held), default=0)
         assert stage.max_inflight_microbatches == max((a for _, a in held), default=0)
         mine = sorted((s for s in compute if s.stage == stage.stage), key=lambda s: s.position)
@@ -78,6 +102,15 @@ def check_definitions(trace: Trace, metrics: Metrics) -> None:
         assert stage.discrepancy_max == max(discrepancies, default=0)
         assert stage.forward_delay_steps == max(delays, default=0)
         assert stage.forward_delay_mean == (sum(delays) / len(delays) if delays else 0.0)
+    events = sorted(zip(*(trace.memory[c].tolist() for c in trace.memory), strict=True), key=lambda e: e[0])
+    for device, device_peak in enumerate(metrics.device_peak_memory_bytes):
+        level, peak = 0.0, 0.0  # the device's stages summed, read after each instant
+        mine_only = [e for e in events if e[1] == device]
+        for index, event in enumerate(mine_only):
+            level += event[4]
+            if index + 1 == len(mine_only) or mine_only[index + 1][0] != event[0]:
+                peak = max(peak, level)
+        assert device_peak == pytest.approx(peak, rel=1e-9, abs=1e-9 * sum(abs(event[4]) for event in mine_only))
 
 
 def same_in_both_forms(trace: Trace) -> Metrics:
@@ -95,16 +128,16 @@ def test_generated_runs_meet_the_definitions(case: Case, jitter: float, seed: in
     plan = make_plan(case.profile, **case.kwargs)
     trace = simulate_plan(case.profile, case.topology, plan, engine="des", jitter=jitter, seed=seed).trace
     metrics = same_in_both_forms(trace)
-    check_definitions(trace, metrics)
+    check_definitions(trace, metrics, case.profile.microbatch_size)
     # Rows in another stored order: the same metrics, up to the order of the sums.
-    check_definitions(trace, same_in_both_forms(shuffled(trace, seed)))
+    check_definitions(trace, same_in_both_forms(shuffled(trace, seed)), case.profile.microbatch_size)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "pipedream", "2bw", "pipemare", "interleaved-1f1b", "zbv"])
 def test_larger_runs_meet_the_definitions(schedule: str) -> None:
     # Sizes that do not divide (1000.5 bytes) and a slow link, so that sums round and waits are exposed.
     profile = pipesim.uniform_profile(num_layers=24, forward_s=1.1e-3, backward_s=2.3e-3, activation_bytes=1000.5,
-                                      param_bytes=4e6 / 3)
+                                      param_bytes=4e6 / 3, microbatch_size=3)
     per_rank = 2 if schedule in ("interleaved-1f1b", "zbv") else 1
     topology = pipesim.Topology.uniform(num_devices=8 // per_rank, bandwidth="1MB/s", latency="5us")
     trace = pipesim.simulate(profile, topology, schedule=schedule, num_stages=8, num_microbatches=8,
@@ -112,8 +145,8 @@ def test_larger_runs_meet_the_definitions(schedule: str) -> None:
                              engine="analytic").trace
     metrics = same_in_both_forms(trace)
     assert any(stage.exposed_communication_s > 0 for stage in metrics.stages)
-    check_definitions(trace, metrics)
-    check_definitions(trace, same_in_both_forms(shuffled(trace, 7)))
+    check_definitions(trace, metrics, 3)
+    check_definitions(trace, same_in_both_forms(shuffled(trace, 7)), 3)
 
 
 @pytest.mark.parametrize("has_nan", [False, True])

@@ -152,6 +152,21 @@ def test_cost_model_matches_per_layer_sums() -> None:
     assert overlapped.stages[0].time_s == pytest.approx(9.0 / 3)
 
 
+def test_a_replicated_stage_computes_at_its_slowest_replicas_speed() -> None:
+    """The hand-checked plan above on devices of speeds 2, 1, 2 and 4: the replicas of stage 0 take
+    microbatches in turn, so the slowest (speed 1) paces it; stage 1 runs on the speed-4 device."""
+    layers = [{"name": f"l{i}", "forward_s": f, "backward_s": 2 * f, "activation_bytes": 1.0, "param_bytes": 0.0}
+              for i, f in enumerate([1.0, 2.0, 3.0])]
+    flat = Topology.hierarchical(num_devices=4, devices_per_server=2, intra_bandwidth=100.0, inter_bandwidth=10.0)
+    devices = [device.model_copy(update={"speed": speed}) for device, speed in zip(flat.devices, (2.0, 1.0, 2.0, 4.0),
+                                                                                   strict=True)]
+    row = DeviceRow.from_topology(flat.model_copy(update={"devices": tuple(devices)}))
+    first, second = estimate(Chain.from_profile(build(Profile, {"layers": layers})), row, CostModel(),
+                             ((0, 2, 3), (2, 3, 1))).stages
+    assert first.compute_s == pytest.approx((3 * 1.0 + 3 * 2.0) / 1.0) and first.time_s == pytest.approx(9.0 / 3)
+    assert second.compute_s == pytest.approx(3 * 3.0 / 4.0)
+
+
 def test_ring_bandwidth_is_the_slowest_level_of_the_range() -> None:
     topology = Topology.hierarchical(num_devices=8, devices_per_server=4, intra_bandwidth=100.0, inter_bandwidth=10.0)
     row = DeviceRow.from_topology(topology)

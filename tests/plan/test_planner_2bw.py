@@ -99,6 +99,19 @@ def test_without_a_memory_limit_time_per_sample_does_not_depend_on_the_microbatc
     assert times[0] == pytest.approx(times[1], rel=1e-12)
 
 
+def test_equal_throughputs_go_to_the_plan_without_recomputation_on_the_fewest_stages() -> None:
+    # Four equal layers on four free devices: a pipeline of d stages, each replicated 4/d times, takes
+    # the same time per sample at every depth; recomputation only adds time.
+    planned = plan_2bw(uniform_profile(num_layers=4, forward_s=1.0, backward_s=2.0), Topology.uniform(num_devices=4),
+                       batch_size=16)
+    plain = [c for c in planned.candidates if not c.recompute]
+    assert sorted(c.depth for c in plain) == [1, 2, 4]
+    assert len({round(c.throughput_samples_per_s, 12) for c in plain}) == 1
+    assert all(c.throughput_samples_per_s < plain[0].throughput_samples_per_s for c in planned.candidates
+               if c.recompute)
+    assert (planned.best.depth, planned.best.recompute, planned.best.microbatch_size) == (1, False, 4)
+
+
 def test_memory_no_configuration_meets_names_the_smallest() -> None:
     topology = Topology.uniform(num_devices=4, bandwidth="10GB/s")
     with pytest.raises(ConfigError, match="no 2BW plan fits in 100.00 MB per device; the smallest per-device memory"):

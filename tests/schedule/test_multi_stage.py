@@ -120,6 +120,17 @@ def test_device_speed_divides_the_times_of_every_stage_it_holds() -> None:
     forwards = frame[(frame["stream"] == "compute") & (frame["kind"] == "F")]
     by_stage = forwards.groupby("stage")["duration_s"].max().to_dict()
     assert by_stage == pytest.approx({0: TF / 2, 1: TF * 2, 2: TF * 2, 3: TF / 2})
+    # Every kind of op, the optimizer step included: stages 0 and 3 sit on the fast device.
+    layer = {"name": "layer", "forward_s": TF, "backward_s": TB, "backward_input_s": TB / 2,
+             "backward_weight_s": TB / 2, "update_s": TF / 4, "activation_bytes": 0.0, "param_bytes": 1.0}
+    updating = build(Profile, {"layers": [layer] * 4})
+    frame = simulate(updating, topology, schedule="zbv", num_stages=4, num_microbatches=4,
+                     stages_per_rank=2).trace.to_frame()
+    compute = frame[frame["stream"] == "compute"]
+    by_kind = compute.groupby(["kind", "stage"])["duration_s"].max().to_dict()
+    base = {"F": TF, "I": TB / 2, "W": TB / 2, "U": TF / 4}
+    assert by_kind == pytest.approx({(kind, stage): seconds * (0.5 if stage in (0, 3) else 2.0)
+                                     for kind, seconds in base.items() for stage in range(4)})
 
 
 def layered_profile() -> Profile:
@@ -171,3 +182,18 @@ def test_a_schedule_read_from_csv_simulates_like_the_generated_one() -> None:
     assert read.schedule.stage_to_rank == generated.schedule.stage_to_rank
     assert read.metrics.makespan_s == generated.metrics.makespan_s
     assert read.metrics.device_utilization == generated.metrics.device_utilization
+
+
+def test_a_flush_schedule_read_from_csv_runs_minibatch_k_on_version_k() -> None:
+    # A CSV carries no versions: they come from counting each stage's updates along its rank. With a
+    # flush, every op of minibatch k runs on version k and its U makes version k + 1 from version k.
+    profile = uniform_profile(num_layers=4, forward_s=TF, backward_s=TB, activation_bytes=1e6, param_bytes=4e6)
+    generated = build_schedule("1f1b", 4, 3, num_minibatches=3)
+    read = from_csv(to_csv(generated, include_updates=True), num_microbatches=3)
+    versions = [(op, version) for op, version in zip((op for ops in read.ranks for op in ops),
+                                                     read.version.tolist(), strict=True)]
+    assert versions and all(version == (op.microbatch if op.kind.value == "U" else op.microbatch // 3)
+                            for op, version in versions)
+    metrics = simulate_schedule(profile, Topology.uniform(num_devices=4), read).metrics
+    assert all((stage.weight_versions_max, stage.forward_delay_steps, stage.discrepancy_max) == (1, 0, 0)
+               for stage in metrics.stages)

@@ -57,6 +57,11 @@ CASES = [
     (load_plan, {**PLAN, "partition": [[0, 1], [1, 2], [3, 4], [4, 5]]},
      "partition[2]=[3, 4]: must be a non-empty layer range starting at 2: stages cut the layers into contiguous "
      "ranges from layer 0"),
+    (load_plan, {**PLAN, "partition": [[0, 1], [1, 1], [1, 2], [2, 3]]},
+     "partition[1]=[1, 1]: must be a non-empty layer range starting at 1: stages cut the layers into contiguous "
+     "ranges from layer 0"),
+    (load_topology, {**TOPOLOGY, "devices": [{"name": "d0", "speed": 0}]},
+     "devices[0].speed=0: Input should be greater than 0"),
     (load_plan, {**PLAN, "schema": "pipesim.plan/2"}, "schema='pipesim.plan/2': must be 'pipesim.plan/1'"),
     (load_plan, {**PLAN, "placement": [0, 0, 1, 2]},
      "placement[1]=0: device 0 already runs stage 0: a device runs one rank (1 stage)"),

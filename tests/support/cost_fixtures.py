@@ -29,3 +29,18 @@ def two_nodes(compute_share: float = 0.0) -> Cluster:
              compute_share=compute_share),
         Tier(name="ib", gpus=None, bandwidth_bytes_per_s=25 * GB, latency_s=5e-6, bus_efficiency=0.9,
              compute_share=compute_share)))
+
+
+def ideal_device() -> Device:
+    """round_device with every product at exactly 2 m n k FLOPs over the peak (1 x 1 tiles on one SM,
+    no k overhead), memory and launches free; fused attention still at 0.6 and 0.4 of the peak."""
+    return Device.model_validate({**round_device().model_dump(by_alias=True), "num_sms": 1, "launch_s": 0.0,
+                                  "memory_bandwidth_bytes_per_s": 1e30,
+                                  "matmul": {"max_efficiency": 1.0, "k_overhead": 0,
+                                             "tiles": [{"m": 1, "n": 1, "efficiency": 1.0}]}})
+
+
+def free_links() -> Cluster:
+    """Two tiers of 8 GPUs a node whose collectives and sends take no time (1e30 B/s, no latency)."""
+    return Cluster(name="free", tiers=(Tier(name="nvlink", gpus=8, bandwidth_bytes_per_s=1e30, latency_s=0.0),
+                                       Tier(name="ib", gpus=None, bandwidth_bytes_per_s=1e30, latency_s=0.0)))

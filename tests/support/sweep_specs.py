@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,3 +42,15 @@ def reference_sweep(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     embedded cluster of 2 workers."""
     out = tmp_path_factory.mktemp("reference") / "results.parquet"
     return out, run_sweep(spec_path, out, workers=2, in_process=False)
+
+
+def user_namespaces_work(folder: Path) -> bool:
+    """Whether an unprivileged user and mount namespace (``unshare -rm``) can mount a tmpfs on ``folder``."""
+    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
+        return False
+    try:
+        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0

@@ -49,9 +49,10 @@ def test_a_scheduler_port_that_never_answers_is_one_line_within_the_connect_time
 
 def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path) -> None:
     spec = tmp_path / "heavy.yaml"
-    # Four times the shared heavy spec's minibatches: past the 15 s before the second press even on a
-    # quiet host, should the first press land in a library's thread that ignores it.
-    spec.write_text(HEAVY_SPEC.replace("minibatches: [16]", "minibatches: [64]"))
+    # K = 128, eight times the shared heavy spec's: predicted work past local.CLUSTER_FROM_OPS, so the cluster
+    # starts at once, in the background, and the sweep outlasts the 15 s before the second press on a quiet
+    # host, should the first press land in a library's thread that ignores it.
+    spec.write_text(HEAVY_SPEC.replace("minibatches: [16]", "minibatches: [128]"))
     out = tmp_path / "results.csv"
     command = [sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(out), "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -59,10 +60,10 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     try:
         sweep = psutil.Process(process.pid)
         deadline = time.monotonic() + 120
-        while not sweep.children() and time.monotonic() < deadline and process.poll() is None:
+        while not _workers(sweep) and time.monotonic() < deadline and process.poll() is None:
             time.sleep(0.01)
-        assert sweep.children(), "the sweep never started its cluster"
-        started = [child.pid for child in sweep.children(recursive=True)]
+        assert _workers(sweep), "the sweep never started its cluster"
+        started = [child.pid for child in _children(sweep)]
         os.killpg(process.pid, signal.SIGINT)  # the first worker is starting now
         try:
             _, stderr = process.communicate(timeout=15)
@@ -77,6 +78,31 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     assert stderr == f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)\n"
     time.sleep(1)
     assert not [pid for pid in started if _alive(pid)]
+
+
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    """The processes below ``process`` now (one that exits while they are listed is left out)."""
+    children = []
+    for pid in {child.pid for child in psutil.process_iter(["pid"])}:
+        try:
+            child = psutil.Process(pid)
+            if process.pid in {parent.pid for parent in child.parents()}:
+                children.append(child)
+        except psutil.Error:
+            continue
+    return children
+
+
+def _workers(process: psutil.Process) -> list[psutil.Process]:
+    """The Dask worker processes that ``process`` started (multiprocessing's spawned interpreters)."""
+    found = []
+    for child in _children(process):
+        try:
+            if any("spawn_main" in part for part in child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _alive(pid: int) -> bool:

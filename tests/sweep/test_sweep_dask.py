@@ -1,14 +1,12 @@
-"""Sweeps on real Dask clusters: embedded, an external scheduler with two workers, and interrupted runs."""
+"""Sweeps on real embedded Dask clusters, uninterrupted and interrupted (external clusters: test_sweep_external.py)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,54 +57,6 @@ def test_embedded_sweep_writes_one_sorted_row_per_point(reference: tuple[Path, A
     assert (flush["weight_versions_max"] == 1).all()
     assert (ok[ok["schedule"] == "2bw"]["weight_versions_max"] == 2).all()
     assert pq.read_schema(out).metadata[b"pipesim.sweep.digest"]
-
-
-@pytest.fixture
-def dask_cluster(tmp_path: Path) -> Iterator[str]:
-    """A real scheduler and two single-threaded workers, each its own process on 127.0.0.1."""
-    scheduler_file = tmp_path / "scheduler.json"
-    python = sys.executable
-    processes = [subprocess.Popen(
-        [python, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-         "--scheduler-file", str(scheduler_file)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )]
-    try:
-        deadline = time.monotonic() + 60
-        while not scheduler_file.exists() or not scheduler_file.read_text().strip():
-            assert time.monotonic() < deadline, "the scheduler did not start"
-            time.sleep(0.1)
-        address = json.loads(scheduler_file.read_text())["address"]
-        assert address.startswith("tcp://127.0.0.1:")
-        for _ in range(2):
-            processes.append(subprocess.Popen(
-                [python, "-m", "distributed.cli.dask_worker", address, "--nworkers", "1", "--nthreads", "1",
-                 "--host", "127.0.0.1", "--no-dashboard", "--no-nanny"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            ))
-        from distributed import Client
-
-        with Client(address, timeout="30s") as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
-    finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in reversed(processes):
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def test_a_scheduler_with_two_worker_processes_gives_the_same_table(
-    dask_cluster: str, spec_path: Path, reference: tuple[Path, Any], tmp_path: Path
-) -> None:
-    out = tmp_path / "results.csv"
-    summary = run_sweep(spec_path, out, scheduler=dask_cluster)
-    assert summary.num_run == NUM_POINTS
-    pd.testing.assert_frame_equal(read_table(out), reference[1])
 
 
 def sweep_process(spec_path: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
@@ -183,7 +133,7 @@ def test_an_interrupted_sweep_resumes_to_exactly_the_uninterrupted_table(
 def test_embedded_workers_keep_freed_memory_instead_of_trimming_it() -> None:
     """Dask's default (trim at 64 KiB) made the workers fault every point's columns in again."""
     from pipesim.allocator import KEEP_BYTES
-    from pipesim.sweep.runner import dask_client
+    from pipesim.sweep.dask_cluster import dask_client
 
     def thresholds() -> tuple[str | None, str | None]:
         return os.environ.get("MALLOC_TRIM_THRESHOLD_"), os.environ.get("MALLOC_MMAP_THRESHOLD_")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipesim.sweep import read_table, run_sweep, write_table
-from sweep_specs import reference_sweep, spec_fixture
+from sweep_specs import reference_sweep, spec_fixture, user_namespaces_work
 
 SPEC = """\
 profile: {uniform: {layers: 16, forward_ms: 1.0, backward_ms: 2.0, activation_bytes: 1000000, param_bytes: 4000000}}
@@ -286,17 +285,6 @@ def test_a_write_refused_by_the_disk_keeps_the_chunks_and_resume_completes(tmp_p
     code, stdout, stderr = finish(sweep(spec, out, "--resume"), 120)  # nothing left to run: no cluster starts
     assert code == 0 and "0 simulated, 160 resumed" in stdout, stderr
     assert out.read_bytes() == expected.read_bytes() and not parts.exists()
-
-
-def user_namespaces_work(folder: Path) -> bool:
-    if not sys.platform.startswith("linux") or shutil.which("unshare") is None:
-        return False
-    try:
-        probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
-                               capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
 
 
 FULL_DISK_SCRIPT = """\

@@ -28,6 +28,8 @@ from pipesim.sweep import (
     read_table,
 )
 from pipesim.cli import main
+from pipesim.sweep.batches import BATCHES_PER_WORKER, FIRST_PIECES_PER_WORKER, plan_batches, point_cost
+from pipesim.sweep.points import SHARED_WORK, shared_work_order
 from pipesim.sweep.store import read_run
 from pipesim.spec.units import parse_duration
 
@@ -148,14 +150,39 @@ def test_load_spec_reports_yaml_errors(tmp_path: Path) -> None:
         load_spec(path)
 
 
-def test_make_batches_keeps_order_and_balances_cost() -> None:
-    points = points_of({**ISSUE_SPEC, "stages": [2, 4], "bandwidth": ["10GB/s"]})
-    batches = make_batches(points, 8)
-    assert [p["point"] for batch in batches for p in batch] == [p["point"] for p in points]
-    assert len(batches) <= 8
-    costs = [sum(p["num_stages"] * p["num_microbatches"] for p in batch) for batch in batches]
-    assert max(costs[:-1]) <= 2.5 * min(costs[:-1])
+def test_make_batches_runs_the_heaviest_first_and_keeps_shared_work_together() -> None:
+    points = shared_work_order(points_of({**ISSUE_SPEC, "stages": [2, 4, 8, 16]}))
+    batches = make_batches(points, 2)
+    # Every point once; within a batch the sweep's order (points that share work side by side).
+    assert sorted(p["point"] for batch in batches for p in batch) == sorted(p["point"] for p in points)
+    order = {p["point"]: index for index, p in enumerate(points)}
+    assert all([order[p["point"]] for p in batch] == sorted(order[p["point"]] for p in batch) for batch in batches)
+    # Heaviest first, and none heavier than a quarter of a worker's share unless one group of shared work is.
+    costs = [sum(point_cost(p) for p in batch) for batch in batches]
+    total = sum(costs)
+    # The tail is light: once a batch is under two of the smallest batches' share, every later one is.
+    light = [cost < 2 * total / (BATCHES_PER_WORKER * 2) for cost in costs]
+    first_light = light.index(True)
+    assert all(light[first_light:]) and costs[:first_light] == sorted(costs[:first_light], reverse=True)
+    heaviest_group = max(sum(point_cost(p) for p in points if all(p[a] == q[a] for a in SHARED_WORK))
+                         for q in points)
+    assert costs[0] <= max(total / (FIRST_PIECES_PER_WORKER * 2), heaviest_group)
+    # The two points of a group (its two bandwidths) are never split: the batches are made of whole groups.
+    for batch in batches:
+        keys = [tuple(p[a] for a in SHARED_WORK) for p in batch]
+        assert all(keys.count(key) == 2 for key in keys)
     assert make_batches([], 4) == []
+
+
+def test_plan_batches_packs_light_pieces_and_cuts_heavy_families() -> None:
+    # Two workers: pieces at most 1/8 of the work (22 / 8 = 2.75), batches at least 1/48 of it.
+    families = [[[1, 2], [3]], [[10]], [[1, 1, 1, 1, 1, 1]]]
+    assert plan_batches(families, float, 2) == [[10], [3], [2], [1, 1], [1, 1], [1, 1], [1]]
+    # Groups kept whole where asked (a search configuration's recomputation modes).
+    assert plan_batches(families, float, 2, split_groups=False) == [[10], [1, 1, 1, 1, 1, 1], [1, 2], [3]]
+    # On one worker a family is cut into pieces of at most a quarter of the work.
+    assert plan_batches([[[1] * 48]], float, 1) == [[1] * 12] * 4
+    assert plan_batches([], float, 3) == [] and plan_batches([[[]]], float, 3) == []
 
 
 @pytest.mark.parametrize("num_stages", [2, 4, 8, 16, 32, 64])

@@ -1,0 +1,216 @@
+"""The Dask cluster of a sweep or a search: embedded or at a scheduler's address, started in the background.
+
+Starting an embedded cluster takes seconds (each worker process imports Dask, then pipesim and
+numba's kernels on its first task). ``DaskCluster.start`` does it in a thread, while the caller goes
+on with its own work (expanding the spec, opening the result store, simulating points here), and
+warms every worker that is there by then: the object the tasks share (a ``PointRunner``) is
+unpickled on it and a few small points load the kernels, so that the first batches start on
+workers that are ready. While an embedded cluster starts, a Ctrl-C is held back
+(``cluster.CtrlCHeld``): the caller's thread raises it once the start has ended, when it next looks
+(``is_ready``, ``client``, ``close``), and the workers never see it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from pipesim import allocator
+from pipesim.errors import ConfigError
+from pipesim.sweep.cluster import CONNECT_TIMEOUT_S, CtrlCHeld, check_answers
+
+
+@contextmanager
+def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
+    """A Dask client: to ``scheduler`` when given (``cluster.check_answers`` first), else to an
+    embedded LocalCluster of ``workers`` single-threaded processes listening on 127.0.0.1 (closed
+    on exit). Dask's own loggers are set to CRITICAL.
+
+    Raises:
+        ConfigError: the scheduler cannot be reached, or ``workers < 1``.
+    """
+    import dask.config
+    from distributed import Client, LocalCluster  # sets its loggers' levels on import, so quiet them after
+
+    # Dask's and tornado's own logs of a lost worker or scheduler would break the commands' one-line
+    # messages; distributed sets its loggers' levels on import, so they are quieted after it.
+    for name in [*logging.root.manager.loggerDict, "distributed", "tornado"]:
+        if name.split(".")[0] in ("distributed", "tornado"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    if scheduler is not None:
+        check_answers(scheduler, CONNECT_TIMEOUT_S)
+        try:
+            client = Client(scheduler, timeout=CONNECT_TIMEOUT_S)  # type: ignore[no-untyped-call]
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ConfigError("scheduler", scheduler, f"cannot connect: {exc}") from None
+        try:
+            yield client
+        finally:
+            client.close()  # type: ignore[no-untyped-call]
+        return
+    count = workers if workers is not None else (os.cpu_count() or 1)
+    if count < 1:
+        raise ConfigError("workers", count, "must be >= 1")
+    # Dask starts its worker processes with glibc's MALLOC_TRIM_THRESHOLD_ at 64 KiB, so the numpy
+    # columns a point frees would go back to the OS and be faulted in again by the next point
+    # (benchmarks/RESULTS.md, sweeps): workers start with pipesim's thresholds (pipesim.allocator).
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **allocator.ENVIRONMENT}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = LocalCluster(  # type: ignore[no-untyped-call]
+            # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
+            # another cluster holds that port, so let the OS choose one.
+            n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1",
+            # CRITICAL: a worker's ERROR lines (a heartbeat missed while the cluster shuts down after a failed
+            # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
+            dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
+        )
+    try:
+        client = Client(cluster)  # type: ignore[no-untyped-call]
+        try:
+            yield client
+        finally:
+            client.close()  # type: ignore[no-untyped-call]
+    finally:
+        cluster.close()
+
+
+class DaskCluster:
+    """A Dask client started in a background thread (``start``), with the object its tasks share.
+
+    Args:
+        workers, scheduler: as ``dask_client``.
+        shared: sent once to the cluster, as a task (if every worker holding it dies, Dask
+            recomputes it); tasks take ``self.shared`` as an argument.
+        warm: called on each worker present once the client is up, with the shared object, to
+            load what its tasks will need.
+
+    Attributes:
+        started_s, ready_s: ``time.perf_counter()`` when ``start`` was called and when the
+            client was up and its workers warm (None until then).
+        connected_s: when the client was up (before the warm-up).
+    """
+
+    def __init__(self, *, workers: int | None, scheduler: str | None, shared: Any,
+                 warm: Callable[[Any], Any] | None = None) -> None:
+        self.workers = workers
+        self.scheduler = scheduler
+        self.shared_value = shared
+        self.warm = warm
+        self.started_s: float | None = None
+        self.connected_s: float | None = None
+        self.ready_s: float | None = None
+        self._stack = ExitStack()
+        self._client: Any = None
+        self._shared: Any = None
+        self._error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held: CtrlCHeld | None = None
+
+    @property
+    def is_started(self) -> bool:
+        """Whether ``start`` was called."""
+        return self._thread is not None
+
+    def start(self) -> None:
+        """Start the cluster (or connect) and warm its workers in a background thread; an embedded
+        cluster's workers start with Ctrl-C held back (``CtrlCHeld``, from the caller's thread)."""
+        if self._thread is None:
+            self.started_s = time.perf_counter()
+            if self.scheduler is None:
+                self._held = CtrlCHeld().__enter__()
+            self._thread = threading.Thread(target=self._start, name="pipesim-cluster-start", daemon=True)
+            self._thread.start()
+
+    def is_ready(self) -> bool:
+        """Whether the start has ended (with a client, or an error that ``client`` raises).
+
+        Raises:
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
+        """
+        if not self._done.is_set():
+            return False
+        self._release()
+        return True
+
+    def wait(self) -> None:
+        """Wait for the start to end (an error it met is left to ``client``).
+
+        Raises:
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
+        """
+        self._done.wait()
+        self._release()
+
+    def client(self) -> Any:
+        """The client, once started (``start`` is called if it was not).
+
+        Raises:
+            ConfigError: the scheduler cannot be reached; what else the start raised.
+            KeyboardInterrupt: a Ctrl-C came while the cluster started.
+        """
+        self.start()
+        self._done.wait()
+        self._release()
+        if self._error is not None:
+            raise self._error
+        return self._client
+
+    @property
+    def shared(self) -> Any:
+        """The future of the shared object (after ``client``)."""
+        return self._shared
+
+    def close(self) -> None:
+        """Close the client and the embedded cluster (after the start has ended); from the thread
+        that started it, raise a Ctrl-C held back meanwhile (KeyboardInterrupt)."""
+        if self._thread is not None:
+            self._done.wait()
+        try:
+            self._stack.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Give a Ctrl-C held back while the cluster started to the thread that started it (only
+        there: signal handlers belong to the main thread)."""
+        if self._held is not None and self._done.is_set() and threading.current_thread() is threading.main_thread():
+            held, self._held = self._held, None
+            held.release()
+
+    def _start(self) -> None:
+        try:
+            client = self._stack.enter_context(dask_client(workers=self.workers, scheduler=self.scheduler))
+            self.connected_s = time.perf_counter()
+            self._shared = client.submit(_identity, self.shared_value, pure=False)
+            if self.warm is not None:
+                warm_workers(client, self._shared, self.warm)
+            self._client = client
+            self.ready_s = time.perf_counter()
+        except BaseException as error:  # noqa: BLE001 - raised again in the caller's thread by client()
+            self._error = error
+        finally:
+            self._done.set()
+
+
+def warm_workers(client: Any, shared: Any, warm: Callable[[Any], Any]) -> None:
+    """Run ``warm(shared)`` once on each worker the cluster has now, and wait for them. A failed
+    warm-up is left for the tasks to meet again and report (a warm-up only saves time)."""
+    from distributed import wait
+
+    addresses: Sequence[str] = list(client.scheduler_info().get("workers", {}))
+    futures = [client.submit(warm, shared, workers=[address], allow_other_workers=False, pure=False)
+               for address in addresses]
+    wait(futures)  # type: ignore[no-untyped-call]
+    for future in futures:
+        future.release()
+
+
+def _identity(value: Any) -> Any:
+    """The task that holds the shared object on the cluster."""
+    return value
