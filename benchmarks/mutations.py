@@ -48,6 +48,7 @@ PLANNER = ("tests/plan/test_planner_2bw.py", "tests/plan/test_partition.py", "te
 VALIDATE = ("tests/harness/test_validation_error.py", "tests/harness/test_harness_emulated.py")
 READERS = ("tests/spec/test_input_files.py", "tests/test_fuzz.py")
 REFUSALS = ("tests/cli/test_cli_refusals.py", "tests/cli/test_capacity_cli.py")
+SEARCH = ("tests/plan/test_search_pruning.py", *CAPACITY)
 
 MUTATIONS: list[Mutation] = [
     # --- the timing kernel: start = max(rank free, input arrived); sends queue on their link ---
@@ -285,14 +286,14 @@ MUTATIONS: list[Mutation] = [
              "    return (candidate.recompute, -candidate.microbatch_size, candidate.depth) < (",
              "    return (candidate.recompute, -candidate.microbatch_size, candidate.depth) > (",
              "2BW's planner breaks ties towards recomputation and more stages", PLANNER),
+    Mutation("pipesim/plan/search_bounds.py",
+             "        return np.asarray(self.weights * (share[0] + share[1] + ADAM_STATE_MULTIPLIER * share[2]),",
+             "        return np.asarray(self.weights * (1 + share[0] + share[1] + ADAM_STATE_MULTIPLIER * share[2]),",
+             "search's memory lower bound counts a second weight copy: it drops plans that fit", SEARCH),
     Mutation("pipesim/search.py",
-             "        bound = max(bound, weights * (2 + optimizer_multiplier) + sum(layer.stashed_bytes for layer in layers))",
-             "        bound = max(bound, weights * (3 + optimizer_multiplier) + sum(layer.stashed_bytes for layer in layers))",
-             "search's memory lower bound counts a second weight copy: it drops plans that fit", CAPACITY),
-    Mutation("pipesim/search.py",
-             "    fits = peak <= budget",
-             "    fits = peak < budget",
-             "search says a plan exactly at the budget does not fit", CAPACITY),
+             "        fits = peak <= setting.budget",
+             "        fits = peak < setting.budget",
+             "search says a plan exactly at the budget does not fit", SEARCH),
     # --- validate: the error, the replay error and the noise floor ---
     Mutation("pipesim/harness/comparison.py",
              "    return (predicted - measured) / measured",
