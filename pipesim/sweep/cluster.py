@@ -4,9 +4,9 @@ Dask's client reads a scheduler's handshake with no timeout, so a port that acce
 but never answers would hang a sweep whatever its timeouts: ``check_answers`` opens one
 connection within a deadline first. A terminal's Ctrl-C reaches every process of the foreground
 group, the embedded cluster's workers too, which would die mid-start with a traceback each (29 to
-126 lines around the sweep's one line): ``CtrlCHeld`` starts them with SIGINT ignored (the one
-disposition a new program inherits) and holds a Ctrl-C in this process back, blocked, until the
-cluster is up and can be closed in order.
+126 lines around the sweep's one line): ``CtrlCHeld`` starts them with SIGINT blocked (a signal
+mask, which a new program inherits and Dask's workers never change) and records a Ctrl-C in this
+process, to raise it once the cluster is up and can be closed in order.
 """
 
 from __future__ import annotations
@@ -49,38 +49,51 @@ def check_answers(scheduler: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 
 class CtrlCHeld:
-    """While held, SIGINT is blocked in this thread (and in the threads it starts) and ignored by
-    the processes started meanwhile, for their whole life (the parent closes them); ``release``
-    (or the end of the ``with`` block) restores the handler, and a Ctrl-C that came meanwhile
-    raises KeyboardInterrupt then.
+    """While held, SIGINT is blocked in this thread, in the threads it starts and in the processes
+    those start (for their whole life: the parent closes them), and a Ctrl-C that reaches this
+    process is recorded; ``release`` (or the end of the ``with`` block) restores the handler and
+    raises KeyboardInterrupt for a recorded Ctrl-C.
 
-    Linux keeps a blocked signal pending even while its action is to ignore it; a thread that does
-    not block SIGINT (one a library started earlier, such as a BLAS pool at numpy's import) may
-    take it instead, and then it is dropped: the next Ctrl-C acts, and no process prints a
-    traceback either way. multiprocessing unblocks SIGINT in the thread that first starts its
-    resource tracker, so the tracker is started before. Only in the main thread of a POSIX
-    process; elsewhere it does nothing.
+    The record is a Python handler, not SIG_IGN: a thread that does not block SIGINT (one a
+    library started earlier, such as a BLAS pool at numpy's import) may take the signal, and with
+    SIG_IGN it would be dropped there; with a handler the main thread runs it whichever thread took
+    it. multiprocessing unblocks SIGINT in the thread that first starts its resource tracker, so
+    the tracker is started before. Only in the main thread of a POSIX process; elsewhere it does
+    nothing.
     """
 
     def __init__(self) -> None:
         self.mask: set[int] | None = None
         self.handler: Any = None
+        self.pressed = False
 
     def __enter__(self) -> CtrlCHeld:
         if hasattr(signal, "pthread_sigmask") and threading.current_thread() is threading.main_thread():
             from multiprocessing import resource_tracker
 
             resource_tracker.ensure_running()
+            self.handler = signal.signal(signal.SIGINT, self._record)
             self.mask = {int(sig) for sig in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})}
-            self.handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
         return self
 
+    def _record(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+
     def release(self) -> None:
-        """The handler back, then SIGINT unblocked: a pending Ctrl-C raises KeyboardInterrupt here."""
+        """SIGINT unblocked (a pending Ctrl-C is recorded then), the handler back, and
+        KeyboardInterrupt raised here for a Ctrl-C recorded while held."""
         if self.mask is not None:
             mask, self.mask = self.mask, None
-            signal.signal(signal.SIGINT, self.handler)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            finally:
+                signal.signal(signal.SIGINT, self.handler)
+            if self.pressed:
+                self.pressed = False
+                if callable(self.handler):
+                    self.handler(signal.SIGINT, None)
+                elif self.handler == signal.SIG_DFL:
+                    raise KeyboardInterrupt
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
