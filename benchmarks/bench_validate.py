@@ -53,7 +53,6 @@ from pipesim.harness.overheads import host_cost  # noqa: E402
 from pipesim.harness.priority import check_realtime, raise_priority  # noqa: E402
 from pipesim.harness.profiler import Timing, measure_profile  # noqa: E402
 from pipesim.harness.validate import ScheduleValidation, keep_trace  # noqa: E402
-from pipesim.schedule.registry import SPLIT_BACKWARD  # noqa: E402
 from pipesim.spec.files import save_model  # noqa: E402
 from pipesim.spec.profile import Profile  # noqa: E402
 
@@ -117,10 +116,8 @@ class PerRound:
     by every real run of that round that cuts the model there, so that the calibration is taken
     beside the runs it predicts; each has the calibrated run's m and K."""
 
-    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0, folder: Path | None = None,
-                 split_runs: bool = True) -> None:
+    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0, folder: Path | None = None) -> None:
         self.spec, self.run, self.num_ranks, self.folder = spec, run, num_ranks, folder
-        self.split_runs = split_runs  # False: no split-backward run for a split schedule (split_calibration_ab)
         self.made: dict[tuple[object, ...], Calibrated] = {}
         self.count = 0
 
@@ -130,11 +127,9 @@ class PerRound:
 
     def __call__(self, profile: Profile, config: RunConfig) -> Calibrated:
         counts = (config.num_microbatches, config.num_minibatches)
-        split = self.split_runs and config.schedule in SPLIT_BACKWARD
-        key = (config.partition, counts, split)
+        key = (config.partition, counts)
         if key not in self.made:
-            made = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks, for_run=counts,
-                             split_backward=split)
+            made = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks, for_run=counts)
             self.made[key] = made
             self.count += 1
             if self.folder is not None:

@@ -18,7 +18,7 @@ from pipesim.cli.harness import (
     training_options,
 )
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD, unknown_schedule_rule
+from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology
 
 if TYPE_CHECKING:
@@ -71,9 +71,7 @@ def parse_schedules(text: str) -> list[str]:
               help="The calibration runs' schedules (both: a GPipe and a 1F1B run, so that every op's time is "
                    "measured after the kind of op that precedes it in the validated schedule: an F after an F, "
                    "as GPipe runs it, or after a B, as the 1F1B family does); with fewer --ranks than stages, "
-                   "their forms with several stages per rank (looped-bfs, interleaved-1f1b) on as many processes. "
-                   "A schedule with a split backward (zb-h1, zbv, ...) adds a ZB-H1 run (interleaved-zb with "
-                   "several stages per rank), which times its I, W and F-after-W ops.")
+                   "their forms with several stages per rank (looped-bfs, interleaved-1f1b) on as many processes.")
 @click.option("--calibration-microbatches", type=int, default=None,
               help="Microbatches per minibatch of the calibration run (default: --microbatches).")
 @click.option("--calibration-minibatches", type=int, default=None,
@@ -193,8 +191,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
                 realtime_priority=realtime_priority,
                 calibration=None if op_times == "layers" else
                 lambda times, run: calibrate(times, spec, run.partition, calibration_run, op_timeout_s=op_timeout_s,
-                                             num_ranks=num_ranks, for_run=(run.num_microbatches, run.num_minibatches),
-                                             split_backward=run.schedule in SPLIT_BACKWARD)))
+                                             num_ranks=num_ranks, for_run=(run.num_microbatches, run.num_minibatches))))
         reports = [comparison.to_dict() for comparison in validate_interleaved(validations, repeats)]
     except RunFailedError as error:
         run_failed(error)

@@ -42,11 +42,7 @@ SCHEDULES = ("gpipe", "1f1b", "both")
 # The runs each choice makes, and each calibration schedule's form with several stages per rank
 # (stage s on rank s mod R).
 RUNS = {"gpipe": ("gpipe",), "1f1b": ("1f1b",), "both": ("gpipe", "1f1b")}
-LOOPED = {"gpipe": "looped-bfs", "1f1b": "interleaved-1f1b", "zb-h1": "interleaved-zb"}
-# The run added for a calibrated run with a split backward: the runtime's I and W are two autograd
-# passes, slower together than its fused B, and an F after a W is slower than one after a B
-# (benchmarks/RESULTS.md, "split backward"), so they are measured where they run.
-SPLIT = "zb-h1"
+LOOPED = {"gpipe": "looped-bfs", "1f1b": "interleaved-1f1b"}
 
 
 @dataclass(frozen=True)
@@ -88,24 +84,20 @@ class CalibrationRun:
             raise ConfigError(missing, None, "give the calibration's own or the calibrated run's")
         return m, max(3, k)
 
-    def schedules_for(self, num_stages: int, num_ranks: int = 0, split: bool = False) -> tuple[str, ...]:
-        """The schedules of the runs for ``num_stages`` stages on ``num_ranks`` processes (0: one
-        per stage), with a split-backward run (``SPLIT``) for a calibrated run that has one."""
+    def schedules_for(self, num_stages: int, num_ranks: int = 0) -> tuple[str, ...]:
+        """The schedules of the runs for ``num_stages`` stages on ``num_ranks`` processes (0: one per stage)."""
         looped = num_ranks and num_ranks != num_stages
-        names = RUNS[self.schedule] + ((SPLIT,) if split else ())
-        return tuple(LOOPED[name] if looped else name for name in names)
+        return tuple(LOOPED[name] if looped else name for name in RUNS[self.schedule])
 
-    def describe(self, num_stages: int = 1, num_ranks: int = 0, counts: tuple[int, int] | None = None,
-                 split: bool = False) -> str:
+    def describe(self, num_stages: int = 1, num_ranks: int = 0, counts: tuple[int, int] | None = None) -> str:
         """One line saying what is measured (``counts``: the calibration's ``(m, K)``, when known)."""
         where = f" on {num_ranks} ranks" if num_ranks and num_ranks != num_stages else ""
         m, k = counts or (self.num_microbatches, self.num_minibatches)
-        kinds = "F, B, I, W and U" if split else "F, B and U"
         shape = (f"m={m if m is not None else 'as the run'} K={k if k is not None else 'as the run'}, "
-                 f"the {self.statistic} of each stage's {kinds} spans in "
+                 f"the {self.statistic} of each stage's F, B and U spans in "
                  + (f"minibatches 1..{k - 2}" if k is not None else "the steady-state minibatches"))
-        schedules = " and ".join(self.schedules_for(num_stages, num_ranks, split))
-        return f"separate {schedules} runs of the real runtime{where}, {shape}"
+        return (f"separate {' and '.join(self.schedules_for(num_stages, num_ranks))} runs of the real runtime{where}, "
+                f"{shape}")
 
 
 @dataclass(frozen=True)
@@ -212,15 +204,13 @@ def scaled(profile: Profile, partition: tuple[tuple[int, int], ...], targets: tu
 
 def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int], ...],
               run: CalibrationRun | None = None, *, op_timeout_s: float = 120.0, num_ranks: int = 0,
-              for_run: tuple[int, int] | None = None, split_backward: bool = False) -> Calibrated:
+              for_run: tuple[int, int] | None = None) -> Calibrated:
     """Run the calibration schedules on ``partition`` for real and return ``profile`` calibrated to them.
 
     ``num_ranks``: the processes of the run being calibrated (0: one per stage); with fewer
     ranks than stages the calibration runs its schedules' several-stages-per-rank forms on as many.
     ``for_run``: ``(m, K)`` of the run being calibrated, which the calibration takes where ``run``
     leaves its counts None. The op times of several runs are those of their ops together.
-    ``split_backward``: the calibrated run splits its backward into I and W, so a split-backward
-    run (``SPLIT``) is added, whose I, W and F-after-W ops then have times of their own.
 
     Raises:
         ConfigError: a bad calibration shape or partition, or counts known to neither.
@@ -233,7 +223,7 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
     num_stages = len(partition)
     ranks = num_ranks if num_ranks and num_ranks != num_stages else 0
     traces = []
-    for schedule in run.schedules_for(num_stages, ranks, split_backward):
+    for schedule in run.schedules_for(num_stages, ranks):
         config = RunConfig(model=spec, schedule=schedule, num_stages=num_stages, num_microbatches=counts[0],
                            num_minibatches=counts[1], microbatch_size=profile.microbatch_size, partition=partition,
                            threads=run.threads, device=run.device, backend="nccl" if run.device == "cuda" else "gloo",
@@ -244,7 +234,7 @@ def calibrate(profile: Profile, spec: ModelSpec, partition: tuple[tuple[int, int
             traces.append(Trace.from_json(trace_path.read_text(encoding="utf-8")))
     targets = measured_op_times(traces, num_stages, run.statistic)
     calibrated = scaled(profile, partition, targets).model_copy(update={
-        "device": f"{profile.device}; op times per stage from {run.describe(num_stages, ranks, counts, split_backward)}, "
+        "device": f"{profile.device}; op times per stage from {run.describe(num_stages, ranks, counts)}, "
                   f"partition {[list(r) for r in partition]}"})
     shares = [share for trace in traces for share in trace.info.cpu_share or () if share is not None]
     return Calibrated(profile=calibrated, partition=partition, op_times=targets,

@@ -5,10 +5,9 @@ the caches holding the backward's gradients and stashes, not its own weights (on
 8x512: 5-12% over an F after an F; benchmarks/RESULTS.md). GPipe runs its F after F and its B
 after B, the 1F1B family alternates them, so op times calibrated on one order are short or long
 for the other. The context of an op is the kind of the op before it on its rank ("" for a rank's
-first op); a calibration measures the ops of every (stage, kind, context) it ran, and a prediction
-gives each op the time measured in its own context. Where the calibration ran no split backward,
-an op after an I or a W takes the time measured after a B (backward work either way), and an op
-whose context was never run keeps its lowered duration.
+first op), a split backward's I and W counting as a B (backward work either way); a calibration
+measures the ops of every (stage, kind, context) it ran, and a prediction gives each op the time
+measured in its own context, or its lowered duration where the calibration never ran that one.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ MIN_CONTEXT_OPS = 4
 
 
 def context_of(previous: str) -> str:
-    """The context measured by a calibration without a split backward that stands in for an op
-    after ``previous``: its kind, I and W as B ("" for none)."""
+    """The context an op's predecessor on its rank gives it: its kind, I and W as B ("" for none)."""
     return "B" if previous in ("I", "W") else previous
 
 
@@ -42,7 +40,7 @@ def context_times(traces: Iterable[Trace], statistic: str = "mean") -> dict[Cont
         last = trace.info.num_minibatches - 1
         previous: dict[int, str] = {}
         for op in traced_ops(trace):
-            context = previous.get(op.device, "")
+            context = context_of(previous.get(op.device, ""))
             previous[op.device] = op.kind
             if 1 <= op.minibatch < last:
                 samples.setdefault((op.stage, op.kind, context), []).append(op.duration_s)
@@ -52,17 +50,14 @@ def context_times(traces: Iterable[Trace], statistic: str = "mean") -> dict[Cont
 
 def in_context(program: PreparedRun, times: dict[ContextKey, float]) -> np.ndarray:
     """Per op of ``program`` (its OpTable order), the time ``times`` gives its (stage, kind,
-    context), else that of the context standing in for it (``context_of``), else its lowered
-    duration."""
+    context), or its lowered duration where ``times`` has none."""
     table = program.ops
     durations = np.array(table.duration_s, dtype=np.float64, copy=True)
     kinds = [KINDS[code] for code in table.kind.tolist()]
     ranks, stages = table.rank.tolist(), table.stage.tolist()
     for index, kind in enumerate(kinds):
         previous = kinds[index - 1] if index and ranks[index - 1] == ranks[index] else ""
-        seconds = times.get((stages[index], kind, previous))
-        if seconds is None:
-            seconds = times.get((stages[index], kind, context_of(previous)))
+        seconds = times.get((stages[index], kind, context_of(previous)))
         if seconds is not None:
             durations[index] = seconds
     return durations

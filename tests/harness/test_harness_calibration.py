@@ -141,29 +141,3 @@ def test_a_calibration_for_several_stages_per_rank_runs_on_as_many_processes() -
         for kind in "FBU":
             assert got.of(kind) == pytest.approx(wanted.of(kind), rel=1e-9)
     assert "looped-bfs and interleaved-1f1b runs of the real runtime on 2 ranks" in result.profile.device
-
-
-def test_a_split_backward_run_is_calibrated_by_a_zb_h1_run_whose_i_w_and_f_after_w_have_times_of_their_own() -> None:
-    """For a calibrated run with a split backward, a ZB-H1 run (interleaved-zb on fewer ranks) is
-    added, and its I and W ops and the F after a W are measured in their own contexts."""
-    pytest.importorskip("torch")
-    from pipesim.harness.calibration import calibrate
-    from pipesim.harness.config import ModelSpec
-    from pipesim.harness.profiler import Timing, measure_profile
-
-    assert CalibrationRun().schedules_for(2, split=True) == ("gpipe", "1f1b", "zb-h1")
-    assert CalibrationRun(schedule="1f1b").schedules_for(4, 2, split=True) == ("interleaved-1f1b", "interleaved-zb")
-    spec = ModelSpec("mlp", depth=1, width=16)
-    profile = measure_profile(spec, 4, timing=Timing(warmup=1, repeats=3, processes=1), calibrate=False).profile
-    partition = ((0, 1), (1, 2))
-    run = CalibrationRun(schedule="1f1b", num_microbatches=4, num_minibatches=4)
-    result = calibrate(profile, spec, partition, run, split_backward=True)
-    assert [trace.info.schedule for trace in result.traces] == ["1f1b", "zb-h1"]
-    contexts = set(result.context_s)
-    assert (0, "F", "W") in contexts and (0, "W", "I") in contexts
-    assert {"F", "B", "I", "W"} <= {kind for _, kind, _ in contexts}
-    assert "1f1b and zb-h1 runs of the real runtime" in result.profile.device
-    assert "F, B, I, W and U spans" in result.profile.device
-    plain = calibrate(profile, spec, partition, run)
-    assert [trace.info.schedule for trace in plain.traces] == ["1f1b"]
-    assert not {kind for _, kind, _ in plain.context_s} & {"I", "W"}
