@@ -251,7 +251,7 @@ def _runner_and_cluster(resolved: Resolved, points: list[dict[str, Any]], num_wo
     predicted work pays for an embedded one (``local.cluster_at_once``); else ``run_here`` starts it
     if the points it runs say it would pay."""
     runner = PointRunner(resolved, sweep_kernels(points, num_workers))
-    if scheduler is None and (num_workers < 2 or in_process is True):
+    if scheduler is None and (in_process is True or (num_workers < 2 and in_process is None)):
         return runner, None
     cluster = DaskCluster(workers=workers, scheduler=scheduler, shared=runner,
                       warm=functools.partial(warm_up, points=warm_points(points, point_cost)))

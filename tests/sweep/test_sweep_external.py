@@ -103,11 +103,13 @@ def embedded(spec_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_the_rows_are_the_same_on_any_number_of_workers(spec_path: Path, embedded: Any, tmp_path: Path) -> None:
-    """One process alone, and 3 embedded workers: the embedded 2 workers' table (pandas ``equals``)."""
+    """One process alone, 1 and 3 embedded workers: the embedded 2 workers' table (pandas ``equals``)."""
     alone = run_sweep(spec_path, tmp_path / "alone.parquet", workers=1, in_process=True)
+    one = run_sweep(spec_path, tmp_path / "one.parquet", workers=1, in_process=False)
     three = run_sweep(spec_path, tmp_path / "three.parquet", workers=3, in_process=False)
-    assert (alone.num_here, three.num_here) == (NUM_POINTS, 0)
+    assert (alone.num_here, one.num_here, three.num_here) == (NUM_POINTS, 0, 0)
     assert read_table(tmp_path / "alone.parquet").equals(embedded)
+    assert read_table(tmp_path / "one.parquet").equals(embedded)
     assert read_table(tmp_path / "three.parquet").equals(embedded)
     assert len({batch.worker for batch in three.batches}) >= 2  # more than one worker took batches
 
