@@ -53,6 +53,9 @@ def test_a_ctrl_c_that_a_library_thread_takes_while_held_is_raised_at_release() 
     stop = threading.Event()
     library = threading.Thread(target=stop.wait)  # started with SIGINT open, as a BLAS pool at numpy's import
     library.start()
+    # Ctrl-C's default handler, even where the suite runs under a shell that ignores SIGINT (a job
+    # started with ``&`` in a script): with SIGINT ignored, the hold rightly ignores the press too.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         held = CtrlCHeld().__enter__()
         os.kill(os.getpid(), signal.SIGINT)  # the main thread blocks it now: the kernel gives it to `library`
@@ -61,6 +64,7 @@ def test_a_ctrl_c_that_a_library_thread_takes_while_held_is_raised_at_release() 
             held.release()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
+        signal.signal(signal.SIGINT, before)
         stop.set()
         library.join()
 
@@ -74,7 +78,8 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     out = tmp_path / "results.csv"
     command = [sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(out), "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                               start_new_session=True)  # its own group, as a terminal's foreground job
+                               start_new_session=True,  # its own group, as a terminal's foreground job
+                               preexec_fn=_default_sigint)
     try:
         sweep = psutil.Process(process.pid)
         deadline = time.monotonic() + 120
@@ -92,6 +97,13 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     assert stderr == f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)\n"
     time.sleep(1)
     assert not [pid for pid in started if _alive(pid)]
+
+
+def _default_sigint() -> None:
+    """In the child before it starts: Ctrl-C's default action, as a terminal's foreground job has it,
+    even where the suite runs under a shell that ignores SIGINT (a job started with ``&`` in a
+    script inherits SIG_IGN, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children(process: psutil.Process) -> list[psutil.Process]:
