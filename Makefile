@@ -140,10 +140,11 @@ bench-variance: $(STAMP)
 # median error, noise floor, versions matched, peak memory error), MLP and transformer on 2 and 4 ranks,
 # runs interleaved across schedules, machine and load noted, and where each error comes from, op by op;
 # into its section of benchmarks/RESULTS.md. CASES=4-rank (or 2-rank, mlp, transformer, a case's number;
-# comma-separated) picks cases, RUNS=N the runs per schedule, OUT=DIR also writes each case's tables there.
+# comma-separated) picks cases, RUNS=N the runs per schedule, OUT=DIR also writes each case's tables there,
+# CALIBRATE=run calibrates right before every real run (default round: once per partition and round).
 bench-validate: $(STAMP)
 	$(PY) benchmarks/bench_validate.py $(if $(CASES),--cases $(CASES)) $(if $(RUNS),--runs $(RUNS)) \
-		$(if $(OUT),--out $(OUT))
+		$(if $(OUT),--out $(OUT)) $(if $(CALIBRATE),--calibrate $(CALIBRATE))
 
 # prepare() per point, fresh and with the schedule kept, compiled and plain kernels, into its
 # section of benchmarks/RESULTS.md (a minute or two); BASELINE=tree adds another tree's prepare()

@@ -114,10 +114,14 @@ def select_cases(selectors: str) -> list[Case]:
 class PerRound:
     """Calibrations made once per partition (and number of ranks) in every round of runs and reused
     by every real run of that round that cuts the model there, so that the calibration is taken
-    beside the runs it predicts; each has the calibrated run's m and K."""
+    beside the runs it predicts; each has the calibrated run's m and K. ``every_run``: a fresh
+    calibration right before each real run instead (``--calibrate run``), to tell what the runs
+    between a calibration and the run it predicts change."""
 
-    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0, folder: Path | None = None) -> None:
+    def __init__(self, spec: ModelSpec, run: CalibrationRun, num_ranks: int = 0, folder: Path | None = None,
+                 every_run: bool = False) -> None:
         self.spec, self.run, self.num_ranks, self.folder = spec, run, num_ranks, folder
+        self.every_run = every_run
         self.made: dict[tuple[object, ...], Calibrated] = {}
         self.count = 0
 
@@ -128,6 +132,8 @@ class PerRound:
     def __call__(self, profile: Profile, config: RunConfig) -> Calibrated:
         counts = (config.num_microbatches, config.num_minibatches)
         key = (config.partition, counts)
+        if self.every_run:
+            self.made.clear()
         if key not in self.made:
             made = calibrate(profile, self.spec, config.partition, self.run, num_ranks=self.num_ranks, for_run=counts)
             self.made[key] = made
@@ -154,7 +160,7 @@ class CaseResult:
 
 
 def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadline: float = float("inf"),
-             folder: Path | None = None) -> CaseResult:
+             folder: Path | None = None, calibrate: str = "round") -> CaseResult:
     """Every schedule of one case, emulated and real, interleaved; its tables and notes. The emulated
     ranks (host-cost runs included) run under SCHED_RR at priority ``realtime`` (0: not). A round
     that would end after ``deadline`` (``time.perf_counter``; judged by the time per run so far,
@@ -172,8 +178,9 @@ def run_case(case: Case, runs: int, names: tuple[str, ...], realtime: int, deadl
     if folder is not None:
         save_model(profile, folder / "profile.json")
         save_model(topology, folder / "topology.json")
-    calibration = PerRound(case.spec, CalibrationRun(), folder=folder)
-    looped_calibration = PerRound(case.spec, CalibrationRun(), case.num_ranks, folder)  # two stages per rank
+    every_run = calibrate == "run"
+    calibration = PerRound(case.spec, CalibrationRun(), folder=folder, every_run=every_run)
+    looped_calibration = PerRound(case.spec, CalibrationRun(), case.num_ranks, folder, every_run)  # two stages per rank
     lines = [f"### {case.label}, m={case.num_microbatches}, K={case.num_minibatches}", "",
              f"Links: {fits[0].latency_s * 1e6:.0f} us + bytes / {fits[0].bandwidth_bytes_per_s / 1e9:.2f} GB/s. "
              f"Emulated host cost: {host_cost_s * 1e6:.0f} us per F and B op fed by another rank, added to the "
@@ -292,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=-20,
                         help="nice value of this benchmark's own session (ranks must wake on time; below 0 needs "
                              "root, and is left at the default where refused); 0 leaves it")
+    parser.add_argument("--calibrate", default="round",
+                        help="round: one calibration per partition in every round, used by every real run of the "
+                             "round (default); run: a fresh calibration right before each real run")
     parser.add_argument("--realtime-priority", type=int, default=10,
                         help="SCHED_RR priority of the emulated runs' ranks (needs root; the default policy where "
                              "refused; 0: the normal policy)")
@@ -304,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("time_limit", args.time_limit, "must be >= 0 seconds")
         if not -20 <= args.nice <= 19:
             raise ConfigError("nice", args.nice, "must be in -20..19")
+        if args.calibrate not in ("round", "run"):
+            raise ConfigError("calibrate", args.calibrate, "must be round or run")
         if not 0 <= args.realtime_priority <= MAX_REALTIME_PRIORITY:
             raise ConfigError("realtime_priority", args.realtime_priority, f"must be in 0..{MAX_REALTIME_PRIORITY}")
     except ConfigError as error:
@@ -319,14 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     picked = "quick" if args.quick else args.cases
     some = "" if cases == CASES else "-" + "-".join(re.sub(r"[^a-z0-9]+", "", word.lower())
                                                     for word in picked.split(",") if word.strip())
-    lines = [f"## Prediction against runs{': cases ' + picked if some else ''} "
+    some += "-calibrate-run" if args.calibrate == "run" else ""
+    title = (f": cases {picked}" if cases != CASES or args.quick else "") + (
+        ", calibrated before each run" if args.calibrate == "run" else "")
+    lines = [f"## Prediction against runs{title} "
              "(issues 21 and 34: emulated device, replay, real runs and their noise floor)", "",
              f"Written by `make bench-validate` (benchmarks/bench_validate.py) on "
              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {machine()}, gloo on CPU, nice {nice}, {runs} runs per "
              f"schedule and compute mode, interleaved across schedules. Emulated: each op lasts its predicted "
              f"duration (`--compute emulated`), the ranks under SCHED_RR at priority {realtime} "
              f"(`--realtime-priority`; 0: the normal policy). Real: op times from a separate calibration run per "
-             f"partition in every round (a GPipe and a 1F1B run with the case's m and K, their looped-bfs and "
+             f"partition {'right before each real run' if args.calibrate == 'run' else 'in every round'} (a GPipe and a 1F1B run with the case's m and K, their looped-bfs and "
              f"interleaved-1f1b forms on the same ranks for two stages per rank; each op the time of its own "
              f"context, the kind of the op before it). Replay: the engine fed each run's measured op durations. Noise floor: the "
              f"largest distance of a real run's iteration time from the runs' median; real errors below it "
@@ -340,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             left = started + args.time_limit - time.perf_counter()
             deadline = time.perf_counter() + left / (len(cases) - index)
         folder = None if args.out is None else args.out / f"case{number}-traces"
-        result = run_case(case, runs, names, realtime, deadline, folder)
+        result = run_case(case, runs, names, realtime, deadline, folder, args.calibrate)
         lines += result.lines + [""]
         missed += result.missed
         print("\n".join(result.lines) + "\n", flush=True)

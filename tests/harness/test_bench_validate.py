@@ -36,6 +36,7 @@ def test_cases_are_picked_by_ranks_model_or_number(words: str, labels: list[str]
     (["--time-limit", "-5"], "time_limit=-5.0: must be >= 0 seconds"),
     (["--nice", "-21"], "nice=-21: must be in -20..19"),
     (["--realtime-priority", "100"], "realtime_priority=100: must be in 0..99"),
+    (["--calibrate", "sometimes"], "calibrate='sometimes': must be round or run"),
 ])
 def test_bad_options_are_refused_in_one_line_before_anything_runs(args: list[str], message: str) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_validate.py"), *args, "--no-write"],
@@ -61,3 +62,31 @@ def test_a_refused_nice_value_or_real_time_policy_is_reported_and_left_at_the_de
                      "(Operation not permitted)",
                      "nice -20 refused, at the default priority: nice=-20: could not be set (Permission denied)"]
     assert bench_validate.take_priority(0, 0) == (0, 0, [])
+
+
+def test_calibrate_run_calibrates_before_every_real_run_and_round_once_a_partition(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PerRound's cache: one calibration per partition and counts in a round (``--calibrate round``),
+    a fresh one for every call with ``every_run`` (``--calibrate run``). The calibration itself is
+    the harness's (tested in test_harness_calibration.py); here a stand-in counts the calls."""
+    from types import SimpleNamespace
+
+    made: list[object] = []
+
+    def count(*args: object, **kwargs: object) -> object:
+        made.append(SimpleNamespace(traces=()))
+        return made[-1]
+
+    monkeypatch.setattr(bench_validate, "calibrate", count)
+    config = SimpleNamespace(partition=((0, 2), (2, 4)), num_microbatches=8, num_minibatches=4)
+    other = SimpleNamespace(partition=((0, 1), (1, 4)), num_microbatches=8, num_minibatches=4)
+    spec, run = bench_validate.ModelSpec("mlp", depth=4, width=8), bench_validate.CalibrationRun()
+    per_round = bench_validate.PerRound(spec, run)
+    first = per_round(None, config)  # type: ignore[arg-type]
+    assert per_round(None, config) is first and per_round(None, other) is not first  # type: ignore[arg-type]
+    assert (len(made), per_round.count) == (2, 2)
+    per_round.new_round()
+    assert per_round(None, config) is not first and len(made) == 3  # type: ignore[arg-type]
+    every = bench_validate.PerRound(spec, run, every_run=True)
+    calls = [every(None, config) for _ in range(3)]  # type: ignore[arg-type]
+    assert len({id(call) for call in calls}) == 3 and len(made) == 6
