@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipesim.sweep.cluster import CtrlCHeld
+from child_signals import default_sigint
 from sweep_specs import HEAVY_SPEC
 
 psutil = pytest.importorskip("psutil")
@@ -79,7 +80,7 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     command = [sys.executable, "-m", "pipesim", "sweep", str(spec), "--out", str(out), "--workers", "2"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                start_new_session=True,  # its own group, as a terminal's foreground job
-                               preexec_fn=_default_sigint)
+                               preexec_fn=default_sigint)
     try:
         sweep = psutil.Process(process.pid)
         deadline = time.monotonic() + 120
@@ -97,13 +98,6 @@ def test_ctrl_c_while_the_embedded_cluster_starts_prints_one_line(tmp_path: Path
     assert stderr == f"pipesim: interrupted; finished points are kept in {out}.parts (rerun with --resume)\n"
     time.sleep(1)
     assert not [pid for pid in started if _alive(pid)]
-
-
-def _default_sigint() -> None:
-    """In the child before it starts: Ctrl-C's default action, as a terminal's foreground job has it,
-    even where the suite runs under a shell that ignores SIGINT (a job started with ``&`` in a
-    script inherits SIG_IGN, and Python then installs no handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children(process: psutil.Process) -> list[psutil.Process]:

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipesim.sweep import COLUMNS, read_table, run_sweep
+from child_signals import default_sigint
 from sweep_specs import reference_sweep, spec_fixture
 
 SPEC = """\
@@ -64,15 +65,8 @@ def sweep_process(spec_path: Path, out: Path, *extra: str) -> subprocess.Popen[s
         [sys.executable, "-m", "pipesim", "sweep", str(spec_path), "--out", str(out), "--workers", "2",
          "--batch-size", "1", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
-
-
-def _default_sigint() -> None:
-    """In the child before it starts: Ctrl-C's default action, so that Python turns it into
-    KeyboardInterrupt even where the test runs under a shell that ignores SIGINT (a job started
-    with ``&`` in a script inherits SIG_IGN, and Python then installs no handler)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_chunks(parts: Path, count: int, process: subprocess.Popen[str]) -> int:
