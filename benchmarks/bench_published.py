@@ -46,8 +46,8 @@ DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "p
 SETTINGS = Path(__file__).resolve().parent / "data" / "published_run_settings.json"
 NOTES: dict[str, dict[str, Any]] = json.loads(SETTINGS.read_text(encoding="utf-8"))["runs"]
 # Defaults where neither the run nor NOTES say: what a Megatron-Core user of today runs.
-DEFAULTS: dict[str, Any] = {"microbatch_size": 1, "virtual_stages": 1, "dp_overlap": True, "precision": None,
-                            "attention": "flash", "has_dropout": False, "source": "defaults"}
+DEFAULTS: dict[str, Any] = {"microbatch_size": 1, "virtual_stages": 1, "dp_overlap": True, "tp_overlap": False,
+                            "precision": None, "attention": "flash", "has_dropout": False, "source": "defaults"}
 
 
 # GPU names a runs file may use, by the shipped device file they mean.
@@ -140,7 +140,8 @@ def predict(run: dict[str, Any], runs_file: Path | None = None) -> dict[str, Any
         config, device=device, cluster=cluster, global_batch=parallel["global_batch_size"], tp=tp, pp=pp, dp=dp,
         stages_per_rank=v,
         schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=note["microbatch_size"],
-        seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")), recompute=recompute,
+        seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")),
+        tp_overlap=bool(note["tp_overlap"] and parallel.get("sequence_parallel") and tp > 1), recompute=recompute,
         precision=precision, attention=note["attention"], zero=zero, cp=cp, ep=ep,
         dp_overlap=note["dp_overlap"] and zero < 2)
     seconds = time.perf_counter() - began

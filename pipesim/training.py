@@ -94,6 +94,7 @@ def simulate_training(
     microbatch_size: int = 1,
     seq_len: int | None = None,
     sequence_parallel: bool = False,
+    tp_overlap: bool = False,
     recompute: Recompute = "none",
     precision: str | None = None,
     attention: Attention = "flash",
@@ -134,7 +135,8 @@ def simulate_training(
     num_microbatches = microbatches_per_pipeline(global_batch, microbatch_size, dp)
     s = seq_len or config.seq_len
     profile = transformer_profile(config, device=spec, cluster=wiring, microbatch_size=microbatch_size, seq_len=s,
-                                  tp=tp, sequence_parallel=sequence_parallel, recompute=recompute, precision=precision,
+                                  tp=tp, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+                                  recompute=recompute, precision=precision,
                                   attention=attention, efficiency=efficiency, pp=pp, dp=dp, zero=zero,
                                   dp_overlap=dp_overlap, placement=placement, cp=cp, ep=ep)
     num_stages = pp * stages_per_rank

@@ -75,7 +75,7 @@ capacity_options = with_options([
 
 
 # The model options that only shape a profile --model builds: refused with --profile or --uniform.
-MODEL_ONLY = ("seq_len", "efficiency", "calibrate_path", "sequence_parallel", "precision")
+MODEL_ONLY = ("seq_len", "efficiency", "calibrate_path", "sequence_parallel", "tp_overlap", "precision")
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
                                       sequence_parallel=options["sequence_parallel"], recompute=mode,
                                       precision=options["precision"], attention=options["attention"],
                                       pp=layout.pp, dp=dp, zero=zero, dp_overlap=options["dp_overlap"],
-                                      placement=options["placement"], cp=cp, ep=ep)
+                                      placement=options["placement"], cp=cp, ep=ep, tp_overlap=options["tp_overlap"])
         recompute, recompute_stages = False, None
         seq_len = options["seq_len"] or config.seq_len
         flops = forward_flops_per_token(config, seq_len)
@@ -271,7 +271,8 @@ def capacity_record(options: dict[str, Any], *, model: str, config: Any, hardwar
         "seq_len": seq_len, "microbatch_size": options["microbatch_size"] or 1,
         "global_batch": options["global_batch"], "num_microbatches": num_microbatches,
         "tp": layout.tp, "cp": layout.cp, "ep": layout.ep, "pp": layout.pp, "dp": layout.dp,
-        "placement": layout.placement, "sequence_parallel": bool(options["sequence_parallel"]), "recompute": recompute,
+        "placement": layout.placement, "sequence_parallel": bool(options["sequence_parallel"]),
+        "tp_overlap": bool(options["tp_overlap"]), "recompute": recompute,
         "zero": zero, "fsdp": bool(options["fsdp"]), "dp_overlap": bool(options["dp_overlap"]),
         "optimizer_state_bytes_per_parameter": 2 * ADAM_STATE_MULTIPLIER / (layout.dp * layout.cp if zero else 1),
         "optimizer_step_bytes_per_parameter": ADAM_BYTES_PER_PARAMETER

@@ -76,6 +76,10 @@ MODEL_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--tp", "tp", type=int, default=1, show_default=True,
                  help="Tensor-parallel degree T: divides each layer, adds its collectives on the TP group's tier."),
     click.option("--sequence-parallel", is_flag=True, help="Megatron's sequence parallelism with --tp."),
+    click.option("--tp-overlap", "tp_overlap", is_flag=True,
+                 help="With --sequence-parallel: its all-gathers and reduce-scatters run beside the GEMMs next to "
+                      "them (Megatron-Core's --tp-comm-overlap), taking the TP tier's share of the compute; only "
+                      "what outlasts the GEMM is exposed."),
 ]
 
 
@@ -122,7 +126,7 @@ def build_model_profile(config: TransformerConfig, hardware: Hardware, *, effici
                         calibrate_path: str | None, microbatch_size: int | None, seq_len: int | None, tp: int,
                         sequence_parallel: bool, recompute: Recompute, precision: str | None, attention: Any,
                         pp: int = 1, dp: int = 1, zero: int = 0, dp_overlap: bool = False,
-                        placement: str = "tp-in-node", cp: int = 1, ep: int = 1) -> Profile:
+                        placement: str = "tp-in-node", cp: int = 1, ep: int = 1, tp_overlap: bool = False) -> Profile:
     """The profile the model options describe, calibrated on a measured profile when one is given.
 
     Raises:
@@ -140,7 +144,8 @@ def build_model_profile(config: TransformerConfig, hardware: Hardware, *, effici
         efficiency = calibrated_efficiency(load_profile(calibrate_path), config, device=hardware.device,
                                            microbatch_size=b, seq_len=seq_len)
     return transformer_profile(config, device=hardware.device, cluster=hardware.cluster, microbatch_size=b,
-                               seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel, recompute=recompute,
+                               seq_len=seq_len, tp=tp, sequence_parallel=sequence_parallel, tp_overlap=tp_overlap,
+                               recompute=recompute,
                                efficiency=efficiency, precision=precision, attention=attention, pp=pp, dp=dp,
                                zero=zero, dp_overlap=dp_overlap, placement=placement, cp=cp, ep=ep)
 
@@ -168,13 +173,14 @@ def model_command(name: str | None, model_path: str | None, recompute: Recompute
                                   calibrate_path=options["calibrate_path"], microbatch_size=options["microbatch_size"],
                                   seq_len=options["seq_len"], tp=options["tp"],
                                   sequence_parallel=options["sequence_parallel"], recompute=recompute,
-                                  precision=options["precision"], attention=options["attention"])
+                                  precision=options["precision"], attention=options["attention"],
+                                  tp_overlap=options["tp_overlap"])
     seq_len = config.seq_len if options["seq_len"] is None else options["seq_len"]
     summary = model_summary(config, profile, tp=options["tp"], recompute=recompute, seq_len=seq_len)
     ops = layer_op_costs(config, device=hardware.device, cluster=hardware.cluster,
                          microbatch_size=profile.microbatch_size, seq_len=seq_len, tp=options["tp"],
                          sequence_parallel=options["sequence_parallel"], precision=options["precision"],
-                         attention=options["attention"])
+                         attention=options["attention"], tp_overlap=options["tp_overlap"])
     summary["layer_ops"] = [{"name": op.name, "kind": op.kind, "forward_s": op.forward_s,
                              "input_grad_s": op.input_grad_s, "weight_grad_s": op.weight_grad_s} for op in ops]
     summary["cluster"] = hardware.cluster.name
@@ -202,9 +208,10 @@ def model_command(name: str | None, model_path: str | None, recompute: Recompute
         f"source: {config.source}"
     )
     if show_ops:
-        click.echo(f"{'op':<18}{'kind':<12}{'forward ms':>12}{'input ms':>12}{'weight ms':>12}")
+        width = max(18, *(len(op.name) + 2 for op in ops))
+        click.echo(f"{'op':<{width}}{'kind':<12}{'forward ms':>12}{'input ms':>12}{'weight ms':>12}")
         for op in ops:
-            click.echo(f"{op.name:<18}{op.kind:<12}{op.forward_s * 1e3:>12.4f}{op.input_grad_s * 1e3:>12.4f}"
+            click.echo(f"{op.name:<{width}}{op.kind:<12}{op.forward_s * 1e3:>12.4f}{op.input_grad_s * 1e3:>12.4f}"
                        f"{op.weight_grad_s * 1e3:>12.4f}")
     if out_path is not None:
         click.echo(f"wrote {out_path}")

@@ -17,7 +17,9 @@ batched product 2 b s^2 h / t, the causal half not skipped). Element-wise ops ar
 bytes they read and write (the counts are in each op's comment) at the device's memory rate
 for their kind. Tensor parallelism's collectives run on the TP group's tier, not overlapped with
 compute: forward one all-reduce of T h e after each block (with sequence parallelism a
-reduce-scatter, and an all-gather before it), backward the same at the block's input.
+reduce-scatter, and an all-gather before it), backward the same at the block's input. With
+sequence parallelism and ``Setting.tp_overlap`` (Megatron-Core's ``--tp-comm-overlap``) each
+all-gather and reduce-scatter runs beside the GEMM next to it (``overlap_tp_collectives``).
 
 Context parallelism of degree C gives each rank T = b s / C tokens and runs the attention as a
 ring (``_ring_attention``); multi-head latent attention replaces QKV by its down- and
@@ -32,7 +34,7 @@ from typing import Literal
 
 from pipesim.errors import ConfigError
 from pipesim.spec.cluster import Cluster
-from pipesim.spec.collectives import Group, allgather_s, allreduce_s, reduce_scatter_s, send_s
+from pipesim.spec.collectives import Group, allgather_s, allreduce_s, group_path, reduce_scatter_s, send_s
 from pipesim.spec.device import Device
 from pipesim.spec.transformer import TransformerConfig
 
@@ -66,6 +68,9 @@ class Setting:
             between neighbouring CP ranks.
         ep, ep_stride: expert-parallel degree (the routed experts split over E ranks) and the
             GPUs between neighbouring EP ranks.
+        tp_overlap: sequence parallelism's all-gathers and reduce-scatters run beside the GEMM
+            next to them (Megatron-Core's ``--tp-comm-overlap``), each taking its tier's share of
+            the compute; only their excess over that GEMM is exposed (``overlap_tp_collectives``).
     """
 
     device: Device
@@ -81,6 +86,7 @@ class Setting:
     cp_stride: int = 1
     ep: int = 1
     ep_stride: int = 1
+    tp_overlap: bool = False
 
     @property
     def tokens(self) -> int:
@@ -94,6 +100,11 @@ class Setting:
     @property
     def tp_group(self) -> Group:
         return Group(self.tp, self.tp_stride)
+
+
+def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
+    """A collective beside compute: the longer of the two, the compute slowed by ``share`` x comm."""
+    return max(compute_s + share * comm_s, comm_s) if comm_s > 0 else compute_s
 
 
 def matmul_op(setting: Setting, name: str, m: float, n: float, k: float, *, has_weight: bool = True,
@@ -202,7 +213,8 @@ def layer_ops(config: TransformerConfig, setting: Setting, *, moe: bool = False)
     if moe:
         from pipesim.spec.moe_ops import moe_ffn_ops  # noqa: PLC0415 - moe_ops builds on this module's ops
 
-        return [*ops, *moe_ffn_ops(config, setting), *_reduce(setting, config), residual]
+        return overlap_tp_collectives([*ops, *moe_ffn_ops(config, setting), *_reduce(setting, config), residual],
+                                      setting)
     inner = tokens * f / t * e
     if config.is_gated_ffn:  # gate, up -> silu(gate) * up; backward dy, gate, up -> dgate, dup
         ops += [matmul_op(setting, "fc1", tokens, 2 * f / t, h),
@@ -211,7 +223,35 @@ def layer_ops(config: TransformerConfig, setting: Setting, *, moe: bool = False)
         ops += [matmul_op(setting, "fc1", tokens, f / t, h), memory_op(setting, "gelu", 2 * inner, 3 * inner,
                                                                        "elementwise")]
     ops += [matmul_op(setting, "fc2", tokens, h, f / t), *_reduce(setting, config), residual]
-    return ops
+    return overlap_tp_collectives(ops, setting)
+
+
+# Sequence parallelism's collectives and the side of them their GEMM is on: the all-gather feeds
+# the GEMM after it (its backward, a reduce-scatter of that GEMM's input gradient, beside the input
+# gradient's GEMM), the reduce-scatter takes the GEMM before it (its backward all-gathers the
+# gradient that GEMM's input gradient needs).
+OVERLAPPED_SIDE = {"tp-all-gather": 1, "tp-reduce-scatter": -1}
+
+
+def overlap_tp_collectives(ops: list[OpCost], setting: Setting) -> list[OpCost]:
+    """With ``setting.tp_overlap``, each sequence-parallel collective next to a GEMM in ``ops`` run
+    beside it: the collective keeps only what it adds to the GEMM, forward and input gradient
+    (``overlapped_s`` with the TP tier's compute share), so the ops' sum is the overlapped time and
+    what is left of the communication stays a collective. Others (an all-gather before an
+    expert dispatch) stay whole."""
+    if not setting.tp_overlap:
+        return ops
+    share = setting.cluster.tiers[group_path(setting.cluster, setting.tp_group).tier_index].compute_share
+    folded = list(ops)
+    for index, op in enumerate(ops):
+        side = OVERLAPPED_SIDE.get(op.name, 0)
+        if not side or not 0 <= index + side < len(ops) or ops[index + side].kind != "matmul":
+            continue
+        gemm = ops[index + side]
+        folded[index] = OpCost(f"{op.name} (overlapped)", op.kind,
+                               overlapped_s(gemm.forward_s, op.forward_s, share) - gemm.forward_s,
+                               overlapped_s(gemm.input_grad_s, op.input_grad_s, share) - gemm.input_grad_s)
+    return folded
 
 
 def _latent_projections(setting: Setting, config: TransformerConfig) -> list[OpCost]:

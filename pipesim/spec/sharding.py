@@ -32,7 +32,7 @@ from typing import Any
 from pipesim.spec.cluster import Cluster
 from pipesim.spec.collectives import Group, allgather_s, allreduce_s, group_path, reduce_scatter_s
 from pipesim.spec.layout import Parallelism
-from pipesim.spec.opcost import Setting
+from pipesim.spec.opcost import Setting, overlapped_s
 from pipesim.spec.transformer import TransformerConfig
 
 BYTES_PER_VALUE = 2  # 16-bit weights and activations
@@ -53,11 +53,6 @@ def holds_state_per_layer(config: TransformerConfig, layout: Parallelism, zero: 
     ``optimizer_bytes``): ZeRO 2 and 3, and ZeRO 1 with experts sharded over another group than
     the dense weights; otherwise the plan's optimizer multiplier (``zero_optimizer_multiplier``) says it."""
     return zero >= 2 or (zero == 1 and config.is_moe and layout.ep > 1)
-
-
-def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
-    """A collective beside compute: the longer of the two, the compute slowed by ``share`` x comm."""
-    return max(compute_s + share * comm_s, comm_s) if comm_s > 0 else compute_s
 
 
 def add_update(layers: list[dict[str, Any]], experts: list[float], config: TransformerConfig, setting: Setting,

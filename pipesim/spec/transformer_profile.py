@@ -84,6 +84,7 @@ def transformer_profile(
     seq_len: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
+    tp_overlap: bool = False,
     recompute: Recompute = "none",
     precision: str | None = None,
     attention: Attention = "flash",
@@ -107,6 +108,8 @@ def transformer_profile(
         device, cluster: a shipped name or a loaded file; the cluster defaults to the device's.
         microbatch_size, seq_len: b and s (s defaults to the model's).
         tp, sequence_parallel: tensor-parallel degree and Megatron's sequence parallelism.
+        tp_overlap: with sequence parallelism, its all-gathers and reduce-scatters beside the
+            GEMMs next to them (Megatron-Core's ``--tp-comm-overlap``; ``opcost.overlap_tp_collectives``).
         recompute: ``none``, ``selective`` (attention core) or ``full``.
         precision: matrix precision (bf16, fp16, fp8; default the device's 16-bit type).
         attention: ``flash`` (fused) or ``unfused`` (batched products, softmax, dropout).
@@ -137,6 +140,9 @@ def transformer_profile(
     wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     s = seq_len if seq_len is not None else config.seq_len
     _check(config, microbatch_size=microbatch_size, seq_len=s, tp=tp, recompute=recompute, zero=zero)
+    if tp_overlap and not (sequence_parallel and tp > 1):
+        raise ConfigError("tp_overlap", True, "needs --sequence-parallel with --tp T > 1 (it overlaps sequence "
+                          "parallelism's all-gathers and reduce-scatters with the GEMMs beside them)")
     check_attention(attention)
     layout = Parallelism(tp=tp, pp=pp, dp=dp, placement=placement, cp=cp, ep=ep)
     _check_split(config, layout, seq_len=s, attention=attention, zero=zero, dp_overlap=dp_overlap)
@@ -145,7 +151,8 @@ def transformer_profile(
     spec.peak(chosen)  # refuses a precision the card lacks before any work
     setting = Setting(device=spec, cluster=wiring, precision=chosen, microbatch_size=microbatch_size, seq_len=s,
                       tp=tp, sequence_parallel=sequence_parallel and tp > 1, attention=attention, tp_stride=tp_stride,
-                      cp=cp, cp_stride=layout.cp_stride, ep=ep, ep_stride=layout.expert_group.stride)
+                      cp=cp, cp_stride=layout.cp_stride, ep=ep, ep_stride=layout.expert_group.stride,
+                      tp_overlap=tp_overlap)
     b, h, t = microbatch_size, config.hidden_size, tp
     local = s // cp  # the tokens of each sequence this rank holds
     sent = b * local * h * BYTES_PER_VALUE / t
@@ -172,7 +179,8 @@ def transformer_profile(
         collectives += _collective_seconds(config, setting, recompute=recompute, embeddings=include_embeddings)
     add_update(layers, experts, config, setting, layout, zero=zero, overlap=dp_overlap,
                has_embeddings=include_embeddings, layer_state=layer_state, communication=update_communication)
-    parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") if t > 1 else ""
+    parallel = f", tp={t}" + (" with sequence parallelism" if setting.sequence_parallel else "") \
+        + (", its collectives overlapped" if tp_overlap else "") if t > 1 else ""
     parallel += "".join(f", {name}={degree}" for name, degree in (("cp", cp), ("ep", ep), ("zero", zero)) if degree > 1)
     return build(Profile, {
         "name": config.name,
@@ -306,7 +314,7 @@ def _check_split(config: TransformerConfig, layout: Parallelism, *, seq_len: int
 def layer_op_costs(model: str | TransformerConfig, *, device: str | Device = "h100", cluster: str | Cluster | None = None,
                    microbatch_size: int = 1, seq_len: int | None = None, tp: int = 1, sequence_parallel: bool = False,
                    precision: str | None = None, attention: Attention = "flash",
-                   moe: bool | None = None) -> list[OpCost]:
+                   moe: bool | None = None, tp_overlap: bool = False) -> list[OpCost]:
     """One transformer layer's ops with their times, for ``pipesim model`` and the tests (``moe``:
     a mixture-of-experts layer; default whether the model has them)."""
     config = preset(model) if isinstance(model, str) else model
@@ -314,7 +322,8 @@ def layer_op_costs(model: str | TransformerConfig, *, device: str | Device = "h1
     wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     setting = Setting(device=spec, cluster=wiring, precision=precision or spec.default_precision,
                       microbatch_size=microbatch_size, seq_len=seq_len or config.seq_len, tp=tp,
-                      sequence_parallel=sequence_parallel and tp > 1, attention=attention)
+                      sequence_parallel=sequence_parallel and tp > 1, attention=attention,
+                      tp_overlap=tp_overlap and sequence_parallel and tp > 1)
     return layer_ops(config, setting, moe=config.is_moe if moe is None else moe)
 
 

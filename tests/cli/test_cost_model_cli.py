@@ -101,6 +101,21 @@ def test_bad_hardware_input_is_one_line_and_exit_2(args: tuple[str, ...], field:
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_tp_overlap_shortens_a_sequence_parallel_step_and_is_recorded_and_refused_without_it() -> None:
+    args = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--sequence-parallel", "--stages",
+            "2", "--schedule", "1f1b", "--global-batch", "16", "--json")
+    plain, overlapped = pipesim(*args), pipesim(*args, "--tp-overlap")
+    assert plain.returncode == 0 and overlapped.returncode == 0, plain.stderr + overlapped.stderr
+    before, after = json.loads(plain.stdout), json.loads(overlapped.stdout)
+    assert after["iteration_time_s"] < before["iteration_time_s"]
+    assert after["run"]["model_run"]["tp_overlap"] is True and before["run"]["model_run"]["tp_overlap"] is False
+    for refused in (pipesim(*[arg for arg in args if arg != "--sequence-parallel"], "--tp-overlap"),
+                    pipesim("simulate", "--uniform", "layers=4,forward_ms=1,backward_ms=2", "--stages", "2",
+                            "--schedule", "1f1b", "--microbatches", "4", "--tp-overlap")):
+        assert refused.returncode == 2 and "tp_overlap=True" in refused.stderr and "Traceback" not in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
+
+
 def test_model_takes_a_name_through_model_and_lists_a_layers_ops() -> None:
     done = pipesim("model", "--model", "llama3-8b", "--device", "h200", "--ops")
     assert done.returncode == 0, done.stderr

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pipesim.errors import ConfigError
 from pipesim.spec.collectives import Group
 from pipesim.spec.device import Device
 from pipesim.spec.layout import Parallelism
@@ -256,3 +257,29 @@ def test_pp_in_node_numbers_pipeline_stages_first_then_tp_then_cp() -> None:
     assert (layout.cp_stride, layout.strides) == (8, (4, 1, 16))
     assert layout.data_group == Group(4, 8)
     assert Parallelism(tp=2, pp=4, dp=2, cp=2).cp_stride == 2
+
+
+def test_tp_overlap_leaves_each_sequence_parallel_collective_only_what_outlasts_its_gemm() -> None:
+    # TP 4 inside a node of two_nodes(compute_share=0.25), ideal device: an all-gather or reduce-scatter
+    # of T h e = 2048 x 1024 x 2 bytes is a ring, 3 hops of 1 us + 3/4 x 4,194,304 / 240e9 = 16.1072 us.
+    # Beside a GEMM of g seconds it costs max(g + 0.25 c, c) - g: QKV (2 x 2048 x 384 x 1024 / 1e14 =
+    # 16.106 us) and FC2 (k = 3584 / 4: 37.581 us) hide it but their 0.25 c share; the projection
+    # (k = 1024 / 4: 10.737 us) is shorter than it, so c - g shows. The same on the input-gradient side.
+    comm = 3e-6 + 0.75 * 2048 * 1024 * 2 / (240 * GB)
+    qkv, projection, fc2 = (2 * 2048 * n * k / PEAK for n, k in ((384, 1024), (1024, 256), (1024, 896)))
+    fields = {"device": ideal_device(), "cluster": two_nodes(compute_share=0.25), "tp": 4, "sequence_parallel": True}
+    plain, overlapped = layer_ops(LLAMA, setting(**fields)), layer_ops(LLAMA, setting(**fields, tp_overlap=True))
+    assert [op.name for op in plain if op.kind == "collective"] == ["tp-all-gather", "tp-reduce-scatter"] * 2
+    hidden = [op for op in overlapped if op.kind == "collective"]
+    assert [op.name for op in hidden] == ["tp-all-gather (overlapped)", "tp-reduce-scatter (overlapped)"] * 2
+    for op, exposed in zip(hidden, (0.25 * comm, comm - projection, 0.25 * comm, 0.25 * comm), strict=True):
+        assert op.forward_s == pytest.approx(exposed, rel=1e-9) and op.input_grad_s == pytest.approx(exposed, rel=1e-9)
+    assert qkv + 0.25 * comm > comm > projection + 0.25 * comm and fc2 > comm  # both branches taken
+    # The GEMMs and every other op keep their times.
+    assert [op for op in overlapped if op.kind != "collective"] == [op for op in plain if op.kind != "collective"]
+
+
+def test_tp_overlap_needs_sequence_parallelism() -> None:
+    with pytest.raises(ConfigError, match="sequence-parallel") as refused:
+        transformer_profile(LLAMA, device=round_device(), cluster=two_nodes(), tp=4, tp_overlap=True)
+    assert refused.value.field == "tp_overlap"
