@@ -336,7 +336,7 @@ def head_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     if t > 1:
         small = 2 * allreduce_s(setting.cluster, setting.tp_group, tokens * 4.0)
         ops.append(OpCost("loss-all-reduce", "collective", 2 * setting.device.launch_s + small))
-    return ops
+    return overlap_tp_collectives(ops, setting)
 
 
 def totals(ops: list[OpCost]) -> tuple[float, float, float]:

@@ -277,6 +277,10 @@ def test_tp_overlap_leaves_each_sequence_parallel_collective_only_what_outlasts_
     assert qkv + 0.25 * comm > comm > projection + 0.25 * comm and fc2 > comm  # both branches taken
     # The GEMMs and every other op keep their times.
     assert [op for op in overlapped if op.kind != "collective"] == [op for op in plain if op.kind != "collective"]
+    # The head's all-gather before the logits (T x h x V/t = 2048 x 1024 x 8000: 33.554 us) is hidden the same way.
+    head = {op.name: op for op in head_ops(LLAMA, setting(**fields, tp_overlap=True))}
+    assert 2 * 2048 * 1024 * 8000 / PEAK > comm
+    assert head["tp-all-gather (overlapped)"].forward_s == pytest.approx(0.25 * comm, rel=1e-9)
 
 
 def test_tp_overlap_needs_sequence_parallelism() -> None:
