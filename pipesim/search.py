@@ -104,6 +104,7 @@ class _Setting:
     flops: float
     dp_overlap: bool
     allow_uneven: bool = False
+    tp_overlap: bool = False
     prune: bool = True
     top: int = 10
     threshold: float = math.inf
@@ -148,7 +149,7 @@ class _GroupRunner:
             profile = transformer_profile(
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
                 seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
-                recompute=item.recompute, pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep,
+                tp_overlap=setting.tp_overlap and item.sequence_parallel and item.tp > 1, recompute=item.recompute, pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep,
                 dp_overlap=setting.dp_overlap and exact, placement=setting.placement,
                 collectives=collectives if exact else None, update_communication=communication)
             self.profiles[key] = (profile, LayerSums.of(profile), collectives, communication)
@@ -279,6 +280,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int | None = None,
            placement: str = "tp-in-node", dp_overlap: bool = False, cluster: str | Cluster | None = None,
            allow_uneven: bool = False, top: int = 10, prune: bool = True, workers: int | None = None,
+           tp_overlap: bool = False,
            scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome: the simulated ones that fit first by tokens/s, then the others.
 
@@ -286,6 +288,8 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
         zero: only this ZeRO stage (default every stage the space allows).
         dp_overlap: the data-parallel all-reduce overlapped with the last backward (``simulate
             --dp-overlap``) rather than after it.
+        tp_overlap: in candidates with sequence parallelism, its all-gathers and reduce-scatters
+            beside the GEMMs next to them (``simulate --tp-overlap``).
         allow_uneven: also stage counts Megatron cannot cut into whole equal stages.
         top: the k whose places are proven: a candidate is simulated only while its bound could
             beat the k-th best that fits.
@@ -313,7 +317,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     setting = _Setting(config=config, spec=spec, cluster=wiring, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap, allow_uneven=allow_uneven,
-                       prune=prune, top=top)
+                       tp_overlap=tp_overlap, prune=prune, top=top)
     space = list(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch, seq_len=s,
                                       placement=placement, allow_uneven=allow_uneven, zero=zero,
                                       dp_overlap=dp_overlap))

@@ -49,6 +49,9 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
                    "pp-in-node: a pipeline inside a node (PP <= its GPUs, hops over NVLink), TP and DP over the NIC.")
 @click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
               help="Overlap the DP gradient all-reduce with the last backward (as simulate --dp-overlap).")
+@click.option("--tp-overlap", "tp_overlap", is_flag=True, default=False,
+              help="In candidates with sequence parallelism, run its all-gathers and reduce-scatters beside the GEMMs "
+                   "next to them (as simulate --tp-overlap).")
 @click.option("--workers", type=int, default=None,
               help="Simulate on an embedded Dask cluster of this many processes on 127.0.0.1, in rounds best "
                    "bound first (default: in this process).")
@@ -66,8 +69,8 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
 def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
                    seq_len: int | None, memory: str | None, efficiency: float | None, zero: int | None,
                    allow_uneven: bool, placement: str,
-                   dp_overlap: bool, workers: int | None, scheduler: str | None, progress: bool | None, top: int,
-                   as_json: bool, out_dir: str | None) -> None:
+                   dp_overlap: bool, tp_overlap: bool, workers: int | None, scheduler: str | None,
+                   progress: bool | None, top: int, as_json: bool, out_dir: str | None) -> None:
     """Search TP x CP x PP x DP (EP), microbatch size, schedule and V, sequence parallelism, recomputation
     and ZeRO: prune by proven memory and step-time bounds, simulate the rest on the analytic engine,
     and rank by tokens/s."""
@@ -86,7 +89,8 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
     try:
         outcomes = search(config, device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
                           memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap, cluster=wiring,
-                          allow_uneven=allow_uneven, top=top, workers=workers, scheduler=scheduler, progress=bar)
+                          allow_uneven=allow_uneven, top=top, workers=workers, scheduler=scheduler, progress=bar,
+                          tp_overlap=tp_overlap)
     finally:
         bar.stop()
     if outcomes and not any(outcome.partition for outcome in outcomes):
@@ -97,8 +101,8 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
     counts = search_counts(outcomes)
     run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
                       seq_len=seq_len or config.seq_len, budget=spec.memory_bytes if budget is None else budget,
-                      zero=zero, placement=placement, dp_overlap=dp_overlap, efficiency=efficiency,
-                      allow_uneven=allow_uneven, top=top)
+                      zero=zero, placement=placement, dp_overlap=dp_overlap, tp_overlap=tp_overlap,
+                      efficiency=efficiency, allow_uneven=allow_uneven, top=top)
     if out is not None:
         with writing(out):
             _write(rows, out, run, spec.memory_bytes if budget is None else budget)

@@ -287,3 +287,28 @@ def test_search_on_a_local_dask_cluster_gives_what_one_process_gives() -> None:
     assert first == second
     both = pipesim(*SMALL_SEARCH, "--workers", "2", "--scheduler", "tcp://127.0.0.1:1")
     assert both.returncode == 2 and "either --workers" in both.stderr
+
+
+def test_search_with_tp_overlap_ranks_what_simulate_with_tp_overlap_gives() -> None:
+    args = ("search", "--model", "llama3-8b", "--device", "a100-40gb", "--gpus", "8", "--global-batch", "16",
+            "--seq-len", "2048", "--json")
+    plain, overlapped = (pipesim(*args, *extra) for extra in ((), ("--tp-overlap",)))
+    assert plain.returncode == 0 and overlapped.returncode == 0, plain.stderr + overlapped.stderr
+    data = json.loads(overlapped.stdout)
+    assert data["run"]["tp_overlap"] is True
+    # The first simulated candidate with sequence parallelism over TP: simulate --tp-overlap gives its numbers,
+    # and the search without the overlap gave the same configuration fewer tokens/s.
+    row = next(row for row in data["candidates"] if row["status"] == "simulated" and row["sequence_parallel"]
+               and row["tp"] > 1)
+    again = simulate_json("--model", "llama3-8b", "--device", "a100-40gb", "--seq-len", "2048",
+                          "--partition", row["partition"], "--tp", str(row["tp"]), "--ranks", str(row["pp"]),
+                          "--stages-per-rank", str(row["stages_per_rank"]), "--dp", str(row["dp"]),
+                          "--cp", str(row["cp"]), "--zero", str(row["zero"]), "--sequence-parallel", "--tp-overlap",
+                          "--microbatch-size", str(row["microbatch_size"]), "--global-batch", "16",
+                          "--recompute-stages", row["recompute"], "--schedule", row["schedule"])
+    assert again["tokens_per_s"] == pytest.approx(row["tokens_per_s"], rel=1e-12)
+    keys = ("tp", "pp", "dp", "cp", "zero", "microbatch_size", "schedule", "stages_per_rank", "recompute",
+            "sequence_parallel")
+    same = [other for other in json.loads(plain.stdout)["candidates"]
+            if all(other[key] == row[key] for key in keys) and other["status"] == "simulated"]
+    assert same and all(other["tokens_per_s"] < row["tokens_per_s"] for other in same)
