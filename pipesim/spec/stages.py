@@ -10,6 +10,7 @@ from pipesim.spec.partition import balance_partition as balance_partition  # whe
 from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Layer, LayerColumns, Profile
+from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD
 from pipesim.spec.topology import Topology
 
 
@@ -180,7 +181,10 @@ def stage_costs(
         # whatever of the data-parallel all-reduce outlasts the last backward.
         step = sum(columns.update_s[start:end]) / topology.devices[device].speed + update_overhead
         if any(columns.gradient_allreduce_s[start:end]):
-            gradients = (columns.backward_weight_s if split else columns.backward_s)[start:end]
+            # A layer's gradient is ready after its W where the schedule runs W apart (a split
+            # backward, or a custom schedule of a split profile), else after its whole backward.
+            apart = split and (plan.schedule in SPLIT_BACKWARD or plan.schedule not in SCHEDULES)
+            gradients = (columns.backward_weight_s if apart else columns.backward_s)[start:end]
             step += overlapped_allreduce_tail_s([time / speed for time in gradients],
                                                 columns.gradient_allreduce_s[start:end])
         if round_robin:

@@ -10,7 +10,7 @@ from pipesim.spec.collectives import Group, group_path
 from pipesim.spec.transformer_profile import Parallelism
 from pipesim.spec.parallel import data_parallel_profile, overlapped_allreduce_tail_s
 from pipesim.spec.plan import Plan
-from pipesim.spec.profile import uniform_profile
+from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.stages import stage_costs
 from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import preset
@@ -36,6 +36,22 @@ def test_overlap_moves_the_all_reduce_out_of_the_update() -> None:
     assert overlapped.update_s == pytest.approx((2e-3, 2e-3), rel=1e-12)  # the last layer's 2 ms
     assert [layer.gradient_allreduce_s for layer in overlapped_profile.layers] == [pytest.approx(2e-3)] * 4
     assert data_parallel_profile(profile, 1, 50e9, overlap=True) is profile
+
+
+def test_a_fused_backward_overlaps_the_all_reduce_with_all_of_it_a_split_one_with_its_w() -> None:
+    # Two layers on one stage, I = W = 1 s each, all-reduces of 1.5 s. 1F1B runs each layer's I and W
+    # together: layer 1's gradient at 2 (1.5 s: to 3.5), layer 0's at 4 (to 5.5); its backward ends at 4:
+    # tail 1.5. ZB-H1 runs W apart: layer 1's gradient after its W at 1 (to 2.5), layer 0's at 2 (the
+    # NIC busy to 2.5: to 4); the Ws end at 2: tail 2.
+    layers = [{"name": f"l{index}", "forward_s": 1.0, "backward_s": 2.0, "backward_input_s": 1.0,
+               "backward_weight_s": 1.0, "activation_bytes": 0.0, "param_bytes": 0.0, "gradient_allreduce_s": 1.5}
+              for index in range(2)]
+    profile = Profile.model_validate({"name": "split", "layers": layers})
+    topology = Topology.uniform(num_devices=1, bandwidth=1e12)
+    fused = stage_costs(profile, Plan(schedule="1f1b", num_stages=1, num_microbatches=2), topology)
+    apart = stage_costs(profile, Plan(schedule="zb-h1", num_stages=1, num_microbatches=2), topology)
+    assert fused.update_s == pytest.approx((1.5,), rel=1e-12)
+    assert apart.update_s == pytest.approx((2.0,), rel=1e-12)
 
 
 def test_pp_in_node_bounds_the_pipeline_by_a_node_and_lets_tp_span_nodes() -> None:
