@@ -51,6 +51,7 @@ from pipesim.simulation import (
     simulate_schedule,
 )
 from pipesim.spec.files import load_plan, load_profile, load_topology, read_text
+from pipesim.spec.plan import CUSTOM_SCHEDULE
 
 
 @click.command("simulate")
@@ -174,7 +175,7 @@ def simulate_command(
         if schedule is None and schedule_csv is None:
             raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).", click.get_current_context())
         if schedule_csv is not None:
-            given = from_csv(read_text(schedule_csv, "schedule_csv"), name="custom",
+            given = from_csv(read_text(schedule_csv, "schedule_csv"), name=CUSTOM_SCHEDULE,
                              num_microbatches=num_microbatches, source=schedule_csv)
             if any(value is not None for value in (num_stages, num_ranks, stages_per_rank, num_minibatches)):
                 raise ConfigError("schedule_csv", schedule_csv, "sets the stages, ranks and minibatches; drop "

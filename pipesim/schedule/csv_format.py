@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import ConfigError
 from pipesim.schedule.ir import Op, OpKind, Schedule, WeightPolicy
+from pipesim.spec.plan import CUSTOM_SCHEDULE
 
 # PyTorch's actions that move data or manage memory rather than compute; the microbatch is optional.
 _NON_COMPUTE = re.compile(r"([0-9]+)(UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)([0-9]*)")
@@ -51,7 +52,7 @@ def to_csv(schedule: Schedule, *, include_updates: bool = False) -> str:
 def from_csv(
     text: str,
     *,
-    name: str = "custom",
+    name: str = CUSTOM_SCHEDULE,
     num_microbatches: int | None = None,
     source: str = "<csv>",
 ) -> Schedule:
@@ -84,7 +85,7 @@ def from_csv(
 def read_csv_schedule(
     text: str,
     *,
-    name: str = "custom",
+    name: str = CUSTOM_SCHEDULE,
     num_microbatches: int | None = None,
     num_minibatches: int | None = None,
     source: str = "<csv>",

@@ -21,6 +21,7 @@ from pipesim.schedule.zb_auto import zb_auto
 from pipesim.schedule.zb_h1 import zb_h1
 from pipesim.schedule.zb_h2 import zb_h2
 from pipesim.schedule.zbv import zbv
+from pipesim.spec.plan import SPLIT_BACKWARD_SCHEDULES
 
 Generator = Callable[..., Schedule]
 
@@ -48,7 +49,7 @@ TAKES_RANKS = frozenset({"interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb
 ASYNCHRONOUS = frozenset({"pipedream", "2bw", "pipemare"})
 
 # Schedules that split every backward into I and W (three compute ops per stage and microbatch).
-SPLIT_BACKWARD = frozenset({"interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2", "zb-auto"})
+SPLIT_BACKWARD = SPLIT_BACKWARD_SCHEDULES
 
 
 def default_num_minibatches(name: str) -> int:

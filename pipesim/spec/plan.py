@@ -10,6 +10,12 @@ from pipesim.errors import ConfigError
 from pipesim.spec.validation import Bool, Float, FrozenModel, Int
 
 PLAN_SCHEMA = "pipesim.plan/1"
+#: Schedules that split every backward into I and W ops run apart (three compute ops per stage and
+#: microbatch); the registry's SPLIT_BACKWARD. Here because stage costs need it (spec imports no schedule).
+SPLIT_BACKWARD_SCHEDULES = frozenset({"interleaved-zb", "zbv", "dualpipev", "zb-h1", "zb-h2", "zb-auto"})
+#: The name a schedule read from a CSV file runs under (``schedule.csv_format``): its ops say whether W
+#: runs apart.
+CUSTOM_SCHEDULE = "custom"
 
 
 class Plan(FrozenModel):

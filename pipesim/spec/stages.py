@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
 from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
-from pipesim.spec.plan import Plan
+from pipesim.spec.plan import CUSTOM_SCHEDULE, SPLIT_BACKWARD_SCHEDULES, Plan
 from pipesim.spec.profile import Layer, LayerColumns, Profile
-from pipesim.schedule.registry import SCHEDULES, SPLIT_BACKWARD
 from pipesim.spec.topology import Topology
 
 
@@ -183,7 +182,7 @@ def stage_costs(
         if any(columns.gradient_allreduce_s[start:end]):
             # A layer's gradient is ready after its W where the schedule runs W apart (a split
             # backward, or a custom schedule of a split profile), else after its whole backward.
-            apart = split and (plan.schedule in SPLIT_BACKWARD or plan.schedule not in SCHEDULES)
+            apart = split and (plan.schedule in SPLIT_BACKWARD_SCHEDULES or plan.schedule == CUSTOM_SCHEDULE)
             gradients = (columns.backward_weight_s if apart else columns.backward_s)[start:end]
             step += overlapped_allreduce_tail_s([time / speed for time in gradients],
                                                 columns.gradient_allreduce_s[start:end])
