@@ -7,9 +7,10 @@ base with its curves replaced by the fitted ones, the raw measurements kept unde
 - launch and memory: a straight line through the copies' seconds against bytes (those long
   enough to be bound by the card, not by the host's dispatch): its intercept is the launch cost,
   its slope the copy rate. Norms, softmax and element-wise ops get their rate relative to a copy.
-- matmul: the tile set (from ``TILE_SETS``), the per-tile overhead in k and the sustained share
-  of peak that minimise the squared log error over the products measured (the same tiles' relative
-  rates for every shape; points the host's dispatch bounds are left out).
+- matmul: the tile set (from ``TILE_SETS``), the per-tile overhead in k and the share of peak that
+  minimise the squared log error over the products measured (the same tiles' relative rates for
+  every shape; points the host's dispatch bounds are left out); the sustained share is the rate of
+  one product repeated for seconds over what that curve predicts for it (``sustained_share``).
 - attention: forward and backward shares and the two ramps, by least squares on a grid.
 """
 
@@ -157,14 +158,10 @@ def fit_device(measurements: dict[str, Any], base: Device, *, name: str | None =
     sources = dict(base.sources)
     for field in ("launch_s", "memory", "matmul", "attention"):
         sources[field] = f"pipesim device calibrate: {when}"
-    sustained = measurements.get("sustained", {})
-    share = sustained["sustained_flops_per_s"] / sustained["burst_flops_per_s"] if sustained else base.sustained_share
-    sources["sustained_share"] = f"pipesim device calibrate: a {sustained.get('m', 0)}^3 product repeated for " \
-        f"seconds, its rate once hot over its first burst; {when}"
     fitted = base.model_copy(update={
         "name": name or base.name,
         "launch_s": round(launch, 9),
-        "sustained_share": float(f"{min(1.0, share):.4g}"),
+        "sustained_share": 1.0,
         "memory": base.memory.model_copy(update={"max_efficiency": float(f"{copy_share:.4g}"), "half_bytes": 0.0,
                                                  "kind_efficiency": kinds}),
         "matmul": base.matmul.model_validate(matmul),
@@ -173,5 +170,25 @@ def fit_device(measurements: dict[str, Any], base: Device, *, name: str | None =
         "measured": {"machine": machine, "fit_rms_log_error": {"matmul": round(matmul_error, 4),
                                                                "attention": round(attention_error, 4)}},
     })
+    sustained = measurements.get("sustained", {})
+    share = sustained_share(fitted, sustained, precision) if sustained else base.sustained_share
+    if sustained:
+        sources["sustained_share"] = f"pipesim device calibrate: a {sustained.get('m', 0)}^3 product repeated for " \
+            f"seconds, its rate once hot over the fitted curve's rate for that product; {when}"
+    fitted = fitted.model_copy(update={"sustained_share": share, "sources": sources})
     return Device.model_validate(fitted.model_dump(by_alias=True)), {"matmul": matmul_error,
                                                                      "attention": attention_error}
+
+
+def sustained_share(curve: Device, sustained: dict[str, Any], precision: str) -> float:
+    """The hot rate of the repeated product over what ``curve`` (at a share of 1) predicts for it.
+
+    The sweep's products ran for milliseconds each, some on a card already warm, so the curve
+    fitted to them sits between the first burst and the hot rate: dividing by the burst would count
+    the fall in clocks twice. Over the curve's own rate, the hot product is predicted at the rate
+    measured.
+    """
+    size = float(sustained["m"]), float(sustained.get("n", sustained["m"])), float(sustained.get("k", sustained["m"]))
+    burst = curve.model_copy(update={"sustained_share": 1.0})
+    predicted = 2.0 * size[0] * size[1] * size[2] / burst.matmul_s(*size, precision=precision)
+    return float(f"{min(1.0, sustained['sustained_flops_per_s'] / predicted):.4g}")
