@@ -58,7 +58,9 @@ capacity_options = with_options([
     click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
                  help="Overlap each layer's gradient reduction with the minibatch's last backward (it starts "
                       "when the layer's gradient is ready, one layer at a time): the update waits only for what "
-                      "outlasts the backward, and the communication takes its tier's share of the compute."),
+                      "outlasts the backward, and the communication takes its tier's share of the compute. With "
+                      "--zero 1 the weights' all-gather, which follows the optimizer step, runs beside the next "
+                      "step's first forward instead (Megatron-Core's --overlap-param-gather)."),
     click.option("--zero", "zero", type=click.IntRange(0, 3), default=0, show_default=True,
                  help="ZeRO stage over the dp x cp ranks: 1 (Megatron's distributed optimizer) shards the "
                       "optimizer state and step; 2 also the gradients (reduce-scattered per layer and microbatch; "

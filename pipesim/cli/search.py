@@ -48,7 +48,8 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
               help="tp-in-node (Megatron's): TP inside a node (TP <= its GPUs), pipeline and DP over the NIC; "
                    "pp-in-node: a pipeline inside a node (PP <= its GPUs, hops over NVLink), TP and DP over the NIC.")
 @click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
-              help="Overlap the DP gradient all-reduce with the last backward (as simulate --dp-overlap).")
+              help="Overlap the DP gradient reduction with the last backward, and ZeRO-1's weight "
+                   "all-gather with the next forward (as simulate --dp-overlap).")
 @click.option("--tp-overlap", "tp_overlap", is_flag=True, default=False,
               help="In candidates with sequence parallelism, run its all-gathers and reduce-scatters beside the GEMMs "
                    "next to them (as simulate --tp-overlap).")

@@ -107,6 +107,21 @@ def overlapped_allreduce_tail_s(backward_s: Sequence[float], allreduce_s: Sequen
     return max(0.0, finished - ready)
 
 
+def overlapped_gather_head_s(forward_s: Sequence[float], gather_s: Sequence[float]) -> float:
+    """Seconds the weight all-gathers after the optimizer step hold back the stage's next forward.
+
+    The gathers run one after another in layer order from the step's end (one NIC, bucket by
+    bucket, as Megatron-Core's ``--overlap-param-gather`` issues them), and a layer's forward starts
+    once its own gather is done and the layer before it has run (``forward_s`` and ``gather_s`` in
+    layer order): the forward's delay over running unhindered.
+    """
+    gathered = done = 0.0
+    for forward, gather in zip(forward_s, gather_s, strict=True):
+        gathered += gather
+        done = max(done, gathered) + forward
+    return max(0.0, done - sum(forward_s))
+
+
 def zero_optimizer_multiplier(multiplier: float, dp: int, zero_stage: int) -> float:
     """Optimizer state per weight byte on one replica: sharded over ``dp`` by ZeRO stage 1 and up
     (Rajbhandari et al. 2020; a profile built with ZeRO-2 or 3 states its layers' state itself).

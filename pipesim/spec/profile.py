@@ -56,6 +56,10 @@ class Layer(FrozenModel):
             pipelines that overlaps the stage's last backward (``data_parallel_profile(...,
             overlap=True)``): it starts once the layer's gradient is ready and the NIC is free,
             and only what outlasts the backward adds to the stage's update, seconds.
+        param_gather_s: optional all-gather of this layer's updated weights from their data-parallel
+            shards (ZeRO-1's distributed optimizer, overlapped): it runs after the optimizer step, in
+            layer order, and the layer's next forward waits for it; only what it holds back the
+            stage's first forward adds to the stage's update, seconds.
         inputs: optional indices of the earlier layers whose outputs this layer reads, for a
             model that is a DAG (PipeDream's graph.txt); unset means the layer before it. Only
             ``pipesim plan --cost-model pipedream`` reads it, to cut at the DAG's antichains.
@@ -79,6 +83,7 @@ class Layer(FrozenModel):
     forward_std_s: Float | None = Field(default=None, ge=0)
     backward_std_s: Float | None = Field(default=None, ge=0)
     gradient_allreduce_s: Float | None = Field(default=None, ge=0)
+    param_gather_s: Float | None = Field(default=None, ge=0)
     inputs: tuple[Int, ...] | None = None
 
     @model_validator(mode="after")
@@ -126,6 +131,7 @@ class LayerColumns:
     forward_var: list[float]
     backward_var: list[float]
     gradient_allreduce_s: list[float]
+    param_gather_s: list[float]
     activation_bytes: list[float]
     param_bytes: list[float]
     stashed_bytes: list[float]
@@ -237,6 +243,7 @@ class Profile(FrozenModel):
             forward_var=[(layer.forward_std_s or 0.0) ** 2 for layer in layers],
             backward_var=[(layer.backward_std_s or 0.0) ** 2 for layer in layers],
             gradient_allreduce_s=[layer.gradient_allreduce_s or 0.0 for layer in layers],
+            param_gather_s=[layer.param_gather_s or 0.0 for layer in layers],
             activation_bytes=[layer.activation_bytes for layer in layers],
             param_bytes=[layer.param_bytes for layer in layers],
             stashed_bytes=[layer.stashed_bytes for layer in layers],

@@ -8,7 +8,10 @@ D / EP holding the same experts, Psi its parameters:
   Adam state (fp32 master weights, momentum, variance): the ZeRO paper's 2 + 2 + 12 bytes per
   parameter (Rajbhandari et al., SC'20).
 - ZeRO 1 (Megatron's distributed optimizer): the optimizer state and its step split over D,
-  the gradients reduce-scattered and the updated weights all-gathered: 2 + 2 + 12 / D.
+  the gradients reduce-scattered and the updated weights all-gathered: 2 + 2 + 12 / D. With
+  ``dp_overlap`` the reduce-scatter runs beside the last backward and the all-gather, which can
+  only follow the optimizer step, beside the next step's first forward (Megatron-Core's
+  ``--overlap-grad-reduce`` and ``--overlap-param-gather``).
 - ZeRO 2: the gradients split too, so each microbatch's backward reduce-scatters each layer's
   gradients as they are produced (DeepSpeed's ZeRO-2 keeps no whole gradient to accumulate
   into), and the step's all-gather of the weights joins the update: 2 + (2 + 12) / D.
@@ -89,7 +92,11 @@ def add_update(layers: list[dict[str, Any]], experts: list[float], config: Trans
         elif group.size > 1 or (split and expert_group.size > 1):
             reduce = sum(_reduce_s(cluster, members, count, zero=zero, grad_bytes=grad_bytes)
                          for members, count in parts if count)
-            if overlap:
+            if overlap and zero == 1:  # the scatter beside the backward, the gather beside the next forward
+                gather = sum(allgather_s(cluster, members, count * BYTES_PER_VALUE) for members, count in parts if count)
+                layer["gradient_allreduce_s"], layer["param_gather_s"] = reduce - gather, gather
+                step += share * reduce
+            elif overlap:
                 layer["gradient_allreduce_s"] = reduce
                 step += share * reduce
             else:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import ConfigError
 from pipesim.spec.partition import balance_partition as balance_partition  # where simulate and the harness import it
-from pipesim.spec.parallel import overlapped_allreduce_tail_s, ring_allreduce_s
+from pipesim.spec.parallel import overlapped_allreduce_tail_s, overlapped_gather_head_s, ring_allreduce_s
 from pipesim.spec.plan import CUSTOM_SCHEDULE, SPLIT_BACKWARD_SCHEDULES, Plan
 from pipesim.spec.profile import Layer, LayerColumns, Profile
 from pipesim.spec.topology import Topology
@@ -27,7 +27,8 @@ class StageCosts:
         update_s: U time: the optimizer step on the stage's weights (the layers' ``update_s``)
             plus the gradient all-reduce over the stage's replicas, seconds (see
             ``replica_allreduce_s``), plus what the layers' overlapped data-parallel all-reduces
-            (``gradient_allreduce_s``) leave after the last backward.
+            (``gradient_allreduce_s``) leave after the last backward and what their overlapped
+            weight all-gathers (``param_gather_s``) hold back the next step's first forward.
         output_bytes: bytes of stage s's output, sent to s+1 (its gradient comes back the same size).
         stash_bytes: bytes one microbatch keeps on stage s between its F and its B.
         param_bytes: bytes of stage s's weights.
@@ -186,6 +187,11 @@ def stage_costs(
             gradients = (columns.backward_weight_s if apart else columns.backward_s)[start:end]
             step += overlapped_allreduce_tail_s([time / speed for time in gradients],
                                                 columns.gradient_allreduce_s[start:end])
+        if any(columns.param_gather_s[start:end]):
+            # ZeRO-1's gathers of the updated weights run before the next step's first forward of
+            # the stage; what they hold it back is counted here, at the step's end (the same step time).
+            step += overlapped_gather_head_s([time / speed for time in columns.forward_s[start:end]],
+                                             columns.param_gather_s[start:end])
         if round_robin:
             allreduce_s = replica_allreduce_s(topology, device, replicas, stage_params)
             update.append(step + (allreduce_s / replicas if per_microbatch else allreduce_s))

@@ -210,6 +210,20 @@ def test_an_overlapped_gradient_all_reduce_leaves_its_compute_share_in_the_step(
     assert layer.update_s == pytest.approx(1e-6 + 34 * psi / 0.8e12 + 0.25 * allreduce, rel=1e-12)
 
 
+def test_zero1_overlapped_scatters_beside_the_backward_and_gathers_beside_the_next_forward() -> None:
+    # As in the ZeRO-1 test: 16 GPUs over two nodes. Overlapped, the reduce-scatter of the fp32 gradients is
+    # the layer's gradient_allreduce_s (after its backward) and the all-gather of the updated bf16 weights its
+    # param_gather_s (after the optimizer step, before its next forward); the step keeps the SMs both
+    # take from compute: the tier's share (0.25) of each.
+    psi, bus = GPT_LAYER, 180 * GB
+    scatter, gather = 15 * 5e-6 + 15 / 16 * 4 * psi / bus, 15 * 5e-6 + 15 / 16 * 2 * psi / bus
+    layer = transformer_profile(GPT, device=round_device(), cluster=two_nodes(compute_share=0.25), dp=16, zero=1,
+                                dp_overlap=True).layers[1]
+    assert layer.gradient_allreduce_s == pytest.approx(scatter, rel=1e-12)
+    assert layer.param_gather_s == pytest.approx(gather, rel=1e-12)
+    assert layer.update_s == pytest.approx(1e-6 + 34 * psi / 16 / 0.8e12 + 0.25 * (scatter + gather), rel=1e-12)
+
+
 TIED = TransformerConfig(**{**GPT.__dict__, "name": "gpt-tied", "has_tied_embeddings": True})
 
 

@@ -8,7 +8,7 @@ from pipesim.search import Candidate, enumerate_candidates
 from pipesim.spec.cluster import load_cluster
 from pipesim.spec.collectives import Group, group_path
 from pipesim.spec.transformer_profile import Parallelism
-from pipesim.spec.parallel import data_parallel_profile, overlapped_allreduce_tail_s
+from pipesim.spec.parallel import data_parallel_profile, overlapped_allreduce_tail_s, overlapped_gather_head_s
 from pipesim.spec.plan import Plan
 from pipesim.spec.profile import Profile, uniform_profile
 from pipesim.spec.stages import stage_costs
@@ -23,6 +23,33 @@ def test_the_tail_is_what_outlasts_the_backward() -> None:
     # Small all-reduces hide behind the backward except the last layer's own.
     assert overlapped_allreduce_tail_s([2.0, 2.0], [0.5, 0.5]) == 0.5
     assert overlapped_allreduce_tail_s([], []) == 0.0
+
+
+def test_the_head_is_how_long_the_gathers_hold_back_the_first_forward() -> None:
+    # Forward runs layer 0 then layer 1, 2 ms each; the gathers run in the same order from the step's
+    # start. Layer 0's (1 ms) ends at 1, its forward runs 1-3; layer 1's (3 ms) ends at 4, its forward 4-6:
+    # 2 ms later than the 4 ms of forward alone.
+    assert overlapped_gather_head_s([2.0, 2.0], [1.0, 3.0]) == 2.0
+    # Small gathers hide behind the forward except the first layer's own.
+    assert overlapped_gather_head_s([2.0, 2.0], [0.5, 0.5]) == 0.5
+    assert overlapped_gather_head_s([], []) == 0.0
+
+
+def test_a_weight_gather_delays_the_update_by_what_the_stages_first_forward_does_not_hide() -> None:
+    # One stage of two layers, F = 1 s, B = 2 s each; reduce-scatters of 1.5 s after each layer's
+    # backward (tail 1.5, as above) and gathers of 1.5 s before each forward: layer 0's ends at 1.5, its
+    # forward 1.5-2.5, layer 1's gather ends at 3, its forward 3-4: the forward ends 2 s late. U = 1.5 + 2.
+    layers = [{"name": f"l{index}", "forward_s": 1.0, "backward_s": 2.0, "activation_bytes": 0.0,
+               "param_bytes": 0.0, "gradient_allreduce_s": 1.5, "param_gather_s": 1.5} for index in range(2)]
+    profile = Profile.model_validate({"name": "zero1", "layers": layers})
+    topology = Topology.uniform(num_devices=1, bandwidth=1e12)
+    costs = stage_costs(profile, Plan(schedule="1f1b", num_stages=1, num_microbatches=2), topology)
+    assert costs.update_s == pytest.approx((3.5,), rel=1e-12)
+    # Over two stages, a layer each, each stage's gather waits on its own layer's forward: 1.5 s before it,
+    # nothing to hide behind; its reduce-scatter outlasts its 2 s backward by all 1.5 s.
+    two = stage_costs(profile, Plan(schedule="1f1b", num_stages=2, num_microbatches=2),
+                      Topology.uniform(num_devices=2, bandwidth=1e12))
+    assert two.update_s == pytest.approx((3.0, 3.0), rel=1e-12)
 
 
 def test_overlap_moves_the_all_reduce_out_of_the_update() -> None:
