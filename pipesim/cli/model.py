@@ -61,7 +61,8 @@ HARDWARE_OPTIONS: list[Callable[[Any], Any]] = [
 MODEL_OPTIONS: list[Callable[[Any], Any]] = [
     *HARDWARE_OPTIONS,
     click.option("--precision", "precision", type=click.Choice(PRECISIONS), default=None,
-                 help="Matrix precision (default bf16, fp16 on cards without bf16)."),
+                 help="Matrix precision (default bf16, fp16 on cards without bf16); fp8: the layers' linear "
+                      "products in fp8 with their casts, attention and logits in 16 bits (TransformerEngine's recipe)."),
     click.option("--attention", "attention", type=click.Choice(ATTENTION_KINDS), default="flash", show_default=True,
                  help="flash: a fused FlashAttention-style kernel; unfused: batched products, softmax and dropout "
                       "(Megatron-LM before FlashAttention)."),

@@ -43,7 +43,7 @@ def moe_ffn_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     launch = setting.device.launch_s if setting.ep > 1 else 0.0
     gated = config.is_gated_ffn
     inner = routed * f / t * e
-    ops = [matmul_op(setting, "router", tokens, experts, h),
+    ops = [matmul_op(setting, "router", tokens, experts, h, linear=False),
            # softmax and top-k: read the logits, write the probabilities; backward reads them and
            # their gradient, writes the logits'
            memory_op(setting, "router-softmax", 2 * probabilities, 3 * probabilities, "softmax"),
@@ -66,6 +66,6 @@ def moe_ffn_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
                           (5 if gated else 3) * inner, "elementwise"),
                 matmul_op(setting, "shared-fc2", tokens, h, shared / t)]
         if config.has_shared_expert_gate:  # sigmoid(x w) scales the shared output: read it and write it back
-            ops += [matmul_op(setting, "shared-gate", tokens, 1, h),
+            ops += [matmul_op(setting, "shared-gate", tokens, 1, h, linear=False),
                     memory_op(setting, "shared-scale", 2 * tokens * h * e, 3 * tokens * h * e, "elementwise")]
     return ops

@@ -101,6 +101,14 @@ class Setting:
     def tp_group(self) -> Group:
         return Group(self.tp, self.tp_stride)
 
+    @property
+    def sixteen_bit(self) -> str:
+        """What runs outside fp8's linear layers under ``precision`` fp8 (attention, the logits):
+        the card's 16-bit type; otherwise the precision itself."""
+        if self.precision != "fp8":
+            return self.precision
+        return "bf16" if "bf16" in self.device.peak_flops else "fp16"
+
 
 def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
     """A collective beside compute: the longer of the two, the compute slowed by ``share`` x comm."""
@@ -108,13 +116,25 @@ def overlapped_s(compute_s: float, comm_s: float, share: float) -> float:
 
 
 def matmul_op(setting: Setting, name: str, m: float, n: float, k: float, *, has_weight: bool = True,
-              batch: float = 1.0) -> OpCost:
+              batch: float = 1.0, linear: bool = True) -> OpCost:
     """Y (m x n) = X (m x k) W (k x n), ``batch`` of them: forward, dX, and dW (a weight's gradient,
-    else a second input's)."""
-    device, precision = setting.device, setting.precision
+    else a second input's).
+
+    Under fp8 only a layer's linear products (a weight, ``linear``) run in fp8, as
+    TransformerEngine's linear layers do: the forward first casts X to fp8 and its transpose, the
+    input gradient casts dY the same way (read 16 bits, write 8 + 8 a value); products of two
+    activations (attention's) and others (``linear=False``: the logits, a router) stay in 16 bits.
+    """
+    device = setting.device
+    fp8 = setting.precision == "fp8" and has_weight and linear
+    precision = "fp8" if fp8 else setting.sixteen_bit
     forward = device.matmul_s(m, n, k, precision=precision, batch=batch)
     input_grad = device.matmul_s(m, k, n, precision=precision, batch=batch)
     other = device.matmul_s(k, n, m, precision=precision, batch=batch)
+    if fp8:
+        cast = setting.element_bytes + 2.0
+        forward += device.launch_s + device.stream_s(batch * m * k * cast, "elementwise")
+        input_grad += device.launch_s + device.stream_s(batch * m * n * cast, "elementwise")
     if has_weight:
         return OpCost(name, "matmul", forward, input_grad, other)
     return OpCost(name, "matmul", forward, input_grad + other)
@@ -139,7 +159,7 @@ def _attention_core(setting: Setting, config: TransformerConfig, has_dropout: bo
     if setting.attention == "flash":
         # causal: half of QK^T and PV, 2 b s^2 (a d) / t; under MLA QK^T is d_qk wide, PV d_v
         flops = 2.0 * b * s * s * heads * (d if config.v_head_size is None else (d + config.v_head_size) / 2)
-        peak = device.peak(setting.precision)
+        peak = device.peak(setting.sixteen_bit)
         forward = device.launch_s + flops / (peak * device.attention_efficiency(s, d, backward=False))
         backward = device.launch_s + FLASH_BACKWARD_FLOPS * flops / (peak * device.attention_efficiency(s, d,
                                                                                                       backward=True))
@@ -166,7 +186,7 @@ def _ring_attention(setting: Setting, config: TransformerConfig) -> OpCost:
     b, s, t, c, e = setting.microbatch_size, setting.seq_len, setting.tp, setting.cp, setting.element_bytes
     device, heads, d = setting.device, config.num_heads // t, config.head_dim
     v = config.v_head_size or d
-    peak = device.peak(setting.precision)
+    peak = device.peak(setting.sixteen_bit)
     step = 2.0 * b * s * s * heads * (d + v) / 2 / (c * c)
     local = s / c
     forward = device.launch_s + step / (peak * device.attention_efficiency(local, d, backward=False))
@@ -331,7 +351,7 @@ def head_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     local = tokens / t if setting.sequence_parallel else tokens
     vocab = config.vocab_size / t
     ops = [memory_op(setting, "final-norm", 2 * local * h * e, 3 * local * h * e, "norm"), *_gather(setting, config),
-           matmul_op(setting, "logits", tokens, vocab, h),
+           matmul_op(setting, "logits", tokens, vocab, h, linear=False),
            memory_op(setting, "cross-entropy", tokens * vocab * (e + 8), tokens * vocab * (4 + e), "softmax")]
     if t > 1:
         small = 2 * allreduce_s(setting.cluster, setting.tp_group, tokens * 4.0)

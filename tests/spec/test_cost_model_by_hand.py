@@ -191,6 +191,30 @@ def test_the_cross_entropy_streams_the_logits_and_its_fp32_softmax() -> None:
     assert loss.input_grad_s == pytest.approx(1e-6 + logits * 6 / 0.8e12, rel=1e-12)
 
 
+def test_fp8_runs_the_layers_gemms_in_fp8_with_their_casts_and_attention_and_logits_in_16_bits() -> None:
+    # Products at exactly 2 m n k FLOPs over the peak (one 1 x 1 tile, one SM), 200 TFLOP/s in fp8 and 100 in
+    # bf16, 1 us a launch, memory at 0.8 TB/s. Llama-toy, T = 2048 tokens: QKV is T x 1536 x 1024 (Q 1024,
+    # K and V 256 each). In fp8 each of its three products takes 2 T 1536 1024 / 200e12 plus a launch; the
+    # forward first casts its bf16 input (T x 1024) to fp8 and its transpose (read 2 bytes, write 1 + 1),
+    # the input gradient casts the output's gradient (T x 1536) the same way; the weight gradient reuses both.
+    card = device(peak_flops={"bf16": 100e12, "fp8": 200e12}, num_sms=1,
+                  matmul={"max_efficiency": 1.0, "k_overhead": 0, "tiles": [{"m": 1, "n": 1, "efficiency": 1.0}]})
+    tokens, product = 2048, 2 * 2048 * 1536 * 1024 / 200e12 + 1e-6
+    ops = {op.name: op for op in layer_ops(LLAMA, setting(device=card, precision="fp8"))}
+    assert ops["qkv"].forward_s == pytest.approx(product + 1e-6 + tokens * 1024 * 4 / 0.8e12, rel=1e-12)
+    assert ops["qkv"].input_grad_s == pytest.approx(product + 1e-6 + tokens * 1536 * 4 / 0.8e12, rel=1e-12)
+    assert ops["qkv"].weight_grad_s == pytest.approx(product, rel=1e-12)
+    # Fused attention stays in bf16 (TransformerEngine's default: FP8 attention is opt-in): 2 s^2 heads d
+    # causal FLOPs at 0.6 of the bf16 peak, as in bf16 training.
+    attention = 2 * 2048**2 * 16 * 64
+    assert ops["attention"].forward_s == pytest.approx(1e-6 + attention / (100e12 * 0.6), rel=1e-12)
+    bf16 = {op.name: op for op in layer_ops(LLAMA, setting(device=card, precision="bf16"))}
+    assert ops["attention"] == bf16["attention"]
+    # The output layer is Megatron's own (not TransformerEngine's): its logits stay in bf16.
+    logits = next(op for op in head_ops(LLAMA, setting(device=card, precision="fp8")) if op.name == "logits")
+    assert logits.forward_s == pytest.approx(2 * 2048 * 32000 * 1024 / 100e12 + 1e-6, rel=1e-12)
+
+
 def test_tf32_keeps_activations_in_4_bytes() -> None:
     # A norm reads and writes T h values: 2048 x 1024 x 4 bytes each way under tf32.
     card = device(peak_flops={"bf16": 100e12, "tf32": 50e12})
