@@ -343,20 +343,31 @@ def embedding_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
 def head_ops(config: TransformerConfig, setting: Setting) -> list[OpCost]:
     """The last stage's final norm, logits (T x h x V/t) and vocabulary-parallel cross-entropy.
 
-    The loss reads the logits (e), writes and reads them back as fp32 softmax (4 + 4), with two
-    small all-reduces over TP (max and sum per token); its backward reads the softmax and writes
-    the logits' gradient (4 + e).
+    The loss is Megatron's unfused one, a pass over the T x V/t logits per step: an fp32 copy (read
+    e, write 4), the row maximum (read 4), minus it in place (4 + 4), exp in place (4 + 4), the row
+    sum (read 4), divided by it in place (4 + 4), with small all-reduces over TP (max and sums per
+    token); its backward scales the kept softmax by the loss's gradient in place (4 + 4; the
+    targets' minus one is a gather) and casts it back to e bytes (4 + e). The maximum and the sum
+    are row reductions (the ``norm`` kind's rate), the rest element-wise.
     """
     tokens, h, e, t = setting.tokens, config.hidden_size, setting.element_bytes, setting.tp
     local = tokens / t if setting.sequence_parallel else tokens
     vocab = config.vocab_size / t
     ops = [memory_op(setting, "final-norm", 2 * local * h * e, 3 * local * h * e, "norm"), *_gather(setting, config),
-           matmul_op(setting, "logits", tokens, vocab, h, linear=False),
-           memory_op(setting, "cross-entropy", tokens * vocab * (e + 8), tokens * vocab * (4 + e), "softmax")]
+           matmul_op(setting, "logits", tokens, vocab, h, linear=False), _cross_entropy(setting, tokens * vocab)]
     if t > 1:
         small = 2 * allreduce_s(setting.cluster, setting.tp_group, tokens * 4.0)
         ops.append(OpCost("loss-all-reduce", "collective", 2 * setting.device.launch_s + small))
     return overlap_tp_collectives(ops, setting)
+
+
+def _cross_entropy(setting: Setting, logits: float) -> OpCost:
+    """The vocabulary-parallel cross-entropy's passes over ``logits`` values (``head_ops``)."""
+    device, e = setting.device, setting.element_bytes
+    forward = 6 * device.launch_s + device.stream_s(logits * (e + 4 + 8 + 8 + 8), "elementwise") \
+        + device.stream_s(logits * (4 + 4), "norm")
+    backward = 2 * device.launch_s + device.stream_s(logits * (8 + 4 + e), "elementwise")
+    return OpCost("cross-entropy", "memory", forward, backward)
 
 
 def totals(ops: list[OpCost]) -> tuple[float, float, float]:

@@ -181,14 +181,17 @@ def test_a_memory_op_launches_a_kernel_each_way() -> None:
     assert memory_op(setting(), "add", 8e6, 0.0, "elementwise").input_grad_s == 0.0
 
 
-def test_the_cross_entropy_streams_the_logits_and_its_fp32_softmax() -> None:
-    # T = 2048 tokens, V / t = 32000 / 2 logits a token on each TP rank: forward reads the bf16 logits (2
-    # bytes), writes the fp32 softmax and reads it back (4 + 4); backward reads it (4) and writes the bf16
-    # gradient (2). round_device streams at 0.8 TB/s after a 1 us launch.
+def test_the_cross_entropy_is_megatrons_passes_over_the_logits() -> None:
+    # T = 2048 tokens, V / t = 32000 / 2 logits a token on each TP rank. Forward, six kernels: an fp32 copy
+    # of the bf16 logits (2 + 4 bytes a logit), the row max (4), minus it (4 + 4), exp (4 + 4), the row sum
+    # (4), divided by it (4 + 4): 38 bytes; the max and the sum at the norm kind's rate, here 0.5 of a copy.
+    # Backward, two: the softmax times the loss's gradient (4 + 4), cast back to bf16 (4 + 2): 14 bytes.
+    # round_device streams at 0.8 TB/s after a 1 us launch.
     logits = 2048 * 16000
-    loss = next(op for op in head_ops(LLAMA, setting(tp=2)) if op.name == "cross-entropy")
-    assert loss.forward_s == pytest.approx(1e-6 + logits * 10 / 0.8e12, rel=1e-12)
-    assert loss.input_grad_s == pytest.approx(1e-6 + logits * 6 / 0.8e12, rel=1e-12)
+    card = device(memory={"max_efficiency": 0.8, "half_bytes": 0, "kind_efficiency": {"norm": 0.5}})
+    loss = next(op for op in head_ops(LLAMA, setting(device=card, tp=2)) if op.name == "cross-entropy")
+    assert loss.forward_s == pytest.approx(6e-6 + logits * 30 / 0.8e12 + logits * 8 / 0.4e12, rel=1e-12)
+    assert loss.input_grad_s == pytest.approx(2e-6 + logits * 14 / 0.8e12, rel=1e-12)
 
 
 def test_fp8_runs_the_layers_gemms_in_fp8_with_their_casts_and_attention_and_logits_in_16_bits() -> None:
