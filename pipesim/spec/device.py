@@ -99,7 +99,7 @@ class Device(FrozenModel):
         memory_bandwidth_bytes_per_s: datasheet memory bandwidth.
         num_sms: multiprocessors the matrix tiles spread over.
         launch_s: fixed cost of one kernel on the card, seconds.
-        sustained_share: share of the burst matrix rate the card holds under sustained load.
+        sustained_share: share of the matrix curve's rate the card holds under sustained load (hot).
         matmul, memory, attention: the efficiency curves (module docstring).
         default_cluster: the shipped cluster this card usually sits in (its DGX/HGX system).
         sources: where each number comes from, by field name.

@@ -4,7 +4,7 @@
 matrix products of the shapes a transformer runs (and batched ones, as unfused attention runs
 them), FlashAttention-style attention by sequence length and head size, memory-bound copies by
 bytes moved, and the fixed cost of one kernel. It also runs one large product for several
-seconds, so that the file can say how much of the burst rate the card sustains once it is hot.
+seconds, so that the file can say how much of its fitted rate the card sustains once it is hot.
 The result is a plain JSON-ready dict of measurements; ``pipesim.spec.calibration`` fits a
 device's efficiency curves to it. Runs on CPU too (a smoke test of the code path: its numbers
 describe nothing).
