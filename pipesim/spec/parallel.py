@@ -113,13 +113,11 @@ def overlapped_gather_head_s(forward_s: Sequence[float], gather_s: Sequence[floa
     The gathers run one after another in layer order from the step's end (one NIC, bucket by
     bucket, as Megatron-Core's ``--overlap-param-gather`` issues them), and a layer's forward starts
     once its own gather is done and the layer before it has run (``forward_s`` and ``gather_s`` in
-    layer order): the forward's delay over running unhindered.
+    layer order): the forward's delay over running unhindered. Read backwards in time this is the
+    tail's problem (a layer's gather starts after its forward, last layer first, as a reduction
+    starts after its backward), with the same longest path: ``overlapped_allreduce_tail_s``.
     """
-    gathered = done = 0.0
-    for forward, gather in zip(forward_s, gather_s, strict=True):
-        gathered += gather
-        done = max(done, gathered) + forward
-    return max(0.0, done - sum(forward_s))
+    return overlapped_allreduce_tail_s(forward_s, gather_s)
 
 
 def zero_optimizer_multiplier(multiplier: float, dp: int, zero_stage: int) -> float:

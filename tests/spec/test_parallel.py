@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipesim.search import Candidate, enumerate_candidates
 from pipesim.spec.cluster import load_cluster
@@ -33,6 +35,14 @@ def test_the_head_is_how_long_the_gathers_hold_back_the_first_forward() -> None:
     # Small gathers hide behind the forward except the first layer's own.
     assert overlapped_gather_head_s([2.0, 2.0], [0.5, 0.5]) == 0.5
     assert overlapped_gather_head_s([], []) == 0.0
+
+
+@given(st.lists(st.tuples(st.floats(0, 10), st.floats(0, 10)), max_size=8))
+def test_the_head_lies_between_the_first_gather_and_all_of_them(layers: list[tuple[float, float]]) -> None:
+    # Its first layer's gather is never hidden; at worst none is.
+    forward, gather = [f for f, _ in layers], [g for _, g in layers]
+    head = overlapped_gather_head_s(forward, gather)
+    assert (gather[0] if gather else 0.0) - 1e-9 <= head <= sum(gather) + 1e-9
 
 
 def test_a_weight_gather_delays_the_update_by_what_the_stages_first_forward_does_not_hide() -> None:
