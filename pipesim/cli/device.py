@@ -86,9 +86,14 @@ def show_command(name: str, as_json: bool) -> None:
                    "of measuring: no GPU needed.")
 @click.option("--save-measurements", "save_path", type=str, default=None, callback=out_file_option(None),
               help="Also write the raw measurements here.")
+@click.option("--cluster-out", "cluster_path", type=str, default=None, callback=out_file_option(None),
+              help="Also write a cluster file: the device's usual cluster with its in-node tier's bus efficiency "
+                   "and latency fitted to NCCL's all-reduce, reduce-scatter and all-gather across this machine's "
+                   "GPUs (measured where there are two or more; --measurements FILE must hold them).")
 def calibrate_command(out_path: str, base: str | None, name: str | None, measurements_path: str | None,
-                      save_path: str | None) -> None:
-    """Measure this machine's GPU (GEMMs over shapes, attention, copies, a sustained product) and write a device file."""
+                      save_path: str | None, cluster_path: str | None) -> None:
+    """Measure this machine's GPU (GEMMs over shapes, attention, copies, a sustained product; NCCL collectives
+    across its GPUs where it has several) and write a device file."""
     from pipesim.spec.calibration import fit_device
     from pipesim.spec.files import model_to_json, read_json, write_text_atomic
 
@@ -96,16 +101,11 @@ def calibrate_command(out_path: str, base: str | None, name: str | None, measure
         measurements = read_json(measurements_path, "measurements")
         if not isinstance(measurements, dict):
             raise ConfigError("measurements", measurements_path, "must hold a JSON object")
+        if cluster_path is not None and "collectives" not in measurements:
+            raise ConfigError("cluster_out", cluster_path, f"needs collectives and {measurements_path} holds none "
+                              "(they are measured on a machine with two or more GPUs)")
     else:
-        from pipesim.harness import require_torch
-
-        require_torch()
-        from pipesim.harness.rank.device_calibration import cuda_available, measure_device
-
-        if not cuda_available():
-            raise ConfigError("device", "cuda", "calibrate measures a CUDA GPU and torch sees none here; "
-                              "--measurements FILE fits measurements taken elsewhere")
-        measurements = measure_device(progress=lambda text: click.echo(f"calibrate: {text}", err=True))
+        measurements = _measure(cluster_path)
         if save_path is not None:
             with writing(save_path):
                 write_text_atomic(save_path, json.dumps(measurements, indent=1) + "\n")
@@ -118,6 +118,40 @@ def calibrate_command(out_path: str, base: str | None, name: str | None, measure
                f"(fit error {fit.get('matmul', 0):.1%}), attention {device.attention.forward_max_efficiency:g}/"
                f"{device.attention.backward_max_efficiency:g} (fit error {fit.get('attention', 0):.1%}), copies "
                f"{device.memory.max_efficiency:g} of {device.memory_bandwidth_bytes_per_s / 1e12:g} TB/s")
+    if cluster_path is not None:
+        from pipesim.spec.calibration import fit_collectives
+        from pipesim.spec.transformer_profile import default_cluster
+
+        cluster, error = fit_collectives(measurements["collectives"], default_cluster(device))
+        with writing(cluster_path):
+            write_text_atomic(cluster_path, model_to_json(cluster))
+        tier = cluster.tiers[0]
+        click.echo(f"wrote {cluster_path}: {cluster.name}, {tier.name} {tier.bus_efficiency:g} of "
+                   f"{tier.bandwidth_bytes_per_s / 1e9:g} GB/s in collectives, {tier.latency_s * 1e6:.3g} us a hop "
+                   f"(fit error {error:.1%})")
+
+
+def _measure(cluster_path: str | None) -> dict[str, Any]:
+    """This machine's GPU measured, with NCCL collectives across its GPUs where it has several."""
+    from pipesim.harness import require_torch
+
+    require_torch()
+    from pipesim.harness.rank.device_calibration import cuda_available, cuda_device_count, measure_device
+
+    if not cuda_available():
+        raise ConfigError("device", "cuda", "calibrate measures a CUDA GPU and torch sees none here; "
+                          "--measurements FILE fits measurements taken elsewhere")
+    gpus = cuda_device_count()
+    if cluster_path is not None and gpus < 2:
+        raise ConfigError("cluster_out", cluster_path, f"needs two or more GPUs to time NCCL collectives (torch "
+                          f"sees {gpus}); --measurements FILE fits collectives timed elsewhere")
+    measurements = measure_device(progress=lambda text: click.echo(f"calibrate: {text}", err=True))
+    if gpus >= 2:
+        from pipesim.harness.linkbench import measure_collectives
+
+        click.echo(f"calibrate: NCCL collectives across {gpus} GPUs", err=True)
+        measurements["collectives"] = measure_collectives(gpus, backend="nccl")
+    return measurements
 
 
 # A GPU's name as torch reports it, by the words that pick its shipped datasheet file.

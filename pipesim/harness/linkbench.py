@@ -1,4 +1,5 @@
-"""Link benchmark: point-to-point ping-pong over the real process group, fitted as latency + bytes/bandwidth.
+"""Link benchmark: point-to-point ping-pong over the real process group, fitted as latency + bytes/bandwidth;
+and the collectives a device calibration times across a node's GPUs (``measure_collectives``).
 
 ``measure_links`` spawns one process per rank running pipesim.harness.rank.linkbench_rank: each pair of
 neighbouring ranks ping-pongs with the same primitives the runtime uses (a receive posted
@@ -12,6 +13,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +105,35 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         fits.append(LinkFit(pair["src"], pair["dst"], tuple(pair["sizes_bytes"]), tuple(pair["one_way_s"]),
                             latency, bandwidth))
     return topology_of(num_ranks, fits), fits
+
+
+def measure_collectives(num_ranks: int, *, max_bytes: int = 1 << 28, repeats: int = 10, warmup: int = 3,
+                        timeout_s: float = 600.0, backend: str = "nccl") -> dict[str, Any]:
+    """Time all-reduce, reduce-scatter and all-gather across ``num_ranks`` ranks on this machine
+    (NCCL on one GPU per rank, or gloo on CPU tensors), whole buffers from 4 x ranks x 16 bytes to
+    ``max_bytes`` in x4 steps: what ``pipesim.spec.calibration.fit_collectives`` reads.
+
+    Raises:
+        ConfigError: ranks outside 2..``MAX_PROCESSES`` or an unknown backend; RunFailedError: a rank failed.
+    """
+    from pipesim.harness.launch import check_backend, spawn, wait_all
+
+    check_processes("ranks", num_ranks, least=2)
+    if backend not in ("gloo", "nccl"):
+        raise ConfigError("backend", backend, "must be gloo or nccl")
+    check_backend(backend, "cuda" if backend == "nccl" else "cpu", num_ranks)
+    unit = 4 * num_ranks
+    sizes = sorted({max(unit, size // unit * unit) for size in message_sizes(max_bytes) if size >= 16 * unit})
+    folder = Path(tempfile.mkdtemp(prefix="pipesim-collectives-"))
+    try:
+        processes = spawn("pipesim.harness.rank.linkbench_rank",
+                          [json.dumps(sizes), str(repeats), str(warmup), backend, RESULT, "collectives"],
+                          num_ranks, folder, threads=1)
+        wait_all(processes, folder, "collectives", timeout_s)
+        rows = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"schema": "pipesim.collective-measurements/1", "backend": backend, "world_size": num_ranks, **rows}
 
 
 def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:

@@ -12,6 +12,11 @@ base with its curves replaced by the fitted ones, the raw measurements kept unde
   every shape; points the host's dispatch bounds are left out); the sustained share is the rate of
   one product repeated for seconds over what that curve predicts for it (``sustained_share``).
 - attention: forward and backward shares and the two ramps, by least squares on a grid.
+
+``fit_collectives(measurements, base)`` does the same for a cluster from NCCL's all-reduce,
+reduce-scatter and all-gather across a node's GPUs (``pipesim.harness.linkbench.measure_collectives``):
+the in-node tier's per-hop latency and bus rate by least squares on pipesim's own ring formulas
+(``pipesim.spec.collectives``), the other tiers the base's.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from pipesim.errors import ConfigError
+from pipesim.spec.cluster import Cluster
 from pipesim.spec.device import Device
 
 # A measurement shorter than this is taken to be bound by the host's dispatch, not the card.
@@ -192,3 +198,57 @@ def sustained_share(curve: Device, sustained: dict[str, Any], precision: str) ->
     burst = curve.model_copy(update={"sustained_share": 1.0})
     predicted = 2.0 * size[0] * size[1] * size[2] / burst.matmul_s(*size, precision=precision)
     return float(f"{min(1.0, sustained['sustained_flops_per_s'] / predicted):.4g}")
+
+
+COLLECTIVES = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}  # ring hops, as collectives.py
+
+
+def fit_collectives(measurements: dict[str, Any], base: Cluster) -> tuple[Cluster, float]:
+    """``base`` with its in-node tier fitted to collectives across one node's GPUs, and the fit's
+    RMS log error.
+
+    Each row is a ring of n ranks: hops (n - 1) a + hops (n - 1) / n S / B, two hops an all-reduce,
+    one a reduce-scatter or all-gather, S the whole buffer; a and B by least squares on relative
+    error (a >= 0). B becomes the tier's bus efficiency over its datasheet rate, or the rate itself
+    at efficiency 1 where it is faster (a reduction in the switch).
+
+    Raises:
+        ConfigError: measurements of another schema, more ranks than a node holds, or fewer than
+            two usable rows.
+    """
+    if measurements.get("schema") != "pipesim.collective-measurements/1":
+        raise ConfigError("measurements", measurements.get("schema"), "must be pipesim.collective-measurements/1 "
+                          "(the NCCL collectives pipesim device calibrate measures on two or more GPUs)")
+    n = int(measurements.get("world_size") or 0)
+    tier = base.tiers[0]
+    if not 2 <= n <= (tier.gpus or n):
+        raise ConfigError("world_size", n, f"must be 2 to {tier.gpus} (the GPUs of one {base.name} node)")
+    rows = [(hops, float(row["bytes"]), float(row["seconds"])) for name, hops in COLLECTIVES.items()
+            for row in measurements.get(name, []) if row.get("seconds", 0) > 0]
+    if len(rows) < 2:
+        raise ConfigError("collectives", len(rows), "needs at least two timed collectives to fit the in-node tier")
+    latency_terms = np.array([hops * (n - 1) for hops, _, _ in rows])
+    byte_terms = np.array([hops * (n - 1) / n * size for hops, size, _ in rows])
+    seconds = np.array([time for _, _, time in rows])
+    weights = 1.0 / seconds
+    design = np.stack([latency_terms, byte_terms], axis=1) * weights[:, None]
+    (latency, inverse), *_ = np.linalg.lstsq(design, seconds * weights, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        inverse = float(np.sum(byte_terms * seconds * weights**2) / np.sum(byte_terms**2 * weights**2))
+    bus = 1.0 / inverse if inverse > 0 else tier.bandwidth_bytes_per_s
+    predicted = latency * latency_terms + byte_terms / bus
+    error = float(np.sqrt(np.mean(np.log(predicted / seconds) ** 2)))
+    machine = measurements.get("machine", {})
+    when = f"measured ({measurements.get('backend')}, {n} GPUs of {machine.get('gpu')} on {machine.get('host')}, " \
+        f"{machine.get('date')}) by pipesim device calibrate: all-reduce, reduce-scatter and all-gather fitted"
+    rate, efficiency = (tier.bandwidth_bytes_per_s, bus / tier.bandwidth_bytes_per_s) \
+        if bus <= tier.bandwidth_bytes_per_s else (bus, 1.0)
+    fitted_tier = tier.model_copy(update={"bandwidth_bytes_per_s": float(f"{rate:.4g}"),
+                                          "bus_efficiency": float(f"{efficiency:.4g}"),
+                                          "latency_s": float(f"{latency:.4g}")})
+    sources = {**base.sources, "tiers[0].bus_efficiency": when, "tiers[0].latency_s": when}
+    if rate != tier.bandwidth_bytes_per_s:
+        sources["tiers[0].bandwidth_bytes_per_s"] = f"{when}: the bus rate over the datasheet link's, kept as the rate"
+    fitted = base.model_copy(update={"tiers": (fitted_tier, *base.tiers[1:]), "sources": sources})
+    return Cluster.model_validate(fitted.model_dump(by_alias=True)), error

@@ -41,6 +41,37 @@ def test_device_calibrate_fits_saved_measurements_into_a_file_device_reads(tmp_p
     assert json.loads(shown.stdout)["matmul"] == load_device("h200").model_dump(mode="json")["matmul"]
 
 
+def test_device_calibrate_writes_the_in_node_tier_fitted_to_saved_collectives(tmp_path: Path) -> None:
+    # Saved H200 measurements plus collectives across 4 GPUs, timed as rings of a = 2 us a hop and B = 405 GB/s
+    # (all-reduce 2 (n-1) a + 2 (n-1)/n S / B, reduce-scatter and all-gather half that): the cluster file is the
+    # H200's usual dgx-h200 with NVLink's 450 GB/s at 0.9 in collectives and 2 us a hop.
+    raw = json.loads((ROOT / "benchmarks" / "data" / "h200-measurements-2026-11-28.json").read_text())
+    sizes = [2**power for power in range(10, 30, 2)]
+    raw["collectives"] = {"schema": "pipesim.collective-measurements/1", "backend": "nccl", "world_size": 4,
+                          "machine": {"date": "2026-11-28", "host": "test", "gpu": "NVIDIA H200"},
+                          **{name: [{"bytes": size, "seconds": hops * 3 * 2e-6 + hops * 3 / 4 * size / 405e9}
+                                    for size in sizes]
+                             for name, hops in (("all_reduce", 2), ("reduce_scatter", 1), ("all_gather", 1))}}
+    measured = tmp_path / "raw.json"
+    measured.write_text(json.dumps(raw))
+    cluster = tmp_path / "node.json"
+    done = pipesim("device", "calibrate", "--measurements", str(measured), "--out", str(tmp_path / "d.json"),
+                   "--cluster-out", str(cluster))
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {cluster}" in done.stdout
+    shown = json.loads(pipesim("cluster", str(cluster), "--json").stdout)
+    nvlink = shown["tiers"][0]
+    assert shown["name"] == "dgx-h200" and nvlink["bandwidth_bytes_per_s"] == 450e9
+    assert nvlink["bus_efficiency"] == pytest.approx(0.9) and nvlink["latency_s"] == pytest.approx(2e-6)
+    # Measurements without collectives cannot give a cluster: one line, exit 2, and no file.
+    del raw["collectives"]
+    measured.write_text(json.dumps(raw))
+    refused = pipesim("device", "calibrate", "--measurements", str(measured), "--out", str(tmp_path / "e.json"),
+                      "--cluster-out", str(tmp_path / "none.json"))
+    assert refused.returncode == 2 and refused.stderr.startswith("pipesim: error: cluster_out=")
+    assert len(refused.stderr.splitlines()) == 1 and not (tmp_path / "none.json").exists()
+
+
 def test_simulate_model_reports_model_tflops_per_gpu_by_hand_arithmetic() -> None:
     args = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2", "--stages", "2",
             "--global-batch", "16", "--microbatch-size", "1", "--seq-len", "1024", "--schedule", "1f1b", "--json")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from pipesim.errors import ConfigError
-from pipesim.spec.calibration import fit_device
+from pipesim.spec.calibration import fit_collectives, fit_device
+from pipesim.spec.cluster import load_cluster
 from pipesim.spec.device import Device, load_device, shipped_devices
 from pipesim.spec.files import load_device_file
 
@@ -89,3 +91,36 @@ def test_the_fitted_curve_predicts_the_measured_products_within_ten_percent_at_t
 
 def test_device_is_a_frozen_model() -> None:
     assert isinstance(load_device("v100"), Device) and load_device("v100").default_precision == "fp16"
+
+
+def collective_measurements(n: int, latency: float, bus: float) -> dict[str, Any]:
+    """What ``linkbench.measure_collectives`` writes, timed exactly by pipesim's ring formulas."""
+    sizes = [4 * n * 4**power for power in range(2, 12)]
+    rows = {name: [{"bytes": size, "seconds": hops * (n - 1) * latency + hops * (n - 1) / n * size / bus}
+                   for size in sizes] for name, hops in (("all_reduce", 2), ("reduce_scatter", 1), ("all_gather", 1))}
+    return {"schema": "pipesim.collective-measurements/1", "backend": "nccl", "world_size": n,
+            "machine": {"date": "2026-11-28", "host": "test", "gpu": "toy"}, **rows}
+
+
+def test_fitting_collectives_recovers_the_in_node_tiers_latency_and_bus_rate() -> None:
+    # Four GPUs of a dgx-h100 node, each all-reduce 2 (n-1) a + 2 (n-1)/n S / B and each reduce-scatter and
+    # all-gather (n-1) a + (n-1)/n S / B with a = 3 us and B = 360 GB/s: the fit gives back a and B, B as the
+    # NVLink tier's 450 GB/s x 0.8; the NIC tier is the base's.
+    base = load_cluster("dgx-h100")
+    fitted, error = fit_collectives(collective_measurements(4, 3e-6, 360e9), base)
+    nvlink = fitted.tiers[0]
+    assert nvlink.latency_s == pytest.approx(3e-6, rel=1e-6)
+    assert nvlink.bandwidth_bytes_per_s == base.tiers[0].bandwidth_bytes_per_s
+    assert nvlink.bus_efficiency == pytest.approx(0.8, rel=1e-6) and error < 1e-9
+    assert fitted.tiers[1] == base.tiers[1]
+    assert "measured" in fitted.sources["tiers[0].bus_efficiency"]
+    # A bus faster than the datasheet's link (in-switch reduction) raises the link's rate, efficiency 1.
+    faster = fit_collectives(collective_measurements(4, 3e-6, 600e9), base)[0].tiers[0]
+    assert (faster.bandwidth_bytes_per_s, faster.bus_efficiency) == (pytest.approx(600e9, rel=1e-6), 1.0)
+
+
+def test_collectives_over_more_gpus_than_a_node_or_of_another_schema_are_refused() -> None:
+    with pytest.raises(ConfigError, match="world_size=16"):
+        fit_collectives(collective_measurements(16, 3e-6, 360e9), load_cluster("dgx-h100"))
+    with pytest.raises(ConfigError, match="collectives"):
+        fit_collectives({"schema": "other"}, load_cluster("dgx-h100"))

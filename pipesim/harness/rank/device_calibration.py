@@ -189,6 +189,11 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cuda_device_count() -> int:
+    """How many CUDA GPUs torch sees here."""
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
 def machine(device: torch.device) -> dict[str, Any]:
     """What the measurements ran on: the card, driver-facing versions, host and date."""
     info: dict[str, Any] = {"date": datetime.date.today().isoformat(), "host": platform.node(),

@@ -1,4 +1,6 @@
-"""One rank of the link benchmark: ping-pong with each neighbour; rank 0 writes the one-way medians to the file named last on its command line (in PIPESIM_RUN_DIR)."""
+"""One rank of the link benchmark: ping-pong with each neighbour, or (``collectives`` as the sixth
+argument) time all-reduce, reduce-scatter and all-gather across every rank; rank 0 writes the
+medians to the file named fifth on its command line (in PIPESIM_RUN_DIR)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,6 +72,42 @@ def _worker(sizes: list[int], repeats: int, warmup: int, result: Path, device: t
         write_text_atomic(result, json.dumps(every) + "\n")
 
 
+def _timed(operation: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> list[float]:
+    """Each repeat's seconds on this rank, started together after a barrier (the device drained)."""
+    times = []
+    for index in range(warmup + repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        operation()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if index >= warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _collectives(sizes: list[int], repeats: int, warmup: int, result: Path, device: torch.device) -> None:
+    """Per collective and whole-buffer size, the median over repeats of the slowest rank's time."""
+    world = dist.get_world_size()
+    mine: dict[str, list[list[float]]] = {}
+    for size in sizes:
+        whole = torch.zeros(size // 4, dtype=torch.float32, device=device)
+        part = torch.zeros(size // 4 // world, dtype=torch.float32, device=device)
+        for name, operation in (("all_reduce", lambda: dist.all_reduce(whole)),
+                                ("reduce_scatter", lambda: dist.reduce_scatter_tensor(part, whole)),
+                                ("all_gather", lambda: dist.all_gather_into_tensor(whole, part))):
+            mine.setdefault(name, []).append(_timed(operation, repeats, warmup, device))
+    gathered: list[dict[str, list[list[float]]]] = [{} for _ in range(world)]
+    dist.all_gather_object(gathered, mine)
+    if dist.get_rank() == 0:
+        from pipesim.harness.rank.device_calibration import machine
+
+        rows = {name: [{"bytes": size, "seconds": statistics.median(max(times) for times in zip(
+                    *(ranks[name][index] for ranks in gathered), strict=True))}
+                       for index, size in enumerate(sizes)] for name in mine}
+        write_text_atomic(result, json.dumps({"machine": machine(device), **rows}) + "\n")
+
+
 def main(argv: list[str]) -> int:
     """One rank of the benchmark (environment as torchrun sets it)."""
     sizes, repeats, warmup, backend, result = json.loads(argv[0]), int(argv[1]), int(argv[2]), argv[3], argv[4]
@@ -79,7 +118,8 @@ def main(argv: list[str]) -> int:
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     join_process_group(backend, rank, int(os.environ["WORLD_SIZE"]), timedelta(seconds=120))
-    _worker(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]) / result, device)
+    run = _collectives if argv[5:6] == ["collectives"] else _worker
+    run(sizes, repeats, warmup, Path(os.environ["PIPESIM_RUN_DIR"]) / result, device)
     dist.barrier()
     dist.destroy_process_group()
     return 0
