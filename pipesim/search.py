@@ -105,6 +105,7 @@ class _Setting:
     dp_overlap: bool
     allow_uneven: bool = False
     tp_overlap: bool = False
+    precision: str | None = None
     prune: bool = True
     top: int = 10
     threshold: float = math.inf
@@ -150,7 +151,7 @@ class _GroupRunner:
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
                 seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
                 tp_overlap=setting.tp_overlap and item.sequence_parallel and item.tp > 1, recompute=item.recompute,
-                pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep,
+                pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep, precision=setting.precision,
                 dp_overlap=setting.dp_overlap and exact, placement=setting.placement,
                 collectives=collectives if exact else None, update_communication=communication)
             self.profiles[key] = (profile, LayerSums.of(profile), collectives, communication)
@@ -239,7 +240,7 @@ class _GroupRunner:
         tokens, mfu = model_throughput(metrics.throughput_samples_per_s, dp=item.dp, seq_len=setting.seq_len,
                                        forward_flops_per_token=setting.flops,
                                        num_gpus=item.tp * item.cp * item.pp * item.dp,
-                                       peak_flops=setting.spec.peak(setting.spec.default_precision))
+                                       peak_flops=setting.spec.peak(setting.precision or setting.spec.default_precision))
         fits = peak <= setting.budget
         return Outcome(item, "simulated", "fits" if fits else "over budget", tokens_per_s=tokens, mfu=mfu,
                        iteration_time_s=metrics.iteration_time_s, peak_memory_bytes=peak, fits=fits, partition=cut,
@@ -281,7 +282,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
            seq_len: int | None = None, memory_bytes: float | None = None, zero: int | None = None,
            placement: str = "tp-in-node", dp_overlap: bool = False, cluster: str | Cluster | None = None,
            allow_uneven: bool = False, top: int = 10, prune: bool = True, workers: int | None = None,
-           tp_overlap: bool = False,
+           tp_overlap: bool = False, precision: str | None = None,
            scheduler: str | None = None, progress: Callable[[int, int], None] | None = None) -> list[Outcome]:
     """Every candidate's outcome: the simulated ones that fit first by tokens/s, then the others.
 
@@ -291,6 +292,7 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
             --dp-overlap``) rather than after it.
         tp_overlap: in candidates with sequence parallelism, its all-gathers and reduce-scatters
             beside the GEMMs next to them (``simulate --tp-overlap``).
+        precision: the matrix precision (``simulate --precision``; default the device's 16-bit type).
         allow_uneven: also stage counts Megatron cannot cut into whole equal stages.
         top: the k whose places are proven: a candidate is simulated only while its bound could
             beat the k-th best that fits.
@@ -315,10 +317,12 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     if zero is not None and zero not in (0, 1, 2, 3):
         raise ConfigError("zero", zero, "must be 0, 1, 2 or 3")
     Parallelism(placement=placement)  # refuses an unknown placement before any work
+    if precision is not None:
+        spec.peak(precision)  # refuses a precision the card lacks before any work
     setting = _Setting(config=config, spec=spec, cluster=wiring, placement=placement, seq_len=s,
                        budget=spec.memory_bytes if memory_bytes is None else memory_bytes,
                        flops=forward_flops_per_token(config, s), dp_overlap=dp_overlap, allow_uneven=allow_uneven,
-                       tp_overlap=tp_overlap, prune=prune, top=top)
+                       tp_overlap=tp_overlap, precision=precision, prune=prune, top=top)
     space = list(enumerate_candidates(config, wiring, num_gpus=num_gpus, global_batch=global_batch, seq_len=s,
                                       placement=placement, allow_uneven=allow_uneven, zero=zero,
                                       dp_overlap=dp_overlap))

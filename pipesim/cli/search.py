@@ -16,7 +16,7 @@ from pipesim.cli.outputs import ProgressBar, out_folder, writing
 from pipesim.errors import ConfigError
 from pipesim.search import Outcome, search, search_counts
 from pipesim.spec.cluster import load_cluster
-from pipesim.spec.device import load_device
+from pipesim.spec.device import PRECISIONS, load_device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer_profile import PLACEMENTS
 from pipesim.spec.units import parse_size
@@ -50,6 +50,8 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
 @click.option("--dp-overlap", "dp_overlap", is_flag=True, default=False,
               help="Overlap the DP gradient reduction with the last backward, and ZeRO-1's weight "
                    "all-gather with the next forward (as simulate --dp-overlap).")
+@click.option("--precision", "precision", type=click.Choice(PRECISIONS), default=None,
+              help="Matrix precision (as simulate --precision; default bf16, fp16 on cards without bf16).")
 @click.option("--tp-overlap", "tp_overlap", is_flag=True, default=False,
               help="In candidates with sequence parallelism, run its all-gathers and reduce-scatters beside the GEMMs "
                    "next to them (as simulate --tp-overlap).")
@@ -70,7 +72,8 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
 def search_command(model: str, device: str, cluster: str | None, num_gpus: int, global_batch: int,
                    seq_len: int | None, memory: str | None, efficiency: float | None, zero: int | None,
                    allow_uneven: bool, placement: str,
-                   dp_overlap: bool, tp_overlap: bool, workers: int | None, scheduler: str | None,
+                   dp_overlap: bool, precision: str | None, tp_overlap: bool, workers: int | None,
+                   scheduler: str | None,
                    progress: bool | None, top: int, as_json: bool, out_dir: str | None) -> None:
     """Search TP x CP x PP x DP (EP), microbatch size, schedule and V, sequence parallelism, recomputation
     and ZeRO: prune by proven memory and step-time bounds, simulate the rest on the analytic engine,
@@ -91,7 +94,7 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
         outcomes = search(config, device=spec, num_gpus=num_gpus, global_batch=global_batch, seq_len=seq_len,
                           memory_bytes=budget, zero=zero, placement=placement, dp_overlap=dp_overlap, cluster=wiring,
                           allow_uneven=allow_uneven, top=top, workers=workers, scheduler=scheduler, progress=bar,
-                          tp_overlap=tp_overlap)
+                          tp_overlap=tp_overlap, precision=precision)
     finally:
         bar.stop()
     if outcomes and not any(outcome.partition for outcome in outcomes):
@@ -103,6 +106,7 @@ def search_command(model: str, device: str, cluster: str | None, num_gpus: int, 
     run = _run_record(model, config, device, cluster, spec, num_gpus=num_gpus, global_batch=global_batch,
                       seq_len=seq_len or config.seq_len, budget=spec.memory_bytes if budget is None else budget,
                       zero=zero, placement=placement, dp_overlap=dp_overlap, tp_overlap=tp_overlap,
+                      precision=precision or spec.default_precision,
                       efficiency=efficiency, allow_uneven=allow_uneven, top=top)
     if out is not None:
         with writing(out):

@@ -312,3 +312,26 @@ def test_search_with_tp_overlap_ranks_what_simulate_with_tp_overlap_gives() -> N
     same = [other for other in json.loads(plain.stdout)["candidates"]
             if all(other[key] == row[key] for key in keys) and other["status"] == "simulated"]
     assert same and all(other["tokens_per_s"] < row["tokens_per_s"] for other in same)
+
+
+def test_search_in_fp8_ranks_what_simulate_in_fp8_gives_and_refuses_a_card_without_it() -> None:
+    args = ("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "8", "--global-batch", "16",
+            "--seq-len", "2048", "--json")
+    plain, fp8 = (pipesim(*args, *extra) for extra in ((), ("--precision", "fp8")))
+    assert plain.returncode == 0 and fp8.returncode == 0, plain.stderr + fp8.stderr
+    data = json.loads(fp8.stdout)
+    assert data["run"]["precision"] == "fp8" and json.loads(plain.stdout)["run"]["precision"] == "bf16"
+    row = next(row for row in data["candidates"] if row["status"] == "simulated")
+    again = simulate_json("--model", "llama3-8b", "--device", "h100", "--seq-len", "2048", "--precision", "fp8",
+                          "--partition", row["partition"], "--tp", str(row["tp"]), "--ranks", str(row["pp"]),
+                          "--stages-per-rank", str(row["stages_per_rank"]), "--dp", str(row["dp"]),
+                          "--cp", str(row["cp"]), "--zero", str(row["zero"]),
+                          *(("--sequence-parallel",) if row["sequence_parallel"] else ()),
+                          "--microbatch-size", str(row["microbatch_size"]), "--global-batch", "16",
+                          "--recompute-stages", row["recompute"], "--schedule", row["schedule"])
+    assert again["tokens_per_s"] == pytest.approx(row["tokens_per_s"], rel=1e-12)
+    assert again["mfu"] == pytest.approx(row["mfu"], rel=1e-12)  # both over the fp8 peak
+    refused = pipesim("search", "--model", "llama3-8b", "--device", "a100-80gb", "--gpus", "8", "--global-batch", "16",
+                      "--precision", "fp8")
+    assert refused.returncode == 2 and refused.stderr.startswith("pipesim: error: precision='fp8'")
+    assert len(refused.stderr.splitlines()) == 1
