@@ -214,7 +214,8 @@ COST_MODEL: list[tuple[str, str, str, str, tuple[str, ...]]] = [
      "                layer[\"gradient_allreduce_s\"] = reduce\n                step += reduce\n",
      "an overlapped gradient all-reduce still waits whole in the step", SHARDING),
     ("pipesim/spec/sharding.py",
-     "                layer[\"gradient_allreduce_s\"], layer[\"param_gather_s\"] = reduce - gather, gather\n",
+     "                layer[\"gradient_allreduce_s\"] = _scatter_s(cluster, parts, grad_bytes)\n"
+     "                layer[\"param_gather_s\"] = _gather_s(cluster, parts)\n",
      "                layer[\"gradient_allreduce_s\"] = reduce\n",
      "ZeRO-1's all-gather of the updated weights runs beside the backward, before the optimizer step", SHARDING),
     ("pipesim/spec/stages.py", "            step += overlapped_gather_head_s([time / speed for time in columns.forward_s[start:end]],",

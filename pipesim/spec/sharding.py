@@ -88,13 +88,13 @@ def add_update(layers: list[dict[str, Any]], experts: list[float], config: Trans
         if zero >= 2:
             _shard(layer, parts, zero=zero, grad_bytes=grad_bytes, share=share, cluster=cluster)
             if zero == 2:
-                step += sum(allgather_s(cluster, members, count * BYTES_PER_VALUE) for members, count in parts)
+                step += _gather_s(cluster, parts)
         elif group.size > 1 or (split and expert_group.size > 1):
             reduce = sum(_reduce_s(cluster, members, count, zero=zero, grad_bytes=grad_bytes)
                          for members, count in parts if count)
             if overlap and zero == 1:  # the scatter beside the backward, the gather beside the next forward
-                gather = sum(allgather_s(cluster, members, count * BYTES_PER_VALUE) for members, count in parts if count)
-                layer["gradient_allreduce_s"], layer["param_gather_s"] = reduce - gather, gather
+                layer["gradient_allreduce_s"] = _scatter_s(cluster, parts, grad_bytes)
+                layer["param_gather_s"] = _gather_s(cluster, parts)
                 step += share * reduce
             elif overlap:
                 layer["gradient_allreduce_s"] = reduce
@@ -130,15 +130,25 @@ def _reduce_s(cluster: Cluster, group: Group, parameters: float, *, zero: int, g
     return allreduce_s(cluster, group, parameters * grad_bytes)
 
 
+def _scatter_s(cluster: Cluster, parts: list[tuple[Group, float]], grad_bytes: float) -> float:
+    """The reduce-scatter of each part's gradients over its group."""
+    return sum(reduce_scatter_s(cluster, members, count * grad_bytes) for members, count in parts)
+
+
+def _gather_s(cluster: Cluster, parts: list[tuple[Group, float]]) -> float:
+    """The all-gather of each part's 16-bit weights over its group."""
+    return sum(allgather_s(cluster, members, count * BYTES_PER_VALUE) for members, count in parts)
+
+
 def _shard(layer: dict[str, Any], parts: list[tuple[Group, float]], *, zero: int, grad_bytes: float, share: float,
            cluster: Cluster) -> None:
     """ZeRO-2/3's collectives of one microbatch in the layer's own times: the gradients'
     reduce-scatter beside the weight gradient (W), and under ZeRO-3 the weights' all-gather beside
     the forward and again beside the input gradient (I)."""
-    scatter = sum(reduce_scatter_s(cluster, members, count * grad_bytes) for members, count in parts)
+    scatter = _scatter_s(cluster, parts, grad_bytes)
     layer["backward_weight_s"] = overlapped_s(layer["backward_weight_s"], scatter, share)
     if zero == 3:
-        gather = sum(allgather_s(cluster, members, count * BYTES_PER_VALUE) for members, count in parts)
+        gather = _gather_s(cluster, parts)
         layer["forward_s"] = overlapped_s(layer["forward_s"], gather, share)
         layer["backward_input_s"] = overlapped_s(layer["backward_input_s"], gather, share)
     layer["backward_s"] = layer["backward_input_s"] + layer["backward_weight_s"]
