@@ -19,6 +19,7 @@ import numpy as np
 
 from pipesim.errors import ConfigError
 from pipesim.harness.config import check_processes
+from pipesim.spec.calibration import fit_latency_and_rate
 from pipesim.spec.topology import Topology
 from pipesim.spec.validation import build
 
@@ -60,15 +61,9 @@ def message_sizes(max_bytes: int) -> list[int]:
 def fit_link(sizes: list[int], times: list[float]) -> tuple[float, float]:
     """Least squares of ``latency + bytes / bandwidth`` on relative error; latency >= 0, bandwidth > 0."""
     x = np.asarray(sizes, dtype=float)
-    t = np.asarray(times, dtype=float)
-    weights = 1.0 / t
-    design = np.stack([np.ones_like(x), x], axis=1) * weights[:, None]
-    (latency, inverse), *_ = np.linalg.lstsq(design, t * weights, rcond=None)
-    if latency < 0:
-        latency = 0.0
-        inverse = float(np.sum(x * t * weights**2) / np.sum(x * x * weights**2))
+    latency, inverse = fit_latency_and_rate(np.ones_like(x), x, np.asarray(times, dtype=float))
     bandwidth = 1.0 / inverse if inverse > 0 else float("inf")
-    return float(latency), float(bandwidth)
+    return latency, float(bandwidth)
 
 
 def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int = 30, warmup: int = 5,
@@ -82,23 +77,11 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
     Raises:
         ConfigError: ranks outside 2..``MAX_PROCESSES`` or a size below 4 bytes; RunFailedError: a rank failed.
     """
-    from pipesim.harness.launch import check_backend, spawn, wait_all
-
     check_processes("ranks", num_ranks, least=2)
     if max_bytes < 4:
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
-    if backend not in ("gloo", "nccl"):
-        raise ConfigError("backend", backend, "must be gloo or nccl")
-    check_backend(backend, "cuda" if backend == "nccl" else "cpu", num_ranks)
     sizes = message_sizes(max_bytes)
-    folder = Path(tempfile.mkdtemp(prefix="pipesim-linkbench-"))
-    try:
-        processes = spawn("pipesim.harness.rank.linkbench_rank", [json.dumps(sizes), str(repeats), str(warmup), backend, RESULT],
-                          num_ranks, folder, threads=1)
-        wait_all(processes, folder, "linkbench", timeout_s)
-        pairs = json.loads((folder / RESULT).read_text(encoding="utf-8"))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    pairs = _run_ranks("linkbench", num_ranks, backend, timeout_s, [json.dumps(sizes), str(repeats), str(warmup)])
     fits = []
     for pair in pairs:
         latency, bandwidth = fit_link(pair["sizes_bytes"], pair["one_way_s"])
@@ -116,24 +99,33 @@ def measure_collectives(num_ranks: int, *, max_bytes: int = 1 << 28, repeats: in
     Raises:
         ConfigError: ranks outside 2..``MAX_PROCESSES`` or an unknown backend; RunFailedError: a rank failed.
     """
+    check_processes("ranks", num_ranks, least=2)
+    unit = 4 * num_ranks
+    sizes = sorted({max(unit, size // unit * unit) for size in message_sizes(max_bytes) if size >= 16 * unit})
+    rows = _run_ranks("collectives", num_ranks, backend, timeout_s, [json.dumps(sizes), str(repeats), str(warmup)])
+    return {"schema": "pipesim.collective-measurements/1", "backend": backend, "world_size": num_ranks, **rows}
+
+
+def _run_ranks(mode: str, num_ranks: int, backend: str, timeout_s: float, args: list[str]) -> Any:
+    """pipesim.harness.rank.linkbench_rank in ``mode`` (``linkbench``: ping-pong, ``collectives``) on
+    ``num_ranks`` ranks in a folder of its own, removed after: what rank 0 wrote.
+
+    Raises:
+        ConfigError: an unknown backend, or one this machine cannot run; RunFailedError: a rank failed.
+    """
     from pipesim.harness.launch import check_backend, spawn, wait_all
 
-    check_processes("ranks", num_ranks, least=2)
     if backend not in ("gloo", "nccl"):
         raise ConfigError("backend", backend, "must be gloo or nccl")
     check_backend(backend, "cuda" if backend == "nccl" else "cpu", num_ranks)
-    unit = 4 * num_ranks
-    sizes = sorted({max(unit, size // unit * unit) for size in message_sizes(max_bytes) if size >= 16 * unit})
-    folder = Path(tempfile.mkdtemp(prefix="pipesim-collectives-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"pipesim-{mode}-"))
     try:
-        processes = spawn("pipesim.harness.rank.linkbench_rank",
-                          [json.dumps(sizes), str(repeats), str(warmup), backend, RESULT, "collectives"],
-                          num_ranks, folder, threads=1)
-        wait_all(processes, folder, "collectives", timeout_s)
-        rows = json.loads((folder / RESULT).read_text(encoding="utf-8"))
+        processes = spawn("pipesim.harness.rank.linkbench_rank", [*args, backend, RESULT, mode], num_ranks, folder,
+                          threads=1)
+        wait_all(processes, folder, mode, timeout_s)
+        return json.loads((folder / RESULT).read_text(encoding="utf-8"))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return {"schema": "pipesim.collective-measurements/1", "backend": backend, "world_size": num_ranks, **rows}
 
 
 def topology_of(num_ranks: int, fits: list[LinkFit]) -> Topology:

@@ -203,6 +203,20 @@ def sustained_share(curve: Device, sustained: dict[str, Any], precision: str) ->
 COLLECTIVES = {"all_reduce": 2.0, "reduce_scatter": 1.0, "all_gather": 1.0}  # ring hops, as collectives.py
 
 
+def fit_latency_and_rate(latency_terms: np.ndarray, byte_terms: np.ndarray,
+                         seconds: np.ndarray) -> tuple[float, float]:
+    """(latency a >= 0, inverse rate u) of ``seconds = a x latency_terms + u x byte_terms`` by least
+    squares on relative error: an alpha-beta fit (a link's ping-pong has one latency a message, a
+    ring collective one a hop)."""
+    weights = 1.0 / seconds
+    design = np.stack([latency_terms, byte_terms], axis=1) * weights[:, None]
+    (latency, inverse), *_ = np.linalg.lstsq(design, seconds * weights, rcond=None)
+    if latency < 0:
+        latency = 0.0
+        inverse = float(np.sum(byte_terms * seconds * weights**2) / np.sum(byte_terms**2 * weights**2))
+    return float(latency), float(inverse)
+
+
 def fit_collectives(measurements: dict[str, Any], base: Cluster) -> tuple[Cluster, float]:
     """``base`` with its in-node tier fitted to collectives across one node's GPUs, and the fit's
     RMS log error.
@@ -230,12 +244,7 @@ def fit_collectives(measurements: dict[str, Any], base: Cluster) -> tuple[Cluste
     latency_terms = np.array([hops * (n - 1) for hops, _, _ in rows])
     byte_terms = np.array([hops * (n - 1) / n * size for hops, size, _ in rows])
     seconds = np.array([time for _, _, time in rows])
-    weights = 1.0 / seconds
-    design = np.stack([latency_terms, byte_terms], axis=1) * weights[:, None]
-    (latency, inverse), *_ = np.linalg.lstsq(design, seconds * weights, rcond=None)
-    if latency < 0:
-        latency = 0.0
-        inverse = float(np.sum(byte_terms * seconds * weights**2) / np.sum(byte_terms**2 * weights**2))
+    latency, inverse = fit_latency_and_rate(latency_terms, byte_terms, seconds)
     bus = 1.0 / inverse if inverse > 0 else tier.bandwidth_bytes_per_s
     predicted = latency * latency_terms + byte_terms / bus
     error = float(np.sqrt(np.mean(np.log(predicted / seconds) ** 2)))

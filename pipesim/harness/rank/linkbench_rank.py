@@ -1,6 +1,6 @@
-"""One rank of the link benchmark: ping-pong with each neighbour, or (``collectives`` as the sixth
-argument) time all-reduce, reduce-scatter and all-gather across every rank; rank 0 writes the
-medians to the file named fifth on its command line (in PIPESIM_RUN_DIR)."""
+"""One rank of the link benchmark: ping-pong with each neighbour (``linkbench`` as the sixth argument)
+or time all-reduce, reduce-scatter and all-gather across every rank (``collectives``); rank 0 writes
+the medians to the file named fifth on its command line (in PIPESIM_RUN_DIR)."""
 
 from __future__ import annotations
 
