@@ -72,7 +72,7 @@ bench-model-cost: $(STAMP)
 	$(PY) benchmarks/bench_model_cost.py --baseline $(BASELINE) --write
 
 .PHONY: bench-device-step
-# A whole training step of three small transformers on one GPU against the op cost model: MEASURE=1
+# Whole training steps on one GPU (three small transformers, the 1.7B hold-out GPT) against the op cost model: MEASURE=1
 # on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the measurement kept in
 # benchmarks/data is priced and the table goes into benchmarks/RESULTS.md.
 STEP ?= benchmarks/data/h200-step-2026-11-28.json

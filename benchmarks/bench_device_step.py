@@ -2,14 +2,15 @@
 
 ``--measure`` (on the GPU, torch needed) builds each model of ``MODELS`` in bf16 (a GPT with
 LayerNorm, GELU and biases; a Llama-style one with RMSNorm, SwiGLU and grouped KV heads; a
-Megatron-2021-style GPT whose attention is unfused, with dropout), times forward + backward and
+Megatron-2021-style GPT whose attention is unfused, with dropout; the whole 1.7B GPT of the
+Megatron-Core hold-out), times forward + backward and
 the optimizer step with CUDA events, and sums the kernels of one step by kind with
 torch.profiler. ``--predict FILE`` (anywhere, no torch) prices the same steps with
 ``pipesim.spec.opcost`` on a device file and prints predicted against measured, per model and per
 kind of kernel, into benchmarks/RESULTS.md with ``--write``.
 
-    python benchmarks/bench_device_step.py --measure --out step.json [--seconds 20]   # on the GPU
-    python benchmarks/bench_device_step.py --predict step.json --device h200 [--write]
+    python benchmarks/bench_device_step.py --measure --out step.json [--seconds 20] [--models 1.7b]  # GPU
+    python benchmarks/bench_device_step.py --predict step.json[,more.json] --device h200 [--write]
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ MODELS: dict[str, tuple[dict[str, Any], int, int, str]] = {
                                     "num_kv_heads": 24, "vocab_size": 51200, "seq_len": 2048, "has_bias": True,
                                     "norm": "layernorm", "has_dropout": True, "is_gated_ffn": False},
                                    8, 2048, "unfused"),
+    # the hold-out's smallest Megatron-Core row (benchmarks/data/mcore_r08_h100_weak_scaling.json), whole
+    "gpt 24x2048 1.7b flash": ({"num_layers": 24, "hidden_size": 2048, "ffn_hidden_size": 8192, "num_heads": 16,
+                                "num_kv_heads": 16, "vocab_size": 131072, "seq_len": 4096, "has_bias": True,
+                                "norm": "layernorm", "has_dropout": False, "is_gated_ffn": False}, 2, 4096, "flash"),
 }
 
 
@@ -109,13 +114,16 @@ def _kind(name: str) -> str:
     return "elementwise"
 
 
-def measure(out: str, steps: int, seconds: float) -> None:
+def measure(out: str, steps: int, seconds: float, names: list[str] | None = None) -> None:
+    """Time every model of ``MODELS`` (or those ``names`` picks) on the GPU and write ``out``."""
     import torch
 
     device = torch.device("cuda")
     results: dict[str, Any] = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
                                "date": time.strftime("%Y-%m-%d"), "models": {}}
     for name, (config, b, s, attention) in MODELS.items():
+        if names is not None and name not in names:
+            continue
         torch.manual_seed(0)
         model = _build(config, attention).to(device=device, dtype=torch.bfloat16)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -234,15 +242,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="step.json")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=20.0, help="steps run back to back afterwards, the card hot")
+    parser.add_argument("--models", default="", help="comma-separated words; the models whose name holds one "
+                                                     "(default every model)")
     parser.add_argument("--predict", default=None)
     parser.add_argument("--device", default="h200")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args(argv)
+    words = [word.strip() for word in args.models.split(",") if word.strip()]
+    names = [name for name in MODELS if any(word in name for word in words)] if words else None
+    if names is not None and not names:
+        parser.error(f"--models {args.models!r} picks none of: {', '.join(MODELS)}")
     if args.measure:
-        measure(args.out, args.steps, args.seconds)
+        measure(args.out, args.steps, args.seconds, names)
         return 0
     if args.predict:
-        text = predict_report(json.loads(Path(args.predict).read_text(encoding="utf-8")), args.device)
+        files = [json.loads(Path(name).read_text(encoding="utf-8")) for name in args.predict.split(",")]
+        measured = {**files[0], "models": {k: v for f in files for k, v in f["models"].items()}}
+        text = predict_report(measured, args.device)
         print(text)
         if args.write:
             from results_file import write_section

@@ -1,40 +1,59 @@
 #!/usr/bin/env bash
 # Every measurement that only a lent GPU host (one GPU, 16 quiet cores) can give, in one bounded run:
-#   1. a whole training step of three small transformers on the card (bench_device_step.py --measure),
-#   2. the experts' batched GEMMs of an MoE layer (bench_expert_gemms.py --measure),
-#   3. the 4-rank real-run validation on the host's CPUs (bench_validate.py --cases 4-rank),
-#   4. the 10,080-point sweep's scaling over worker counts (bench_sweep.py --scaling), when asked.
+#   1. whole training steps on the card (bench_device_step.py --measure): three small transformers
+#      briefly, then the Megatron-Core hold-out's 1.7B GPT run hot for a while, nvidia-smi's clocks
+#      and power sampled beside them;
+#   2. the GPU path of the harness (bench_gpu.py: CUDA-event layer profiles against a stage's step);
+#   3. the 4-rank transformer validation on the host's CPUs (bench_validate.py --cases 4), first with
+#      a calibration before every real run (--calibrate run), then the default (one per round);
+#   4. the host's own slowdown with N busy processes (host_contention.py), which the sweep's scaling
+#      on many workers cannot beat;
+#   5. the 10,080-point sweep's scaling over worker counts (bench_sweep.py --scaling), when asked.
 # Each part has its own time limit, so one that hangs costs only its share; what each wrote is kept.
 # The predictions are made afterwards on any machine from the files written here (see RESULTS.md).
 #
-#   bash benchmarks/gpu_host_run.sh OUT_DIR [SCALING_COUNTS [TREE]]   # e.g. OUT_DIR 2,14,4; at most 9 minutes
+#   bash benchmarks/gpu_host_run.sh OUT_DIR [SCALING_COUNTS [TREE]]   # about 9 minutes, 11 with scaling
 # TREE: the source tree whose sweep is measured (default this one).
 set -u
 out=$(realpath -m "${1:?usage: gpu_host_run.sh OUT_DIR [SCALING_COUNTS [TREE]]}")
 counts=${2:-}
 tree=$(realpath "${3:-.}")
 py=${PYTHON:-python3}
-mkdir -p "$out" /tmp/gpu-host-logs
 logs=/tmp/gpu-host-logs
+mkdir -p "$out" "$logs"
 stamp() { echo "[$(date -u +%T)] $*"; }
 
 stamp "machine: $(nproc) cores; $(nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader 2>&1)"
-nvidia-smi > "$logs/nvidia-smi.txt" 2>&1
+{ lscpu; nvidia-smi; cat /proc/loadavg; } > "$logs/machine.txt" 2>&1
+grep -E "^(Model name|Thread|Core|Socket|NUMA node\(s\)|CPU\(s\))" "$logs/machine.txt"
 
-stamp "1/4 training steps on the card"
-timeout 110 "$py" benchmarks/bench_device_step.py --measure --out "$out/step-hot.json" --seconds 12 \
-    > "$logs/step.log" 2>&1; stamp "  exit $?"; tail -4 "$logs/step.log"
+stamp "1/5 training steps on the card"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv -lms 500 \
+    > "$logs/smi.csv" 2>&1 & smi=$!
+timeout 45 "$py" benchmarks/bench_device_step.py --measure --models 4x --out "$out/step-small.json" --seconds 6 \
+    > "$logs/step.log" 2>&1; stamp "  exit $?"
+timeout 70 "$py" benchmarks/bench_device_step.py --measure --models 1.7b --out "$out/step-1.7b.json" --seconds 40 \
+    >> "$logs/step.log" 2>&1; stamp "  exit $?"; grep -v Warn "$logs/step.log" | grep "ms" | cut -c1-200
+kill $smi 2>/dev/null
 
-stamp "2/4 the experts' GEMMs"
-timeout 70 "$py" benchmarks/bench_expert_gemms.py --measure --out "$out/experts.json" \
-    > "$logs/experts.log" 2>&1; stamp "  exit $?"; tail -2 "$logs/experts.log"
+stamp "2/5 the harness's GPU path"
+timeout 45 "$py" benchmarks/bench_gpu.py --out "$out/bench-gpu.md" > "$logs/gpu.log" 2>&1; stamp "  exit $?"
+tail -5 "$logs/gpu.log"
 
-stamp "3/4 4-rank validation on the host's CPUs"
-timeout 175 "$py" benchmarks/bench_validate.py --cases 4-rank --runs 3 --time-limit 150 --no-write \
-    --out "$logs/validate" > "$logs/validate.log" 2>&1; stamp "  exit $?"; tail -6 "$logs/validate.log"
+for mode in run round; do
+    limit=$([ $mode = run ] && echo 165 || echo 120)
+    stamp "3/5 4-rank transformer validation on the host's CPUs, --calibrate $mode"
+    timeout $((limit + 20)) "$py" benchmarks/bench_validate.py --cases 4 --runs 3 --calibrate $mode --time-limit $limit \
+        --no-write --out "$logs/validate-$mode" > "$logs/validate-$mode.log" 2>&1; stamp "  exit $?"
+    grep -E "^\| (gpipe|1f1b|pipedream|2bw|pipemare|interleaved|zb)" "$logs/validate-$mode.log" | head -8
+done
+
+stamp "4/5 the host's slowdown with N busy processes"
+timeout 60 "$py" benchmarks/host_contention.py --counts 1,2,8,14,16 --every 40 --out "$out/contention.json" \
+    > "$logs/contention.log" 2>&1; stamp "  exit $?"; cat "$logs/contention.log"
 
 if [ -n "$counts" ]; then
-    stamp "4/4 sweep scaling on workers $counts"
+    stamp "5/5 sweep scaling on workers $counts"
     (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" timeout 160 "$py" benchmarks/bench_sweep.py \
         --scaling "$counts" --repeats 1 --budget 140 --no-write --out "$out/scaling.md") > "$logs/scaling.log" 2>&1
     stamp "  exit $?"; tail -12 "$logs/scaling.log"
