@@ -61,6 +61,7 @@ from pipesim.simulation import make_plan, simulate_plan
 from pipesim.spec.cluster import Cluster, load_cluster
 from pipesim.spec.device import Device, load_device
 from pipesim.spec.model_files import load_model
+from pipesim.spec.opcost import tp_overlap_applies
 from pipesim.spec.parallel import zero_optimizer_multiplier
 from pipesim.spec.partition import balance_partition, megatron_cut
 from pipesim.spec.plan import Plan
@@ -150,7 +151,7 @@ class _GroupRunner:
             profile = transformer_profile(
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
                 seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
-                tp_overlap=setting.tp_overlap and item.sequence_parallel and item.tp > 1, recompute=item.recompute,
+                tp_overlap=setting.tp_overlap and tp_overlap_applies(item.sequence_parallel, item.tp), recompute=item.recompute,
                 pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep, precision=setting.precision,
                 dp_overlap=setting.dp_overlap and exact, placement=setting.placement,
                 collectives=collectives if exact else None, update_communication=communication)

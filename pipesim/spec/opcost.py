@@ -253,6 +253,12 @@ def layer_ops(config: TransformerConfig, setting: Setting, *, moe: bool = False)
 OVERLAPPED_SIDE = {"tp-all-gather": 1, "tp-reduce-scatter": -1}
 
 
+def tp_overlap_applies(sequence_parallel: bool, tp: int) -> bool:
+    """Whether ``--tp-overlap`` has collectives to overlap: it overlaps sequence parallelism's
+    all-gathers and reduce-scatters, so it needs sequence parallelism over more than one TP rank."""
+    return sequence_parallel and tp > 1
+
+
 def overlap_tp_collectives(ops: list[OpCost], setting: Setting) -> list[OpCost]:
     """With ``setting.tp_overlap``, each sequence-parallel collective next to a GEMM in ``ops`` run
     beside it: the collective keeps only what it adds to the GEMM, forward and input gradient

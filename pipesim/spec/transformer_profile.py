@@ -43,7 +43,8 @@ from pipesim.spec.device import Device, load_device
 from pipesim.spec.experts import routed_expert_parameters
 from pipesim.spec.layout import PLACEMENTS as PLACEMENTS  # where the CLI and search import them
 from pipesim.spec.layout import Parallelism as Parallelism
-from pipesim.spec.opcost import Attention, OpCost, Setting, check_attention, embedding_ops, head_ops, layer_ops, totals
+from pipesim.spec.opcost import (Attention, OpCost, Setting, check_attention, embedding_ops, head_ops, layer_ops,
+                                  totals, tp_overlap_applies)
 from pipesim.spec.profile import Profile
 from pipesim.spec.sharding import ADAM_BYTES_PER_PARAMETER as ADAM_BYTES_PER_PARAMETER
 from pipesim.spec.sharding import ADAM_STATE_MULTIPLIER as ADAM_STATE_MULTIPLIER
@@ -140,7 +141,7 @@ def transformer_profile(
     wiring = default_cluster(spec) if cluster is None else load_cluster(cluster) if isinstance(cluster, str) else cluster
     s = seq_len if seq_len is not None else config.seq_len
     _check(config, microbatch_size=microbatch_size, seq_len=s, tp=tp, recompute=recompute, zero=zero)
-    if tp_overlap and not (sequence_parallel and tp > 1):
+    if tp_overlap and not tp_overlap_applies(sequence_parallel, tp):
         raise ConfigError("tp_overlap", True, "needs --sequence-parallel with --tp T > 1 (it overlaps sequence "
                           "parallelism's all-gathers and reduce-scatters with the GEMMs beside them)")
     check_attention(attention)
@@ -323,7 +324,7 @@ def layer_op_costs(model: str | TransformerConfig, *, device: str | Device = "h1
     setting = Setting(device=spec, cluster=wiring, precision=precision or spec.default_precision,
                       microbatch_size=microbatch_size, seq_len=seq_len or config.seq_len, tp=tp,
                       sequence_parallel=sequence_parallel and tp > 1, attention=attention,
-                      tp_overlap=tp_overlap and sequence_parallel and tp > 1)
+                      tp_overlap=tp_overlap and tp_overlap_applies(sequence_parallel, tp))
     return layer_ops(config, setting, moe=config.is_moe if moe is None else moe)
 
 
