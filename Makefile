@@ -72,9 +72,9 @@ bench-model-cost: $(STAMP)
 	$(PY) benchmarks/bench_model_cost.py --baseline $(BASELINE) --write
 
 .PHONY: bench-device-step
-# Whole training steps on one GPU (three small transformers, the 1.7B hold-out GPT) against the op cost model: MEASURE=1
-# on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the measurement kept in
-# benchmarks/data is priced and the table goes into benchmarks/RESULTS.md.
+# Whole training steps on one GPU (three small transformers, the 1.7B hold-out GPT) against the op
+# cost model: MEASURE=1 on a CUDA machine measures (benchmarks/data/STEP.json), otherwise the
+# measurement kept in benchmarks/data is priced and the table goes into benchmarks/RESULTS.md.
 STEP ?= benchmarks/data/h200-step-2026-11-28.json
 bench-device-step: $(CORE_STAMP)
 	$(if $(MEASURE),$(PY) benchmarks/bench_device_step.py --measure --out $(STEP),\

@@ -151,7 +151,8 @@ class _GroupRunner:
             profile = transformer_profile(
                 setting.config, device=setting.spec, cluster=setting.cluster, microbatch_size=item.microbatch_size,
                 seq_len=setting.seq_len, tp=item.tp, sequence_parallel=item.sequence_parallel,
-                tp_overlap=setting.tp_overlap and tp_overlap_applies(item.sequence_parallel, item.tp), recompute=item.recompute,
+                tp_overlap=setting.tp_overlap and tp_overlap_applies(item.sequence_parallel, item.tp),
+                recompute=item.recompute,
                 pp=pp, dp=dp, zero=zero, cp=item.cp, ep=item.ep, precision=setting.precision,
                 dp_overlap=setting.dp_overlap and exact, placement=setting.placement,
                 collectives=collectives if exact else None, update_communication=communication)

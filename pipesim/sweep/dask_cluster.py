@@ -60,10 +60,11 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # columns a point frees would go back to the OS and be faulted in again by the next point
     # (benchmarks/RESULTS.md, sweeps): workers start with pipesim's thresholds (pipesim.allocator).
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ", default={}), **allocator.ENVIRONMENT}
-    # A worker's sampling profiler (for the dashboard, which no sweep reads) stops the task's thread every
-    # 10 ms to walk its stack: with as many workers as cores that cost a fifth of each point's time
-    # (benchmarks/RESULTS.md, "Sweeps on W workers").
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}):
+    # Each worker's sampling profiler (for a dashboard no sweep reads) takes the GIL every 10 ms to walk
+    # the task thread's stack: work beside every point that nothing uses, so it is off (benchmarks/
+    # RESULTS.md, "Two Dask workers against plain processes").
+    settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
+    with dask.config.set(settings):
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
             # another cluster holds that port, so let the OS choose one.
