@@ -71,7 +71,8 @@ from pipesim.spec.plan import CUSTOM_SCHEDULE
               help="Microbatches per minibatch M (with --schedule-csv: default the largest index + 1).")
 @click.option("--schedule", "schedule", default=None,
               help=f"One of: {', '.join(SCHEDULES)} (or torch's class names); a comma-separated list or 'all' "
-                   "compares them side by side.")
+                   "compares them side by side. Default with --model: 1f1b, or interleaved-1f1b with "
+                   "--stages-per-rank above 1 (Megatron's schedules).")
 @click.option("--schedule-csv", "schedule_csv", type=str, default=None,
               help="Simulate the schedule in this file (PyTorch's pipelining CSV) instead of --schedule.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
@@ -173,7 +174,10 @@ def simulate_command(
         if schedule is not None and schedule_csv is not None:
             raise ConfigError("schedule", schedule, "give exactly one of --schedule NAME or --schedule-csv FILE")
         if schedule is None and schedule_csv is None:
-            raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).", click.get_current_context())
+            if capacity.record is None:
+                raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).",
+                                       click.get_current_context())
+            schedule = model_default_schedule(stages_per_rank)
         if schedule_csv is not None:
             given = from_csv(read_text(schedule_csv, "schedule_csv"), name=CUSTOM_SCHEDULE,
                              num_microbatches=num_microbatches, source=schedule_csv)
@@ -327,6 +331,12 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
     written = write_report(result, out_dir, run=run, metrics=metrics)
     written.append(save_figure(timeline(result.trace), out_dir / OUTPUT_FILES[-1]))
     return written
+
+
+def model_default_schedule(stages_per_rank: int | None) -> str:
+    """The schedule of a ``--model`` run that names none: Megatron's, 1F1B with one stage per rank and
+    the interleaved 1F1B with several."""
+    return "interleaved-1f1b" if stages_per_rank is not None and stages_per_rank > 1 else "1f1b"
 
 
 def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,

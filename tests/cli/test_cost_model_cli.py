@@ -117,6 +117,22 @@ def test_ranks_and_stages_per_rank_run_a_model_interleaved() -> None:
     assert json.loads(done.stdout)["num_gpus"] == 8 * 4 * 2
 
 
+def test_the_contract_command_without_schedule_runs_megatrons_schedule() -> None:
+    """The issue's contract names no --schedule: a --model run takes 1F1B, interleaved with V > 1."""
+    base = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2", "--global-batch", "16",
+            "--microbatch-size", "1", "--seq-len", "1024", "--json")
+    for layout, schedule in ((("--stages", "2"), "1f1b"), (("--ranks", "2", "--stages-per-rank", "2"), "interleaved-1f1b")):
+        default = pipesim(*base, *layout)
+        assert default.returncode == 0, default.stderr
+        named = pipesim(*base, *layout, "--schedule", schedule)
+        data = json.loads(default.stdout)
+        assert data["schedule"] == schedule
+        assert data["iteration_time_s"] == json.loads(named.stdout)["iteration_time_s"]
+    profile = pipesim("simulate", "--uniform", "layers=8,forward_ms=1,backward_ms=2", "--stages", "2",
+                      "--microbatches", "4")
+    assert profile.returncode == 2 and "Missing option '--schedule'" in profile.stderr
+
+
 @pytest.mark.parametrize(("args", "field"), [
     (("--device", "h900"), "device='h900'"),
     (("--cluster", "nowhere.json"), "cluster"),
