@@ -54,7 +54,7 @@ def table(results: dict[str, pipesim.Result]) -> pd.DataFrame:
                 "weights_gb": breakdown["weights"] / GB,
                 "gradients_gb": breakdown["gradients"] / GB,
                 "optimizer_gb": breakdown["optimizer"] / GB,
-                "activations_gb": breakdown["activations"] / GB,
+                "activations_gb": (breakdown["activations"] + breakdown["working"]) / GB,
                 "fits_16gb": stage.peak_memory_bytes <= V100_MEMORY_BYTES,
                 "weight_versions_max": stage.weight_versions_max,
                 "inflight_microbatches_max": stage.max_inflight_microbatches,

@@ -59,7 +59,8 @@ def run(quick: bool) -> pd.DataFrame:
                     "throughput_samples_per_s": result.metrics.throughput_samples_per_s,
                     "peak_memory_gb": fullest.peak_memory_bytes / GB,
                     "peak_weights_gb": fullest.peak_breakdown_bytes["weights"] / GB,
-                    "peak_activations_gb": fullest.peak_breakdown_bytes["activations"] / GB,
+                    "peak_activations_gb": (fullest.peak_breakdown_bytes["activations"]
+                                            + fullest.peak_breakdown_bytes["working"]) / GB,
                     "total_memory_gb": sum(stage.peak_memory_bytes for stage in stages) / GB,
                     "stage0_versions": stages[0].weight_versions_max,
                     "stage0_inflight": stages[0].max_inflight_microbatches,

@@ -10,7 +10,7 @@ from pipesim.schedule.ir import B_CODE, F_CODE, I_CODE, NUM_KINDS, U_CODE, W_COD
 from pipesim.engine.lowering import Program
 from pipesim.engine.trace import CATEGORIES, MEMORY_COLUMNS
 
-WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS = (CATEGORIES.index(c) for c in CATEGORIES)
+WEIGHTS, GRADIENTS, OPTIMIZER, ACTIVATIONS, WORKING = (CATEGORIES.index(c) for c in CATEGORIES)
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 Columns = dict[str, npt.NDArray[np.generic]]
@@ -29,13 +29,13 @@ def memory_columns(program: Program, start_s: FloatArray, end_s: FloatArray, *,
     stage's weight-stash bytes (what W still needs; no event when that is the whole stash),
     and W's end frees those; the microbatch counts as held from F's end to W's end. A stage
     with working bytes (what recomputation re-creates: ``StageCosts.working_bytes``) holds them
-    from its B's (or I's) start to its end, an event of its own at the start and part of the
-    free at the end. With STASH or DOUBLE_BUFFER weights a U's end adds the new version, and a
-    version is freed once it is superseded and its last user has ended; FLUSH and SINGLE
-    update in place. Events are in order of time, ends before starts at one instant (what a
-    backward frees is free for the next), ends in order of (end, rank, position), as both
-    engines finish ops, starts in order of (start, rank, position); the events of one op's end
-    in the order stash, free, add version, free version.
+    from its B's (or I's) start to its end, in a category of their own ("working"): an event at
+    the start, and one at the end. With STASH or DOUBLE_BUFFER weights a U's end adds the new
+    version, and a version is freed once it is superseded and its last user has ended; FLUSH
+    and SINGLE update in place. Events are in order of time, ends before starts at one instant
+    (what a backward frees is free for the next), ends in order of (end, rank, position), as
+    both engines finish ops, starts in order of (start, rank, position); the events of one op's
+    end in the order stash or free, working bytes given back, add version, free version.
 
     Which op frees what depends on the order alone: a stage lives on one rank, whose ops end
     in their order, so "the U of version v ended before v's last user" means "comes before it".
@@ -128,10 +128,11 @@ def order_events(stage: IntArray, kind: IntArray, version: IntArray, num_stages:
 @jit.jit(inline=True)
 def activation_events(k: int, takes: bool, partial: bool) -> int:
     """The activation events of an op of kind ``k`` as bits: 1 at its end, 16 takes working bytes
-    at its start (a B or I of a stage that re-creates activations: ``takes``). ``partial``: its
-    stage's I keeps part of the stash. Scalars only, so that the compiled caller inlines it."""
+    at its start and gives them back at its end (a B or I of a stage that re-creates activations:
+    ``takes``). ``partial``: its stage's I keeps part of the stash. Scalars only, so that the
+    compiled caller inlines it."""
     bits = 16 if takes and (k == B_CODE or k == I_CODE) else 0
-    if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and (bits != 0 or partial)):
+    if k == F_CODE or k == B_CODE or k == W_CODE or (k == I_CODE and partial):
         bits |= 1
     return bits
 
@@ -150,7 +151,7 @@ def _starts_before(limit: float, taken: int, row: int, start_order: IntArray, st
         if activations[j] & 16:
             s = j // NUM_KINDS
             time_s[row], device[row], stage_of[row] = start_s[h], stage_to_rank[s], s
-            category[row], delta[row], count[row] = ACTIVATIONS, working[s], 0
+            category[row], delta[row], count[row] = WORKING, working[s], 0
             row += 1
     return taken, row
 
@@ -180,13 +181,13 @@ def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[n
             j = s * NUM_KINDS + k
             bits = activation_events(k, working[s] != 0.0, kept[s] != stash[s])
             activations[j] = bits
-            total += op_counts[j] * ((bits & 1) + (bits >> 4 & 1))
+            total += op_counts[j] * ((bits & 1) + 2 * (bits >> 4 & 1))
             if k == F_CODE:
                 bytes_of[j], count_of[j] = stash[s], 1
             elif k == B_CODE:
-                bytes_of[j], count_of[j] = -stash[s] - working[s], -1
+                bytes_of[j], count_of[j] = -stash[s], -1
             elif k == I_CODE:
-                bytes_of[j], count_of[j] = kept[s] - stash[s] - working[s], 0
+                bytes_of[j], count_of[j] = kept[s] - stash[s], 0
             else:
                 bytes_of[j], count_of[j] = -kept[s], -1
     time_s, device, stage_of = np.empty(total), np.empty(total, np.int64), np.empty(total, np.int64)
@@ -207,7 +208,7 @@ def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[n
                                         working, time_s, device, stage_of, category, delta, count)
             next_start = start_s[start_order[taken]] if taken < starts else np.inf
         j = stage_kind[g]
-        e = (activations[j] & 1) | int(versions[g])
+        e = (activations[j] & 17) | int(versions[g])
         if e == 0:
             continue
         s = j // NUM_KINDS
@@ -216,7 +217,11 @@ def memory_kernel(order: IntArray, stage_kind: IntArray, versions: npt.NDArray[n
             time_s[row], device[row], stage_of[row] = t, d, s
             category[row], delta[row], count[row] = ACTIVATIONS, bytes_of[j], count_of[j]
             row += 1
-        if e > 1:
+        if e & 16:  # the working bytes its start took
+            time_s[row], device[row], stage_of[row] = t, d, s
+            category[row], delta[row], count[row] = WORKING, -working[s], 0
+            row += 1
+        if e & 14:
             for bit in (2, 8, 4):  # the op's version events, after its activations
                 if e & bit:
                     time_s[row], device[row], stage_of[row], category[row] = t, d, s, WEIGHTS

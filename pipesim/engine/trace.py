@@ -20,7 +20,7 @@ TRACE_SCHEMA = "pipesim.trace/1"
 # Span kinds, in code order; communication spans have kind "F" or the gradient kind of their op.
 KINDS = tuple(kind.value for kind in KIND_ORDER)
 STREAMS = ("compute", "send")
-CATEGORIES = ("weights", "gradients", "optimizer", "activations")
+CATEGORIES = ("weights", "gradients", "optimizer", "activations", "working")
 
 SPAN_COLUMNS = (
     "device", "stream", "kind", "stage", "microbatch", "minibatch", "weight_version",

@@ -8,7 +8,8 @@ from typing import Any
 KIND_COLORS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#8172B3", "U": "#2CA02C"}
 SEND_COLORS = {"activations": "#9DB4D8", "gradients": "#EDB98F"}
 IDLE_COLOR = "#E9E9E9"
-CATEGORY_COLORS = {"weights": "#4C72B0", "gradients": "#8172B3", "optimizer": "#937860", "activations": "#DD8452"}
+CATEGORY_COLORS = {"weights": "#4C72B0", "gradients": "#8172B3", "optimizer": "#937860", "activations": "#DD8452",
+                   "working": "#C44E52"}
 # One color per schedule in every figure (a report's or a sweep's figures agree with each other).
 SCHEDULE_COLORS = {"gpipe": "#4C72B0", "1f1b": "#DD8452", "pipedream": "#55A868", "2bw": "#C44E52",
                    "pipemare": "#8172B3", "interleaved-1f1b": "#937860", "looped-bfs": "#DA8BC3",

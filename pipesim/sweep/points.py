@@ -61,6 +61,7 @@ METRIC_SCHEMA: tuple[MetricColumn, ...] = (
     MetricColumn("peak_gradients_bytes", lambda r: r.peak_breakdown_bytes["gradients"], math.nan),
     MetricColumn("peak_optimizer_bytes", lambda r: r.peak_breakdown_bytes["optimizer"], math.nan),
     MetricColumn("peak_activations_bytes", lambda r: r.peak_breakdown_bytes["activations"], math.nan),
+    MetricColumn("peak_working_bytes", lambda r: r.peak_breakdown_bytes["working"], math.nan),
     MetricColumn("fits_memory", lambda r: bool(r.metrics.peak_memory_bytes <= r.memory_limit_bytes), False),
     MetricColumn("utilization_min", lambda r: min(s.utilization for s in _stages(r)), math.nan),
     MetricColumn("utilization_max", lambda r: max(s.utilization for s in _stages(r)), math.nan),

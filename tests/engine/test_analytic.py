@@ -159,7 +159,8 @@ def test_version_errors_are_those_of_assign_versions() -> None:
 def reference_memory(program, end_s: list[list[float]],  # type: ignore[no-untyped-def]
                      start_s: list[list[float]]) -> list[tuple[float, int, int, int, float, int]]:
     """The memory events op by op, as a plain walk over the ops in order of (end, rank, position),
-    with each recomputing backward's working bytes taken at its start (ends first at one instant)."""
+    with each recomputing backward's working bytes (category 4) taken at its start (ends first at
+    one instant) and given back at its end, after the end's activation event."""
     costs, schedule = program.costs, program.schedule
     rows = []
     for stage in range(schedule.num_stages):
@@ -180,16 +181,18 @@ def reference_memory(program, end_s: list[list[float]],  # type: ignore[no-untyp
         stash = costs.stash_bytes[stage]
         if is_start:
             if op.kind in (OpKind.B, OpKind.I) and working[stage]:
-                rows.append((end, r, stage, 3, working[stage], 0))
+                rows.append((end, r, stage, 4, working[stage], 0))
             continue
         if op.kind is OpKind.F:
             rows.append((end, r, stage, 3, stash, 1))
         elif op.kind is OpKind.B:
-            rows.append((end, r, stage, 3, -stash - working[stage], -1))
-        elif op.kind is OpKind.I and (kept[stage] != stash or working[stage]):  # W frees what I keeps
-            rows.append((end, r, stage, 3, kept[stage] - stash - working[stage], 0))
+            rows.append((end, r, stage, 3, -stash, -1))
+        elif op.kind is OpKind.I and kept[stage] != stash:  # W frees what I keeps
+            rows.append((end, r, stage, 3, kept[stage] - stash, 0))
         elif op.kind is OpKind.W:
             rows.append((end, r, stage, 3, -kept[stage], -1))
+        if op.kind in (OpKind.B, OpKind.I) and working[stage]:
+            rows.append((end, r, stage, 4, -working[stage], 0))
         if not program.keeps_versions:
             continue
         if op.kind is OpKind.U:

@@ -71,8 +71,8 @@ def _edited(text: str, table: str, column: str, value: object) -> str:
 
 
 @pytest.mark.parametrize(("table", "column", "value", "message"), [
-    ("memory", "category", 7, "memory.category=7: must be in 0..3"),
-    ("memory", "category", -1, "memory.category=-1: must be in 0..3"),
+    ("memory", "category", 7, "memory.category=7: must be in 0..4"),
+    ("memory", "category", -1, "memory.category=-1: must be in 0..4"),
     ("spans", "stream", 2, "spans.stream=2: must be in 0..1"),
     ("spans", "kind", 9, "spans.kind=9: must be in 0..4"),
     ("spans", "device", 4, "spans.device=4: must be in 0..3"),
@@ -106,7 +106,7 @@ def test_a_trace_file_with_a_bad_code_is_one_line_and_exit_2(tmp_path: Path) -> 
     for args in (("plot", "memory", str(bad), "--out", str(tmp_path / "m.png")),
                  ("report", str(bad), "--out", str(tmp_path / "r.html"))):
         done = pipesim(*args)
-        assert (done.returncode, done.stderr) == (2, f"pipesim: error: {bad}: memory.category=7: must be in 0..3\n")
+        assert (done.returncode, done.stderr) == (2, f"pipesim: error: {bad}: memory.category=7: must be in 0..4\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bad.json"]
 
 

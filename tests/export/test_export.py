@@ -65,7 +65,7 @@ def test_perfetto_trace_has_processes_threads_slices_and_counters(result: pipesi
         totals = [e["args"]["total"] for e in counters if e["name"] == f"memory stage {stage.stage} total (bytes)"]
         assert max(totals) == pytest.approx(stage.peak_memory_bytes)
         by_kind = [e for e in counters if e["name"] == f"memory stage {stage.stage} (bytes)"]
-        assert set(by_kind[0]["args"]) == {"weights", "gradients", "optimizer", "activations"}
+        assert set(by_kind[0]["args"]) == {"weights", "gradients", "optimizer", "activations", "working"}
         assert [e["ts"] for e in by_kind] == sorted({e["ts"] for e in by_kind})
     assert to_chrome(trace)["otherData"]["schedule"] == "2bw"
 

@@ -13,7 +13,10 @@ from pipesim.spec.transformer import PRESETS
 
 
 def activation_peaks(result: pipesim.Result) -> list[float]:
-    return [stage.peak_breakdown_bytes["activations"] for stage in result.metrics.stages]
+    """Per stage, what activations take at its peak: the stashed ("activations") and what a
+    backward re-creates ("working")."""
+    return [stage.peak_breakdown_bytes["activations"] + stage.peak_breakdown_bytes["working"]
+            for stage in result.metrics.stages]
 
 
 @pytest.mark.parametrize("engine", ["analytic", "des"])
@@ -32,6 +35,10 @@ def test_gpipe_recomputation_holds_the_stage_inputs_and_one_microbatch_re_create
     recomputed = pipesim.simulate(profile, topology, schedule="gpipe", num_stages=num_stages,
                                   num_microbatches=num_microbatches, recompute=True, engine=engine)
     assert activation_peaks(recomputed) == [bound] * num_stages
+    # of which the backward's re-created layers are the working kind, the stashed inputs the rest
+    breakdowns = [stage.peak_breakdown_bytes for stage in recomputed.metrics.stages]
+    assert [(b["activations"], b["working"]) for b in breakdowns] == \
+        [(num_microbatches * a, num_layers // num_stages * a)] * num_stages
     # Without recomputation a stage keeps all of its layers' activations for every microbatch
     # (stage 0 its input too): O(N L/K).
     kept = pipesim.simulate(profile, topology, schedule="gpipe", num_stages=num_stages,

@@ -121,7 +121,8 @@ def test_memory_over_time_stacks_the_kinds_to_the_stage_level(trace: Trace) -> N
 def test_memory_breakdown_has_a_stacked_bar_per_stage(trace: Trace) -> None:
     metrics = compute_metrics(trace)
     ax = plots.memory_breakdown(metrics)
-    assert [c.get_label() for c in ax.containers] == ["weights", "gradients", "optimizer", "activations"]
+    assert [c.get_label() for c in ax.containers] == \
+        ["weights", "gradients", "optimizer", "activations", "working"]
     totals = np.sum([[bar.get_height() for bar in container] for container in ax.containers], axis=0)
     assert totals * 1e6 == pytest.approx([s.peak_memory_bytes for s in metrics.stages])
     assert ax.get_xlabel() == "stage" and ax.get_ylabel() == "peak memory (MB)"

@@ -40,7 +40,8 @@ def check_summaries(row: dict[str, Any]) -> None:
     assert row["discrepancy_max"] == max(json.loads(row["stage_discrepancy_max"]))
     delays = json.loads(row["stage_forward_delay_mean"])
     assert row["forward_delay_mean"] == sum(delays) / len(delays)
-    parts = sum(row[f"peak_{category}_bytes"] for category in ("weights", "gradients", "optimizer", "activations"))
+    parts = sum(row[f"peak_{category}_bytes"]
+                for category in ("weights", "gradients", "optimizer", "activations", "working"))
     assert math.isclose(parts, row["peak_memory_bytes"], rel_tol=1e-12)
     assert row["fits_memory"] == (row["peak_memory_bytes"] <= (row["memory_limit_bytes"] if not math.isnan(
         row["memory_limit_bytes"]) else math.inf))
