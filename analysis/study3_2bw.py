@@ -92,7 +92,7 @@ def plot(frame: pd.DataFrame) -> object:
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)
     right.set_yscale("log")
-    left.set_title("GPT-like 1.6B, m = 16: throughput (2bw and pipedream coincide)", fontsize=10)
+    left.set_title("GPT-like 1.6B, m = 16: throughput", fontsize=10)
     right.set_title("peak memory per device", fontsize=10)
     right.legend(fontsize=7, ncols=2)
     return figure
