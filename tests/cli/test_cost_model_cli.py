@@ -121,7 +121,8 @@ def test_the_contract_command_without_schedule_runs_megatrons_schedule() -> None
     """The issue's contract names no --schedule: a --model run takes 1F1B, interleaved with V > 1."""
     base = ("simulate", "--model", "llama3-8b", "--device", "h100", "--tp", "2", "--dp", "2", "--global-batch", "16",
             "--microbatch-size", "1", "--seq-len", "1024", "--json")
-    for layout, schedule in ((("--stages", "2"), "1f1b"), (("--ranks", "2", "--stages-per-rank", "2"), "interleaved-1f1b")):
+    layouts = ((("--stages", "2"), "1f1b"), (("--ranks", "2", "--stages-per-rank", "2"), "interleaved-1f1b"))
+    for layout, schedule in layouts:
         default = pipesim(*base, *layout)
         assert default.returncode == 0, default.stderr
         named = pipesim(*base, *layout, "--schedule", schedule)
