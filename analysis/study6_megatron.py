@@ -32,7 +32,7 @@ import pipesim
 from outputs import parse_args, write_figure, write_table
 from pipesim.spec.transformer import TransformerConfig
 from pipesim.spec.transformer_profile import ADAM_STATE_MULTIPLIER
-from pipesim.training import simulate_training
+from pipesim.training import megatron_schedule, simulate_training
 
 # Narayanan et al. (SC'21) Table 1, recalled: (parameters B, heads, hidden, layers, TP, PP, GPUs, batch,
 # achieved TFLOP/s per GPU).
@@ -66,7 +66,7 @@ def per_gpu_tflops(row: tuple[float, ...], settings: dict[str, object]) -> tuple
     stages_per_rank = int(settings["virtual_stages"]) if pp > 1 else 1  # type: ignore[call-overload]
     predicted = simulate_training(
         config, device="a100-80gb", global_batch=batch, tp=tp, pp=pp, dp=dp, stages_per_rank=stages_per_rank,
-        schedule="interleaved-1f1b" if stages_per_rank > 1 else "1f1b",
+        schedule=megatron_schedule(stages_per_rank),
         microbatch_size=int(settings["microbatch_size"]),  # type: ignore[call-overload]
         recompute="full", precision=str(settings["precision"]), attention=settings["attention"],  # type: ignore[arg-type]
         dp_overlap=bool(settings["dp_overlap"]))

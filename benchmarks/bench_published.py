@@ -37,7 +37,7 @@ from pipesim.spec.cluster import Cluster, cluster_from_flags, load_cluster
 from pipesim.spec.device import Device, load_device
 from pipesim.spec.model_files import load_model
 from pipesim.spec.transformer import TransformerConfig, forward_flops_per_token, head_forward_flops
-from pipesim.training import simulate_training
+from pipesim.training import megatron_schedule, simulate_training
 
 DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published_runs.json"
 
@@ -139,7 +139,7 @@ def predict(run: dict[str, Any], runs_file: Path | None = None) -> dict[str, Any
     predicted = simulate_training(
         config, device=device, cluster=cluster, global_batch=parallel["global_batch_size"], tp=tp, pp=pp, dp=dp,
         stages_per_rank=v,
-        schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=note["microbatch_size"],
+        schedule=megatron_schedule(v), microbatch_size=note["microbatch_size"],
         seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")),
         tp_overlap=bool(note["tp_overlap"] and parallel.get("sequence_parallel") and tp > 1), recompute=recompute,
         precision=precision, attention=note["attention"], zero=zero, cp=cp, ep=ep,

@@ -23,7 +23,7 @@ from results_file import machine, write_section
 
 from pipesim.search import search
 from pipesim.spec.files import read_json
-from pipesim.training import simulate_training
+from pipesim.training import megatron_schedule, simulate_training
 
 TOP = 5
 
@@ -47,7 +47,7 @@ def compare(run: dict[str, Any], runs_file: Path) -> dict[str, Any]:
     top = [o for o in outcomes if o.fits][:TOP]
     paper = simulate_training(config, device=device, cluster=cluster, global_batch=parallel["global_batch_size"],
                               tp=tp, pp=pp, dp=dp, cp=cp, stages_per_rank=v,
-                              schedule="interleaved-1f1b" if v > 1 else "1f1b", microbatch_size=size,
+                              schedule=megatron_schedule(v), microbatch_size=size,
                               seq_len=model["seq_len"], sequence_parallel=bool(parallel.get("sequence_parallel")),
                               recompute=recompute, zero=zero)
     wanted = (tp, pp, dp, cp, size, v, recompute, bool(parallel.get("sequence_parallel")), zero)

@@ -78,6 +78,11 @@ def megatron_partition(num_layers: int, num_stages: int) -> tuple[tuple[int, int
     return megatron_cut(num_layers, num_stages) if num_layers % num_stages == 0 else None
 
 
+def megatron_schedule(stages_per_rank: int | None) -> str:
+    """Megatron's pipeline schedule: 1F1B with one stage per rank, the interleaved 1F1B with several."""
+    return "interleaved-1f1b" if stages_per_rank is not None and stages_per_rank > 1 else "1f1b"
+
+
 def simulate_training(
     model: str | TransformerConfig,
     *,

@@ -177,7 +177,9 @@ def simulate_command(
             if capacity.record is None:
                 raise click.UsageError("Missing option '--schedule' (or --schedule-csv FILE).",
                                        click.get_current_context())
-            schedule = model_default_schedule(stages_per_rank)
+            from pipesim.training import megatron_schedule  # noqa: PLC0415 - only where a model is named
+
+            schedule = megatron_schedule(stages_per_rank)
         if schedule_csv is not None:
             given = from_csv(read_text(schedule_csv, "schedule_csv"), name=CUSTOM_SCHEDULE,
                              num_microbatches=num_microbatches, source=schedule_csv)
@@ -331,12 +333,6 @@ def write_outputs(result: Result, out_dir: Path, run: dict[str, Any] | None = No
     written = write_report(result, out_dir, run=run, metrics=metrics)
     written.append(save_figure(timeline(result.trace), out_dir / OUTPUT_FILES[-1]))
     return written
-
-
-def model_default_schedule(stages_per_rank: int | None) -> str:
-    """The schedule of a ``--model`` run that names none: Megatron's, 1F1B with one stage per rank and
-    the interleaved 1F1B with several."""
-    return "interleaved-1f1b" if stages_per_rank is not None and stages_per_rank > 1 else "1f1b"
 
 
 def simulation_run(result: Result, profile_path: str | None, uniform: str | None, topology: Topology,
