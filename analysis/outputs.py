@@ -85,3 +85,9 @@ def busy_fraction(result: pipesim.Result) -> float:
     work = float((compute["end_s"] - compute["start_s"]).sum()) / result.metrics.num_minibatches
     devices = result.trace.info.num_ranks
     return work / (devices * result.metrics.iteration_time_s)
+
+
+def activations_gb(breakdown: dict[str, float]) -> float:
+    """What activations take in a peak's breakdown, GB: the stashed ones and what a recomputing
+    backward re-creates (the ``working`` kind)."""
+    return (breakdown["activations"] + breakdown["working"]) / GB

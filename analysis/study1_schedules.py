@@ -16,7 +16,7 @@ import pandas as pd
 import pipesim
 import pipesim.plots
 from gpt_profile import OPTIMIZER_MULTIPLIER, V100_MEMORY_BYTES, even_partition, gpt_profile, v100_cluster
-from outputs import GB, parse_args, write_figure, write_table
+from outputs import GB, activations_gb, parse_args, write_figure, write_table
 
 SCHEDULES = ("gpipe", "1f1b", "pipedream", "2bw", "pipemare")
 LABELS = {"gpipe": "GPipe", "1f1b": "1F1B (PipeDream-Flush)", "pipedream": "PipeDream (stashing)",
@@ -54,7 +54,7 @@ def table(results: dict[str, pipesim.Result]) -> pd.DataFrame:
                 "weights_gb": breakdown["weights"] / GB,
                 "gradients_gb": breakdown["gradients"] / GB,
                 "optimizer_gb": breakdown["optimizer"] / GB,
-                "activations_gb": (breakdown["activations"] + breakdown["working"]) / GB,
+                "activations_gb": activations_gb(breakdown),
                 "fits_16gb": stage.peak_memory_bytes <= V100_MEMORY_BYTES,
                 "weight_versions_max": stage.weight_versions_max,
                 "inflight_microbatches_max": stage.max_inflight_microbatches,

@@ -18,7 +18,7 @@ import pandas as pd
 import pipesim
 from gpt_profile import (OPTIMIZER_MULTIPLIER, V100_MEMORY_BYTES, TransformerSizes, even_partition, gpt_profile,
                          v100_cluster)
-from outputs import GB, busy_fraction, parse_args, reference_values, write_figure, write_table
+from outputs import GB, activations_gb, busy_fraction, parse_args, reference_values, write_figure, write_table
 
 DEPTHS = (4, 8, 16)
 MICROBATCHES = 16
@@ -56,9 +56,7 @@ def run(quick: bool) -> pd.DataFrame:
                     "peak_memory_gb": metrics.peak_memory_bytes / GB,
                     "peak_stage": peak.stage,
                     "weights_gb": peak.peak_breakdown_bytes["weights"] / GB,
-                    # stashed and re-created (recomputation's working bytes) at the peak
-                    "activations_gb": (peak.peak_breakdown_bytes["activations"]
-                                       + peak.peak_breakdown_bytes["working"]) / GB,
+                    "activations_gb": activations_gb(peak.peak_breakdown_bytes),
                     "weight_versions_max": max(stage.weight_versions_max for stage in metrics.stages),
                     "fits_16gb": metrics.peak_memory_bytes <= V100_MEMORY_BYTES,
                 })

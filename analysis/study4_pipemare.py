@@ -21,7 +21,7 @@ import pandas as pd
 
 import pipesim
 from gpt_profile import OPTIMIZER_MULTIPLIER, TransformerSizes, even_partition, gpt_profile
-from outputs import GB, TRACES, busy_fraction, parse_args, reference_values, write_figure, write_table
+from outputs import GB, TRACES, activations_gb, busy_fraction, parse_args, reference_values, write_figure, write_table
 
 MICROBATCHES = 16
 SCHEDULES = ("gpipe", "pipedream", "pipemare")
@@ -59,8 +59,7 @@ def run(quick: bool) -> pd.DataFrame:
                     "throughput_samples_per_s": result.metrics.throughput_samples_per_s,
                     "peak_memory_gb": fullest.peak_memory_bytes / GB,
                     "peak_weights_gb": fullest.peak_breakdown_bytes["weights"] / GB,
-                    "peak_activations_gb": (fullest.peak_breakdown_bytes["activations"]
-                                            + fullest.peak_breakdown_bytes["working"]) / GB,
+                    "peak_activations_gb": activations_gb(fullest.peak_breakdown_bytes),
                     "total_memory_gb": sum(stage.peak_memory_bytes for stage in stages) / GB,
                     "stage0_versions": stages[0].weight_versions_max,
                     "stage0_inflight": stages[0].max_inflight_microbatches,
