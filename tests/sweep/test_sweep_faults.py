@@ -88,11 +88,25 @@ class Cluster:
             client.wait_for_workers(before + count, timeout=60)
 
     def close(self) -> None:
-        """SIGKILL whatever is left and reap it."""
-        for process in [*self.workers, self.scheduler]:
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=30)
+        """Stop the workers with SIGTERM, then SIGKILL whatever is left (the scheduler) and reap it.
+
+        A worker that outlived its scheduler goes on with its batch and writes the chunk itself; on
+        SIGTERM Dask lets the batch in hand finish and starts no other, so no write of the workers is
+        cut short by the test's own clean-up (a SIGKILL could leave a temporary file behind that
+        ``kept_points`` would blame on pipesim).
+        """
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.terminate()
+        for worker in self.workers:
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait(timeout=30)
+        if self.scheduler.poll() is None:
+            self.scheduler.kill()
+        self.scheduler.wait(timeout=30)
 
 
 @pytest.fixture
