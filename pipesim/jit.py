@@ -8,6 +8,7 @@ setting, or the run's own size, never what the process ran before. Both give the
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -105,6 +106,7 @@ class Kernel:
             started = time.perf_counter()
             numba = importlib.import_module("numba")
             self._compiled = numba.njit(cache=True, nogil=True)(self._with_callees(_compiled_form))
+            _key_cache_on_frozen_inputs(self._compiled, self.__wrapped__)
             _startup[0] += time.perf_counter() - started
         return self._compiled
 
@@ -145,6 +147,68 @@ class Kernel:
         rebound.__qualname__ = function.__qualname__
         rebound.__module__ = function.__module__
         return rebound
+
+
+def frozen_inputs(function: Callable[..., Any]) -> str:
+    """A digest of what numba freezes into ``function``'s machine code besides its own file: the
+    values of the module-level names it reads (numbers, tuples, arrays: constants once compiled)
+    and, for each kernel it calls, that kernel's code and frozen inputs in turn.
+
+    numba's disk cache is invalidated when the kernel's own source file changes, not when a
+    constant it imports from another module or a kernel of another file does; this digest, part of
+    the cache's key, makes such a change compile afresh.
+    """
+    digest = hashlib.sha256()
+    _digest_inputs(function, digest, set())
+    return digest.hexdigest()
+
+
+def _digest_inputs(function: Callable[..., Any], digest: Any, seen: set[int]) -> None:
+    import numpy as np  # noqa: PLC0415 - loaded with numba by now; jit itself stays light
+
+    if id(function) in seen or not isinstance(function, types.FunctionType):
+        return
+    seen.add(id(function))
+    for name in sorted(_names_read(function.__code__)):
+        if name not in function.__globals__:
+            continue
+        value = function.__globals__[name]
+        if isinstance(value, Kernel):
+            callee = value.__wrapped__
+            assert isinstance(callee, types.FunctionType)
+            digest.update(f"kernel {name} {callee.__code__.co_filename}\n".encode() + _code_bytes(callee.__code__))
+            _digest_inputs(callee, digest, seen)
+        elif isinstance(value, np.ndarray):
+            digest.update(f"array {name} {value.dtype.str} {value.shape}\n".encode() + value.tobytes())
+        elif isinstance(value, (bool, int, float, complex, str, bytes, tuple, frozenset)):
+            digest.update(f"value {name} {type(value).__name__} {value!r}\n".encode())
+
+
+def _names_read(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _names_read(constant)
+    return names
+
+
+def _code_bytes(code: types.CodeType) -> bytes:
+    """A function's bytecode and constants, those of the functions it defines included."""
+    nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    plain = tuple(c for c in code.co_consts if not isinstance(c, types.CodeType))
+    return code.co_code + repr(plain).encode() + b"".join(_code_bytes(c) for c in nested)
+
+
+def _key_cache_on_frozen_inputs(dispatcher: Any, function: Callable[..., Any]) -> None:
+    """Give ``dispatcher`` a disk cache whose key adds ``frozen_inputs(function)`` to numba's own."""
+    caching = importlib.import_module("numba.core.caching")
+    digest = frozen_inputs(function)
+
+    class KeyedCache(caching.FunctionCache):  # type: ignore[misc, name-defined]
+        def _index_key(self, sig: Any, codegen: Any) -> Any:
+            return (*super()._index_key(sig, codegen), digest)
+
+    dispatcher._cache = KeyedCache(dispatcher.py_func)
 
 
 def _compiled_form(kernel: Kernel) -> Callable[..., Any]:

@@ -19,8 +19,6 @@ _F, _B, _I, _W, _U = range(len(KINDS))
 _COMPUTE, _SEND = STREAMS.index("compute"), STREAMS.index("send")
 _ACTIVATIONS, _WEIGHTS = CATEGORIES.index("activations"), CATEGORIES.index("weights")
 _NUM_KINDS, _NUM_CATEGORIES = len(KINDS), len(CATEGORIES)  # 5 categories: weights .. working
-# A compiled kernel keeps these numbers as constants, and numba's disk cache is invalidated by a
-# change to this file only: a change to trace.CATEGORIES or KINDS must touch the comment above.
 # Largest table of waits (stages x kinds x microbatches) the exposure kernel allocates; past it,
 # microbatch indices are renumbered densely (only their equality matters there).
 MAX_TABLE = 1 << 26
