@@ -194,9 +194,10 @@ def model_command(name: str | None, model_path: str | None, recompute: Recompute
     active = summary.get("active_parameters_per_token")
     experts = (f" ({config.num_experts} experts, top-{config.num_experts_per_token}: {active / 1e9:.3f} B active per "
                f"token)" if active is not None else "")
+    # A config file states no published size (0): nothing to set beside the count.
+    published = f" (published {config.published_parameters / 1e9:g} B)" if config.published_parameters else ""
     click.echo(
-        f"{config.name}: {summary['parameters'] / 1e9:.3f} B parameters{experts} "
-        f"(published {config.published_parameters / 1e9:g} B), "
+        f"{config.name}: {summary['parameters'] / 1e9:.3f} B parameters{experts}{published}, "
         f"{config.num_layers} layers, {summary['forward_flops_per_token'] / 1e9:.2f} GFLOP forward per token at "
         f"s={summary['seq_len']}\n"
         f"on {profile.device}, b={profile.microbatch_size}, tp={options['tp']}, recompute={recompute}: per layer "

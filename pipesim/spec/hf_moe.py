@@ -21,16 +21,27 @@ def mixtral_experts(keys: ConfigKeys) -> dict[str, Any]:
 def qwen2_moe_experts(keys: ConfigKeys) -> dict[str, Any]:
     """Beside Qwen2's layers: ``num_experts`` experts of ``moe_intermediate_size`` and a gated
     shared expert of ``shared_expert_intermediate_size`` (0: none), in every layer."""
+    shared = required(keys, "shared_expert_intermediate_size")
+    return {**_qwen_experts(keys), "shared_expert_ffn_hidden_size": shared, "has_shared_expert_gate": shared > 0}
+
+
+def qwen3_moe_experts(keys: ConfigKeys) -> dict[str, Any]:
+    """Beside Qwen3's layers: ``num_experts`` experts of ``moe_intermediate_size``, no shared
+    expert, in every layer."""
+    return _qwen_experts(keys)
+
+
+def _qwen_experts(keys: ConfigKeys) -> dict[str, Any]:
+    """The routed experts of a Qwen MoE config, where every layer is a mixture of experts."""
     if keys.integer("decoder_sparse_step", 1) != 1:
         raise keys.error("decoder_sparse_step", keys.get("decoder_sparse_step")[1], "must be 1: every layer a "
                          "mixture of experts")
     dense = keys.get("mlp_only_layers")[1]
     if dense:
         raise keys.error("mlp_only_layers", dense, "must be empty: dense layers among the experts' are not modelled")
-    experts, shared = keys.integer("num_experts"), required(keys, "shared_expert_intermediate_size")
+    experts = keys.integer("num_experts")
     return dict(num_experts=experts, num_experts_per_token=top_k(keys, experts),
-                expert_ffn_hidden_size=keys.integer("moe_intermediate_size"), shared_expert_ffn_hidden_size=shared,
-                has_shared_expert_gate=shared > 0)
+                expert_ffn_hidden_size=keys.integer("moe_intermediate_size"))
 
 
 def deepseek(keys: ConfigKeys) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, Literal
 from pipesim.errors import ConfigError
 from pipesim.spec.files import dumps, parse_json, read_text
 from pipesim.spec.hf_keys import ConfigKeys
-from pipesim.spec.hf_moe import deepseek, mixtral_experts, qwen2_moe_experts
+from pipesim.spec.hf_moe import deepseek, mixtral_experts, qwen2_moe_experts, qwen3_moe_experts
 from pipesim.spec.transformer import PRESETS, TransformerConfig, preset
 
 SCHEMA = "pipesim.model/1"
@@ -37,7 +37,7 @@ _FIELD_TYPES = typing.get_type_hints(TransformerConfig)
 
 # Model types whose layers are mixtures of experts that are not read (refused), and the keys that
 # give a config's expert count (a dense type's config that sets one is refused too).
-MOE_MODEL_TYPES = ("dbrx", "granitemoe", "jamba", "jetmoe", "olmoe", "phimoe", "qwen3_moe")
+MOE_MODEL_TYPES = ("dbrx", "granitemoe", "jamba", "jetmoe", "olmoe", "phimoe")
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
@@ -165,6 +165,10 @@ DECODERS: dict[str, _Decoder] = {
                        num_layer_norms=4),
     "mixtral": _Decoder(is_tied=False, max_positions=4096 * 32),
     "qwen2_moe": _Decoder(is_tied=False, max_positions=8192, has_qkv_bias=True),
+    # Qwen3: as Llama with head_dim 128 by default; its per-head RMSNorms of Q and K (2 x head_dim
+    # weights a layer) are left out of the count and the time.
+    "qwen3": _Decoder(is_tied=False, max_positions=32768, head_dim=128, attention_bias_key="attention_bias"),
+    "qwen3_moe": _Decoder(is_tied=False, max_positions=32768, attention_bias_key="attention_bias"),
 }
 
 
@@ -273,6 +277,7 @@ _READERS: dict[str, tuple[Callable[[ConfigKeys], dict[str, Any]], Mapping[str, t
     **{name: (_decoder, {}) for name in DECODERS},
     "mixtral": (lambda keys: {**_decoder(keys), **mixtral_experts(keys)}, {}),
     "qwen2_moe": (lambda keys: {**_decoder(keys), **qwen2_moe_experts(keys)}, {}),
+    "qwen3_moe": (lambda keys: {**_decoder(keys), **qwen3_moe_experts(keys)}, {}),
     "deepseek_v2": (deepseek, {}),
     "deepseek_v3": (deepseek, {}),
     "gpt2": (_gpt2, {"n_embd": ("hidden_size",), "n_layer": ("num_hidden_layers",), "n_head": ("num_attention_heads",),
@@ -285,13 +290,13 @@ _READERS: dict[str, tuple[Callable[[ConfigKeys], dict[str, Any]], Mapping[str, t
                          "num_kv_heads": ("n_head_kv",), "hidden_size": ("n_embed",)}),
 }
 HF_MODEL_TYPES = tuple(sorted(_READERS))
-MOE_READERS = ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3")
+MOE_READERS = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
 
 def model_from_hf_config(data: dict[str, Any], *, source: str) -> TransformerConfig:
-    """Read a Hugging Face ``config.json`` (model_type llama, mistral, qwen2, phi3, gemma, gemma2,
-    gpt2, gpt_neox, bloom, opt, falcon, and the mixtures of experts mixtral, qwen2_moe,
-    deepseek_v2, deepseek_v3); ``source`` names the file in errors and in the label (a
+    """Read a Hugging Face ``config.json`` (model_type llama, mistral, qwen2, qwen3, phi3, gemma,
+    gemma2, gpt2, gpt_neox, bloom, opt, falcon, and the mixtures of experts mixtral, qwen2_moe,
+    qwen3_moe, deepseek_v2, deepseek_v3); ``source`` names the file in errors and in the label (a
     ``config.json``'s folder name, else the file's stem).
 
     Raises:

@@ -90,6 +90,16 @@ def test_model_json_of_an_moe_config_adds_its_active_parameters() -> None:
     assert "active_parameters_per_token" not in dense
 
 
+def test_model_text_of_a_config_file_states_a_published_size_only_where_there_is_one() -> None:
+    qwen3 = str(ROOT / "tests" / "data" / "hf_configs" / "Qwen3-30B-A3B" / "config.json")
+    first = pipesim("model", "--model", qwen3, "--seq-len", "4096").stdout.splitlines()[0]
+    assert first.startswith("Qwen3-30B-A3B: 30.532 B parameters (128 experts, top-8: 3.353 B active per token), 48 "
+                            "layers"), first
+    assert "published" not in first
+    preset = pipesim("model", "--preset", "llama3-8b").stdout.splitlines()[0]
+    assert preset.startswith("llama3-8b: 8.030 B parameters (published 8.03 B), 32 layers"), preset
+
+
 @pytest.mark.parametrize("index", range(4))
 def test_cp1_ep1_and_zero_0_or_1_give_the_cost_models_results_bit_for_bit(index: int) -> None:
     # The outputs main gave before this work (tests/golden/cost_model_before_parallelism.json).

@@ -52,7 +52,7 @@ PUBLISHED = [
     ("Mistral-7B-v0.1", 7.24e9), ("Qwen2-7B", 7.62e9), ("gpt-neox-20b", 20.6e9), ("bloom-560m", 559e6),
     ("bloom", 176.247e9), ("opt-66b", 66e9), ("Phi-3-mini-4k-instruct", 3.8e9), ("gemma-7b", 8.54e9),
     ("gemma-2-9b", 9.24e9), ("Mixtral-8x7B-v0.1", 46.7e9), ("Qwen1.5-MoE-A2.7B", 14.3e9), ("DeepSeek-V2-Lite", 15.7e9),
-    ("DeepSeek-V2", 236e9), ("DeepSeek-V3", 671e9),
+    ("DeepSeek-V2", 236e9), ("DeepSeek-V3", 671e9), ("Qwen3-8B", 8.2e9), ("Qwen3-30B-A3B", 30.5e9),
 ]
 
 
@@ -78,6 +78,23 @@ def test_opt_1_3b_rounds_to_the_papers_two_significant_figures() -> None:
     count = parameters(load_model(str(fixture("opt-1.3b"))))
     assert count == 50272 * h + 2050 * h + 24 * (12 * h * h + 13 * h) + 2 * h
     assert float(f"{count:.2g}") == 1.3e9
+
+
+def test_qwen3_closed_form_and_the_cards_non_embedding_count() -> None:
+    # Qwen3-8B's model card: 8.2B parameters, 6.95B without the embeddings. 36 layers of GQA with
+    # head_dim 128 (32 query heads, 8 KV heads: Q and the projection 4096 wide, K and V 1024 each,
+    # no biases), a SwiGLU FFN of 12288, two RMSNorms; untied embeddings of 151936 x 4096.
+    h, f, vocab = 4096, 12288, 151936
+    layer = h * 4096 + 2 * h * 1024 + 4096 * h + 3 * h * f + 2 * h
+    count = parameters(load_model(str(fixture("Qwen3-8B"))))
+    assert count == 2 * vocab * h + 36 * layer + h == 8_190_726_144
+    assert float(f"{(count - 2 * vocab * h) / 1e9:.3g}") == 6.95
+    # Without a head_dim key (here at h = 2048 and 32 heads), transformers' Qwen3Config says 128;
+    # Qwen3MoeConfig has no default, so its attention takes h / heads (None here).
+    moe = {key: value for key, value in fixture_data("Qwen3-30B-A3B").items() if key != "head_dim"}
+    dense = {key: value for key, value in moe.items() if key != "num_experts"}
+    assert model_from_hf_config({**dense, "model_type": "qwen3"}, source="qwen3").head_size == 128
+    assert model_from_hf_config(moe, source="qwen3_moe").head_size is None
 
 
 def test_falcon_closed_forms() -> None:
@@ -188,8 +205,8 @@ def test_package_exports_load_model() -> None:
 def test_a_mixture_of_experts_pipesim_does_not_read_is_refused(tmp_path: Path) -> None:
     error = refusal(write(tmp_path, {**fixture_data("Mixtral-8x7B-v0.1"), "model_type": "dbrx"}))
     assert (error.field, error.value) == ("model_type", "dbrx")
-    assert "mixture of experts pipesim does not read (it reads mixtral, qwen2_moe, deepseek_v2, deepseek_v3)" \
-        in error.rule
+    assert "mixture of experts pipesim does not read (it reads mixtral, qwen2_moe, qwen3_moe, deepseek_v2, " \
+        "deepseek_v3)" in error.rule
     experts = {**fixture_data("Phi-3-mini-4k-instruct"), "num_local_experts": 8}
     error = refusal(write(tmp_path, experts))
     assert (error.field, error.value) == ("num_local_experts", 8) and "reads for mixtral" in error.rule
@@ -201,6 +218,9 @@ def test_a_mixture_of_experts_pipesim_does_not_read_is_refused(tmp_path: Path) -
     ("Qwen1.5-MoE-A2.7B", "shared_expert_intermediate_size", None, "is required in a qwen2_moe config.json"),
     ("Qwen1.5-MoE-A2.7B", "decoder_sparse_step", 2, "must be 1: every layer a mixture of experts"),
     ("Qwen1.5-MoE-A2.7B", "mlp_only_layers", [0], "must be empty"),
+    ("Qwen3-30B-A3B", "num_experts", None, "is required in a qwen3_moe config.json"),
+    ("Qwen3-30B-A3B", "mlp_only_layers", [0, 47], "must be empty"),
+    ("Qwen3-30B-A3B", "decoder_sparse_step", 2, "must be 1: every layer a mixture of experts"),
     ("DeepSeek-V3", "first_k_dense_replace", None, "is required in a deepseek_v3 config.json"),
     ("DeepSeek-V3", "moe_layer_freq", 2, "must be 1"),
     ("DeepSeek-V3", "num_key_value_heads", 16, "must equal num_attention_heads (128)"),

@@ -53,6 +53,18 @@ def test_mixtral_by_hand() -> None:
     assert forward_flops_per_token(config, 4096) == layers * per_layer + 2 * h * vocab
 
 
+def test_qwen3_moe_by_hand() -> None:
+    config = fixture("Qwen3-30B-A3B")
+    h, e, layers, vocab = 2048, 768, 48, 151936
+    attention = h * 4096 + 2 * h * 512 + 4096 * h  # Q (32 heads of 128), K and V (4 KV heads), the projection
+    expert = 3 * h * e  # gate, up, down; no shared expert
+    layer = attention + h * 128 + 128 * expert + 2 * h  # router, 128 experts, two RMSNorms
+    assert parameters(config) == 2 * vocab * h + layers * layer + h == 30_532_110_336
+    assert active_parameters_per_token(config) == parameters(config) - layers * 120 * expert == 3_353_020_416
+    # The model card: "30.5B in total and 3.3B activated", both this count cut to its figures.
+    assert (f"{parameters(config) / 1e9:.4}"[:4], f"{active_parameters_per_token(config) / 1e9:.4}"[:3]) == ("30.5", "3.3")
+
+
 @pytest.mark.parametrize(("name", "total", "active"), [
     # DeepSeek-V3's README_WEIGHTS.md: 671B main-model parameters, 36.6B activated (including the
     # output head's 0.9B: DeepSeek counts the activated parameters without the input embedding).
