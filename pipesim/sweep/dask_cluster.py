@@ -1,7 +1,9 @@
 """The Dask cluster of a sweep or a search: embedded or at a scheduler's address, started in the background.
 
-Starting an embedded cluster takes seconds (each worker process imports Dask, then pipesim and
-numba's kernels on its first task). ``DaskCluster.start`` does it in a thread, while the caller goes
+Starting an embedded cluster takes time: where the platform has multiprocessing's fork server, its
+workers are forked from one that has imported Dask, pipesim and numba's kernels once
+(``worker_preload``); elsewhere each spawned worker imports them itself, seconds of CPU for a dozen
+workers. ``DaskCluster.start`` does it in a thread, while the caller goes
 on with its own work (expanding the spec, opening the result store, simulating points here), and
 warms every worker that is there by then: the object the tasks share (a ``PointRunner``) is
 unpickled on it and a few small points load the kernels, so that the first batches start on
@@ -13,6 +15,7 @@ workers that are ready. While an embedded cluster starts, a Ctrl-C is held back
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import threading
 import time
@@ -64,7 +67,12 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # the task thread's stack: work beside every point that nothing uses, so it is off (benchmarks/
     # RESULTS.md, "Two Dask workers against plain processes").
     settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
+    forked = FORK_SERVER in multiprocessing.get_all_start_methods()
+    if forked:
+        settings["distributed.worker.multiprocessing-method"] = FORK_SERVER
     with dask.config.set(settings):
+        if forked:
+            _preload_fork_server()
         cluster = LocalCluster(  # type: ignore[no-untyped-call]
             # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
             # another cluster holds that port, so let the OS choose one.
@@ -81,6 +89,22 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
             client.close()  # type: ignore[no-untyped-call]
     finally:
         cluster.close()
+
+
+#: How an embedded cluster's nannies start their workers, where the platform offers it.
+FORK_SERVER = "forkserver"
+#: What the fork server imports before it forks the first worker.
+WORKER_PRELOAD = "pipesim.sweep.worker_preload"
+
+
+def _preload_fork_server() -> None:
+    """Have multiprocessing's fork server import ``WORKER_PRELOAD`` when it starts (with the first
+    worker, after the nanny has set the workers' environment, which the server and the workers it
+    forks then share). Dask sets the server's list once, on its first use of the context, so it is
+    asked for the context first; a server already running keeps what it has loaded."""
+    from distributed.utils import get_mp_context
+
+    get_mp_context().set_forkserver_preload([WORKER_PRELOAD])
 
 
 class DaskCluster:

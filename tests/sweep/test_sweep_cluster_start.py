@@ -114,11 +114,14 @@ def _children(process: psutil.Process) -> list[psutil.Process]:
 
 
 def _workers(process: psutil.Process) -> list[psutil.Process]:
-    """The Dask worker processes that ``process`` started (multiprocessing's spawned interpreters)."""
+    """The Dask worker processes that ``process`` started: multiprocessing's spawned interpreters, or
+    the processes its fork server forked (they keep the server's command line; the server is the
+    one whose parent is ``process``)."""
     found = []
     for child in _children(process):
         try:
-            if any("spawn_main" in part for part in child.cmdline()):
+            command = " ".join(child.cmdline())
+            if "spawn_main" in command or ("multiprocessing.forkserver" in command and child.ppid() != process.pid):
                 found.append(child)
         except psutil.Error:
             continue
