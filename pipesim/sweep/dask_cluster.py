@@ -104,7 +104,7 @@ def _preload_fork_server() -> None:
     asked for the context first; a server already running keeps what it has loaded."""
     from distributed.utils import get_mp_context
 
-    get_mp_context().set_forkserver_preload([WORKER_PRELOAD])
+    get_mp_context().set_forkserver_preload([WORKER_PRELOAD])  # type: ignore[no-untyped-call]
 
 
 class DaskCluster:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import distributed  # noqa: F401 - what every worker runs on
 import pipesim.sweep.tasks  # noqa: F401 - the sweep's tasks (a search's import the rest on their first)
 from pipesim import jit
-from pipesim.sweep.points import PointRunner, Resolved
-from pipesim.sweep.spec import parse_spec
+from pipesim.sweep.points import PointRunner
+from pipesim.sweep.spec import Resolved, parse_spec
 
 #: A small sweep whose points call the compiled kernels the sweeps' points call (the engines'
 #: timing, the memory levels, the exposed communication), with and without recomputation.
