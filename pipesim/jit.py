@@ -200,11 +200,14 @@ def _code_bytes(code: types.CodeType) -> bytes:
 
 
 def _key_cache_on_frozen_inputs(dispatcher: Any, function: Callable[..., Any]) -> None:
-    """Give ``dispatcher`` a disk cache whose key adds ``frozen_inputs(function)`` to numba's own."""
-    caching = importlib.import_module("numba.core.caching")
+    """Give ``dispatcher`` a disk cache whose key adds ``frozen_inputs(function)`` to numba's own
+    (numba's internals: a numba without them keeps its own cache, keyed on the kernel's file)."""
+    base = getattr(importlib.import_module("numba.core.caching"), "FunctionCache", None)
+    if base is None or not hasattr(base, "_index_key") or not hasattr(dispatcher, "_cache"):
+        return
     digest = frozen_inputs(function)
 
-    class KeyedCache(caching.FunctionCache):  # type: ignore[misc, name-defined]
+    class KeyedCache(base):  # type: ignore[misc, valid-type]
         def _index_key(self, sig: Any, codegen: Any) -> Any:
             return (*super()._index_key(sig, codegen), digest)
 
