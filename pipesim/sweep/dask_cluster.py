@@ -101,7 +101,9 @@ def _preload_fork_server() -> None:
     """Have multiprocessing's fork server import ``WORKER_PRELOAD`` when it starts (with the first
     worker, after the nanny has set the workers' environment, which the server and the workers it
     forks then share). Dask sets the server's list once, on its first use of the context, so it is
-    asked for the context first; a server already running keeps what it has loaded."""
+    asked for the context first (a Dask that sets it at every use keeps its own list: the workers
+    then import pipesim themselves, as spawned ones do); a server already running keeps what it
+    has loaded."""
     from distributed.utils import get_mp_context
 
     get_mp_context().set_forkserver_preload([WORKER_PRELOAD])  # type: ignore[no-untyped-call]
