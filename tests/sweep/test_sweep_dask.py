@@ -135,3 +135,25 @@ def test_embedded_workers_keep_freed_memory_instead_of_trimming_it() -> None:
     with dask_client(workers=1, scheduler=None) as client:
         seen = client.run(thresholds)
     assert list(seen.values()) == [(str(KEEP_BYTES), str(KEEP_BYTES))]
+
+
+def _what_the_worker_holds() -> tuple[bool, bool]:
+    """On a worker, before any task: the preload imported, numba's main kernel loaded."""
+    from pipesim import jit
+    from pipesim.engine import kernel
+
+    loaded = jit.AVAILABLE and kernel.solve._compiled is not None and bool(kernel.solve.dispatcher().signatures)
+    return "pipesim.sweep.worker_preload" in sys.modules, loaded
+
+
+@pytest.mark.skipif("forkserver" not in __import__("multiprocessing").get_all_start_methods(),
+                    reason="no fork server on this platform: workers are spawned")
+def test_embedded_workers_start_with_pipesim_and_its_kernels_loaded() -> None:
+    """Forked from the fork server that imported ``worker_preload``: nothing left to import or load
+    (a spawned worker has neither before its first task)."""
+    from pipesim import jit
+    from pipesim.sweep.dask_cluster import dask_client
+
+    with dask_client(workers=2, scheduler=None) as client:
+        held = list(client.run(_what_the_worker_holds).values())
+    assert held == [(True, jit.AVAILABLE and jit.setting_from_environment() != "never")] * 2
