@@ -1,13 +1,12 @@
 """The Dask cluster of a sweep or a search: embedded or at a scheduler's address, started in the background.
 
-Starting an embedded cluster takes time: where the platform has multiprocessing's fork server, its
-workers are forked from one that has imported Dask, pipesim and numba's kernels once
-(``worker_preload``); elsewhere each spawned worker imports them itself, seconds of CPU for a dozen
-workers. ``DaskCluster.start`` does it in a thread, while the caller goes
-on with its own work (expanding the spec, opening the result store, simulating points here), and
-warms every worker that is there by then: the object the tasks share (a ``PointRunner``) is
-unpickled on it and a few small points load the kernels, so that the first batches start on
-workers that are ready. While an embedded cluster starts, a Ctrl-C is held back
+Starting an embedded cluster takes time: on Linux its workers are forked from multiprocessing's
+fork server, which has imported Dask, pipesim and numba's kernels once (``worker_preload``);
+elsewhere each spawned worker imports them itself, seconds of CPU for a dozen workers.
+``DaskCluster.start`` does it in a thread, while the caller goes on with its own work (expanding
+the spec, opening the result store, simulating points here), and warms every worker that is there
+by then: the object the tasks share (a ``PointRunner``) is unpickled on it and a few small points
+load the kernels its schedules use, so that the first batches start on workers that are ready. While an embedded cluster starts, a Ctrl-C is held back
 (``cluster.CtrlCHeld``): the caller's thread raises it once the start has ended, when it next looks
 (``is_ready``, ``client``, ``close``), and the workers never see it.
 """
@@ -17,6 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -67,7 +67,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # the task thread's stack: work beside every point that nothing uses, so it is off (benchmarks/
     # RESULTS.md, "Two Dask workers against plain processes").
     settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
-    forked = FORK_SERVER in multiprocessing.get_all_start_methods()
+    forked = sys.platform.startswith("linux") and FORK_SERVER in multiprocessing.get_all_start_methods()
     if forked:
         settings["distributed.worker.multiprocessing-method"] = FORK_SERVER
     with dask.config.set(settings):
@@ -91,7 +91,8 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
         cluster.close()
 
 
-#: How an embedded cluster's nannies start their workers, where the platform offers it.
+#: How an embedded cluster's nannies start their workers on Linux (where it was measured; macOS forks
+#: badly once some system frameworks are loaded, so elsewhere they are spawned).
 FORK_SERVER = "forkserver"
 #: What the fork server imports before it forks the first worker.
 WORKER_PRELOAD = "pipesim.sweep.worker_preload"
