@@ -21,6 +21,7 @@ from pipesim.errors import ConfigError
 from pipesim.harness.breakdown import contributions, op_rows
 from pipesim.harness.comparison import Comparison, RunComparison, compare_versions, op_means
 from pipesim.harness.config import COMPUTE_MODES, ModelSpec, RunConfig, TrainingOptions
+from pipesim.harness.handoffs import hand_off_parts, without_local_hand_offs
 from pipesim.harness.launch import launch
 from pipesim.harness.op_context import ContextKey, in_context
 from pipesim.harness.overheads import OpCosts, with_host_cost
@@ -205,7 +206,9 @@ class ScheduleValidation:
         program = prepare(current, self.topology, result.plan)
         durations = None
         if contexts:  # each op the calibrated time of its own context (pipesim.harness.op_context)
-            durations = in_context(program, contexts)
+            # less the hand-overs to another rank that its stages, on one rank here, do not make
+            durations = without_local_hand_offs(program, in_context(program, contexts),
+                                                hand_off_parts(calibration_traces))
             in_order = run_program(program, durations_s=durations)
             result = dataclasses.replace(result, trace=in_order, metrics=compute_metrics(in_order))
         predicted, mean_ops = result.metrics, None
