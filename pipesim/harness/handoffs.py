@@ -33,9 +33,8 @@ def hand_off_parts(traces: Iterable[Trace]) -> HandOffs:
         for op in steady_ops(trace):
             if op.kind in ("F", "B") and not (math.isnan(op.receive_s) or math.isnan(op.send_s)):
                 samples.setdefault((op.stage, op.kind), []).append((op.duration_s, op.receive_s, op.send_s))
-    return {key: (float(np.mean([v[0] for v in values])), float(np.mean([v[1] for v in values])),
-                  float(np.mean([v[2] for v in values])))
-            for key, values in sorted(samples.items())}
+    means = {key: np.mean(values, axis=0) for key, values in sorted(samples.items())}
+    return {key: (float(span), float(receive), float(send)) for key, (span, receive, send) in means.items()}
 
 
 def without_local_hand_offs(program: PreparedRun, durations_s: np.ndarray, parts: HandOffs) -> np.ndarray:
@@ -45,7 +44,7 @@ def without_local_hand_offs(program: PreparedRun, durations_s: np.ndarray, parts
     table = program.ops
     kinds = [KINDS[code] for code in table.kind.tolist()]
     ranks, stages = table.rank.tolist(), table.stage.tolist()
-    rank_of = dict(zip(stages, ranks, strict=True))
+    rank_of = dict(enumerate(program.schedule.stage_to_rank))
     adjusted = np.array(durations_s, dtype=np.float64, copy=True)
     for index, kind in enumerate(kinds):
         if kind == "U":
