@@ -151,8 +151,9 @@ class Kernel:
 
 def frozen_inputs(function: Callable[..., Any]) -> str:
     """A digest of what numba freezes into ``function``'s machine code besides its own file: the
-    values of the module-level names it reads (numbers, tuples, arrays: constants once compiled)
-    and, for each kernel it calls, that kernel's code and frozen inputs in turn.
+    values of the module-level names it reads, directly or as a module's attributes (numbers,
+    text, arrays, tuples of them: constants once compiled), and, for each kernel it calls, that
+    kernel's code (the names it reads included) and frozen inputs in turn.
 
     numba's disk cache is invalidated when the kernel's own source file changes, not when a
     constant it imports from another module or a kernel of another file does; this digest, part of
@@ -164,12 +165,11 @@ def frozen_inputs(function: Callable[..., Any]) -> str:
 
 
 def _digest_inputs(function: Callable[..., Any], digest: Any, seen: set[int]) -> None:
-    import numpy as np  # noqa: PLC0415 - loaded with numba by now; jit itself stays light
-
     if id(function) in seen or not isinstance(function, types.FunctionType):
         return
     seen.add(id(function))
-    for name in sorted(_names_read(function.__code__)):
+    names = _names_read(function.__code__)
+    for name in sorted(names):
         if name not in function.__globals__:
             continue
         value = function.__globals__[name]
@@ -178,10 +178,28 @@ def _digest_inputs(function: Callable[..., Any], digest: Any, seen: set[int]) ->
             assert isinstance(callee, types.FunctionType)
             digest.update(f"kernel {name} {callee.__code__.co_filename}\n".encode() + _code_bytes(callee.__code__))
             _digest_inputs(callee, digest, seen)
-        elif isinstance(value, np.ndarray):
-            digest.update(f"array {name} {value.dtype.str} {value.shape}\n".encode() + value.tobytes())
-        elif isinstance(value, (bool, int, float, complex, str, bytes, tuple, frozenset)):
-            digest.update(f"value {name} {type(value).__name__} {value!r}\n".encode())
+        elif isinstance(value, types.ModuleType):  # ``module.CONSTANT``: the attributes the kernel may read
+            for attribute in sorted(names):
+                _digest_value(f"{name}.{attribute}", vars(value).get(attribute), digest)
+        else:
+            _digest_value(name, value, digest)
+
+
+def _digest_value(name: str, value: Any, digest: Any) -> None:
+    """Add a constant numba would freeze (a number, text, an array, a tuple of them) to ``digest``;
+    anything else (functions, classes) is left out."""
+    import numpy as np  # noqa: PLC0415 - loaded with numba by now; jit itself stays light
+
+    if isinstance(value, (np.ndarray, np.generic)):
+        digest.update(f"array {name} {value.dtype.str} {np.shape(value)}\n".encode() + np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, tuple):
+        digest.update(f"tuple {name} {len(value)}\n".encode())
+        for index, item in enumerate(value):
+            _digest_value(f"{name}[{index}]", item, digest)
+    elif isinstance(value, frozenset):
+        digest.update(f"frozenset {name} {sorted(map(repr, value))!r}\n".encode())
+    elif isinstance(value, (bool, int, float, complex, str, bytes)):
+        digest.update(f"value {name} {type(value).__name__} {value!r}\n".encode())
 
 
 def _names_read(code: types.CodeType) -> set[str]:
@@ -193,10 +211,12 @@ def _names_read(code: types.CodeType) -> set[str]:
 
 
 def _code_bytes(code: types.CodeType) -> bytes:
-    """A function's bytecode and constants, those of the functions it defines included."""
+    """A function's bytecode, the names it reads (globals, attributes: ``min`` or ``max``) and its
+    constants, those of the functions it defines included."""
     nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
     plain = tuple(c for c in code.co_consts if not isinstance(c, types.CodeType))
-    return code.co_code + repr(plain).encode() + b"".join(_code_bytes(c) for c in nested)
+    return (code.co_code + repr(code.co_names).encode() + repr(plain).encode()
+            + b"".join(_code_bytes(c) for c in nested))
 
 
 def _key_cache_on_frozen_inputs(dispatcher: Any, function: Callable[..., Any]) -> None:

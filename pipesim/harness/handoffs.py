@@ -2,12 +2,13 @@
 
 A real op's span holds the runtime's receive of its input from the link and its send of its
 output (``TracedOp.receive_s``, ``send_s``): on the 2-core host a tenth to a third of a small MLP
-op. The calibration runs place consecutive stages on different ranks (stage s on rank s mod R),
-so each calibrated F and B carries both; a schedule that puts two consecutive stages on one rank
-(the V of zbv and dualpipev: stages R - 1 and R) hands that activation and its gradient over in
-memory. Each op whose input or output stays on its rank sheds that share of its stage's
-calibrated span, in proportion to its own time (a split backward's I and W are shares of the
-calibrated B, hand-overs included).
+op. The calibration runs place consecutive stages on different ranks where there are several
+(stage s on rank s mod R), so each calibrated F and B carries both; a schedule that puts two
+consecutive stages on one rank (the V of zbv and dualpipev: stages R - 1 and R) hands that
+activation and its gradient over in memory. Each op whose input or output stays on its rank
+sheds the share of its stage's calibrated span that the receive or send took across ranks, in
+proportion to its own time (a split backward's I and W are shares of the calibrated B, hand-overs
+included); a hand-over the calibration itself made in memory (one rank) is not shed again.
 """
 
 from __future__ import annotations
@@ -27,12 +28,19 @@ HandOffs = dict[tuple[int, str], tuple[float, float, float]]
 
 def hand_off_parts(traces: Iterable[Trace]) -> HandOffs:
     """Per stage, for its F and B: the mean span, receive part and send part of the steady-state
-    ops of ``traces`` together (the calibration runs); ops without recorded parts are left out."""
+    ops of ``traces`` together (the calibration runs), a receive or send counted only where its
+    neighbour stage ran on another rank (else 0: it was a hand-over in memory already); ops
+    without recorded parts are left out."""
     samples: dict[tuple[int, str], list[tuple[float, float, float]]] = {}
     for trace in traces:
-        for op in steady_ops(trace):
+        ops = list(steady_ops(trace))
+        rank_of = {op.stage: op.device for op in ops}
+        for op in ops:
             if op.kind in ("F", "B") and not (math.isnan(op.receive_s) or math.isnan(op.send_s)):
-                samples.setdefault((op.stage, op.kind), []).append((op.duration_s, op.receive_s, op.send_s))
+                source, target = (op.stage - 1, op.stage + 1) if op.kind == "F" else (op.stage + 1, op.stage - 1)
+                receive = 0.0 if rank_of.get(source) == op.device else op.receive_s
+                send = 0.0 if rank_of.get(target) == op.device else op.send_s
+                samples.setdefault((op.stage, op.kind), []).append((op.duration_s, receive, send))
     means = {key: np.mean(values, axis=0) for key, values in sorted(samples.items())}
     return {key: (float(span), float(receive), float(send)) for key, (span, receive, send) in means.items()}
 

@@ -1,8 +1,10 @@
 """The Dask cluster of a sweep or a search: embedded or at a scheduler's address, started in the background.
 
 Starting an embedded cluster takes time: on Linux its workers are forked from multiprocessing's
-fork server, which has imported Dask, pipesim and numba's kernels once (``worker_preload``);
-elsewhere each spawned worker imports them itself, seconds of CPU for a dozen workers.
+fork server, which has imported Dask, pipesim and numba's kernels once (``worker_preload``) and
+is stopped when the last such cluster closes; elsewhere, or where another part of the program
+runs a fork server already, each spawned worker imports them itself, seconds of CPU for a dozen
+workers.
 ``DaskCluster.start`` does it in a thread, while the caller goes on with its own work (expanding
 the spec, opening the result store, simulating points here), and warms every worker that is there
 by then: the object the tasks share (a ``PointRunner``) is unpickled on it and a few small points
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -67,28 +70,32 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # the task thread's stack: work beside every point that nothing uses, so it is off (benchmarks/
     # RESULTS.md, "Two Dask workers against plain processes").
     settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
-    forked = sys.platform.startswith("linux") and FORK_SERVER in multiprocessing.get_all_start_methods()
-    if forked:
-        settings["distributed.worker.multiprocessing-method"] = FORK_SERVER
-    with dask.config.set(settings):
-        if forked:
-            _preload_fork_server()
-        cluster = LocalCluster(  # type: ignore[no-untyped-call]
-            # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
-            # another cluster holds that port, so let the OS choose one.
-            n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1",
-            # CRITICAL: a worker's ERROR lines (a heartbeat missed while the cluster shuts down after a failed
-            # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
-            dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
-        )
+    forked = _forks_workers(dask.config.get("distributed.worker.multiprocessing-method")) and _claim_fork_server()
     try:
-        client = Client(cluster)  # type: ignore[no-untyped-call]
+        if forked:
+            settings["distributed.worker.multiprocessing-method"] = FORK_SERVER
+        with dask.config.set(settings):
+            cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                # The scheduler always serves HTTP; without an address it takes :8787 and warns on stderr when
+                # another cluster holds that port, so let the OS choose one.
+                n_workers=count, threads_per_worker=1, processes=True, host="127.0.0.1",
+                # CRITICAL: a worker's ERROR lines (a heartbeat missed while the cluster shuts down after a failed
+                # write, on a loaded machine) would follow the one-line message; failures are reported by the runner.
+                dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
+            )
+        if forked:
+            _note_fork_server()
         try:
-            yield client
+            client = Client(cluster)  # type: ignore[no-untyped-call]
+            try:
+                yield client
+            finally:
+                client.close()  # type: ignore[no-untyped-call]
         finally:
-            client.close()  # type: ignore[no-untyped-call]
+            cluster.close()
     finally:
-        cluster.close()
+        if forked:
+            _release_fork_server()
 
 
 #: How an embedded cluster's nannies start their workers on Linux (where it was measured; macOS forks
@@ -98,16 +105,85 @@ FORK_SERVER = "forkserver"
 WORKER_PRELOAD = "pipesim.sweep.worker_preload"
 
 
-def _preload_fork_server() -> None:
-    """Have multiprocessing's fork server import ``WORKER_PRELOAD`` when it starts (with the first
-    worker, after the nanny has set the workers' environment, which the server and the workers it
-    forks then share). Dask sets the server's list once, on its first use of the context, so it is
-    asked for the context first (a Dask that sets it at every use keeps its own list: the workers
-    then import pipesim themselves, as spawned ones do); a server already running keeps what it
-    has loaded."""
-    from distributed.utils import get_mp_context
+# The fork server is multiprocessing's, one per process; the embedded clusters of this process that
+# fork their workers from it share it while any is open, and the last to close stops it (and puts
+# back the preload list it found), so that nothing forked later in the user's process comes from
+# a server holding the sweep's modules, environment and blocked Ctrl-C.
+_fork_server_lock = threading.Lock()
+_fork_server_users = 0
+_fork_server_pid: int | None = None  # the server this module's clusters started
+_fork_server_found: list[str] = []  # the preload list before theirs
 
-    get_mp_context().set_forkserver_preload([WORKER_PRELOAD])  # type: ignore[no-untyped-call]
+
+def _forks_workers(method: str) -> bool:
+    """Whether an embedded cluster forks its workers: on Linux, where Dask's start method is its
+    default (``spawn``; one the user set in Dask's config is kept) and the platform has a fork server."""
+    return (sys.platform.startswith("linux") and method == "spawn"
+            and FORK_SERVER in multiprocessing.get_all_start_methods())
+
+
+def _fork_server() -> Any:
+    """multiprocessing's fork server object, or None where its internals are not those relied on."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    needed = ("_forkserver_pid", "_preload_modules", "_stop", "set_forkserver_preload")
+    return server if server is not None and all(hasattr(server, name) for name in needed) else None
+
+
+def _claim_fork_server() -> bool:
+    """Take a share of a fork server that imports ``WORKER_PRELOAD`` when it starts (with the
+    first worker, after the nanny has set the workers' environment, which the server and the
+    workers it forks then share). False, and the workers are spawned, where a fork server started
+    elsewhere in this process is running (its workers would lack the preload and take Ctrl-C) or
+    multiprocessing's internals differ. Dask sets the server's list on its first use of the
+    fork server's context, so it is asked for that context first."""
+    global _fork_server_users, _fork_server_found
+    server = _fork_server()
+    if server is None:
+        return False
+    with _fork_server_lock:
+        running = server._forkserver_pid
+        if running is not None and running != _fork_server_pid:
+            return False
+        if _fork_server_users == 0:
+            import dask.config
+            from distributed.utils import get_mp_context
+
+            with dask.config.set({"distributed.worker.multiprocessing-method": FORK_SERVER}):
+                get_mp_context()  # type: ignore[no-untyped-call]
+            _fork_server_found = list(server._preload_modules)
+            server.set_forkserver_preload([WORKER_PRELOAD])
+        _fork_server_users += 1
+        return True
+
+
+def _note_fork_server() -> None:
+    """Record the fork server the claiming cluster's workers were forked from as this module's."""
+    global _fork_server_pid
+    server = _fork_server()
+    with _fork_server_lock:
+        if server is not None and _fork_server_pid is None:
+            _fork_server_pid = server._forkserver_pid
+
+
+def _release_fork_server() -> None:
+    """Give back a share of the fork server; the last one stops it (its workers are closed by then,
+    and SIGTERM ends it even where a straggler still holds its pipe) and restores the preload list."""
+    global _fork_server_users, _fork_server_pid
+    server = _fork_server()
+    with _fork_server_lock:
+        _fork_server_users -= 1
+        if _fork_server_users or server is None:
+            return
+        pid, _fork_server_pid = _fork_server_pid, None
+        if pid is not None and server._forkserver_pid == pid:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                server._stop()
+            except OSError:  # it had ended already
+                pass
+        server.set_forkserver_preload(_fork_server_found)
 
 
 class DaskCluster:

@@ -28,9 +28,11 @@ def load_kernels() -> None:
     """Run ``WARM_SPEC``'s points on numba's kernels, where numba is installed and ``PIPESIM_JIT``
     allows them, so that their machine code is in memory before the server forks. A failure is
     left for the tasks that use those kernels to meet again and report (this only saves time)."""
-    if not jit.AVAILABLE or jit.setting_from_environment() == "never":
-        return
+    # Inside the try: multiprocessing's fork server survives only an ImportError from a preload, and
+    # any other error here (a bad PIPESIM_JIT) would end it, and with it every worker's start.
     try:
+        if not jit.AVAILABLE or jit.setting_from_environment() == "never":
+            return
         resolved = Resolved(parse_spec(WARM_SPEC))
         PointRunner(resolved, "always").run_batch(resolved.points())
     except Exception:  # noqa: BLE001, S110 - see the docstring

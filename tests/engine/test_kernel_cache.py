@@ -21,13 +21,14 @@ pytestmark = pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installe
 
 KERNEL = """\
 from pipesim.jit import jit
-from constants import SCALE, OFFSETS
+import constants
+from constants import SCALE, OFFSETS, SHIFT
 from helper import bump
 
 
 @jit
 def scaled(x):
-    return (bump(x) + OFFSETS[1]) * SCALE
+    return (bump(x) + OFFSETS[1] + SHIFT) * SCALE * constants.FACTOR
 """
 HELPER = """\
 from pipesim.jit import jit
@@ -35,9 +36,10 @@ from pipesim.jit import jit
 
 @jit
 def bump(x):
-    return x + {step}
+    return {choose}(x + {step}, 0.0)
 """
-CONSTANTS = "import numpy as np\nSCALE = {scale}\nOFFSETS = np.array([0.0, {offset}])\n"
+CONSTANTS = ("import numpy as np\nSCALE = {scale}\nOFFSETS = np.array([0.0, {offset}])\nSHIFT = np.float64({shift})\n"
+             "FACTOR = {factor}\n")
 RUN = """\
 import json
 import kernel
@@ -48,11 +50,12 @@ print(json.dumps({"value": value, "hits": sum(stats.cache_hits.values()), "misse
 """
 
 
-def run(folder: Path, scale: float = 1.0, offset: float = 0.0, step: float = 1.0) -> tuple[float, str]:
+def run(folder: Path, scale: float = 1.0, offset: float = 0.0, step: float = 1.0, choose: str = "max",
+        shift: float = 0.0, factor: float = 1.0) -> tuple[float, str]:
     """Write the modules with these values (``kernel.py`` itself never changes), call the kernel
     compiled in a new process; its value and whether numba loaded it from the cache or compiled it."""
-    (folder / "constants.py").write_text(CONSTANTS.format(scale=scale, offset=offset))
-    (folder / "helper.py").write_text(HELPER.format(step=step))
+    (folder / "constants.py").write_text(CONSTANTS.format(scale=scale, offset=offset, shift=shift, factor=factor))
+    (folder / "helper.py").write_text(HELPER.format(step=step, choose=choose))
     if not (folder / "kernel.py").exists():
         (folder / "kernel.py").write_text(KERNEL)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(folder / "numba-cache"), "PIPESIM_JIT": "always"}
@@ -64,9 +67,13 @@ def run(folder: Path, scale: float = 1.0, offset: float = 0.0, step: float = 1.0
 
 
 def test_a_change_to_a_frozen_constant_or_a_called_kernel_in_another_file_compiles_afresh(tmp_path: Path) -> None:
-    assert run(tmp_path) == (3.0, "compiled")  # (2 + 1 + 0) * 1
+    assert run(tmp_path) == (3.0, "compiled")  # (max(2 + 1, 0) + 0 + 0) * 1 * 1
     assert run(tmp_path) == (3.0, "loaded")  # nothing changed: numba's cache serves it
     assert run(tmp_path, scale=2.0) == (6.0, "compiled")  # a number of another module
     assert run(tmp_path, scale=2.0, offset=4.0) == (14.0, "compiled")  # an array of another module
     assert run(tmp_path, scale=2.0, offset=4.0, step=10.0) == (32.0, "compiled")  # a kernel of another file
+    # The same kernel calling another function: min(12, 0) + 4, times 2.
+    assert run(tmp_path, scale=2.0, offset=4.0, step=10.0, choose="min") == (8.0, "compiled")
+    assert run(tmp_path, shift=1.0) == (4.0, "compiled")  # a numpy scalar of another module
+    assert run(tmp_path, factor=5.0) == (15.0, "compiled")  # read as a module's attribute
     assert run(tmp_path) == (3.0, "loaded")  # back as at first: that machine code is still in the cache

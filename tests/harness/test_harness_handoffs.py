@@ -67,3 +67,26 @@ def test_the_parts_are_the_steady_state_means_of_the_recorded_receive_and_send()
     assert set(parts) == {(0, "F"), (0, "B"), (1, "F"), (1, "B")}  # U has no hand-over
     # A simulated trace records no parts: nothing to shed.
     assert hand_off_parts([trace]) == {}
+
+
+def test_a_calibration_on_one_rank_made_its_hand_overs_in_memory_so_nothing_is_shed_twice() -> None:
+    """``--ranks 1``: the calibration's consecutive stages share the rank, their receive and send
+    are the in-memory ones already; a prediction with the same placement keeps every op's time."""
+    trace = simulate(PROFILE, schedule="interleaved-1f1b", num_stages=2, num_microbatches=4, num_minibatches=4,
+                     stages_per_rank=2).trace
+    assert {op.device for op in traced_ops(trace)} == {0}
+    positions = max(op.position for op in traced_ops(trace)) + 1
+    recorded = dataclasses.replace(trace, info=dataclasses.replace(
+        trace.info, compute_receive_s=(tuple(1e-4 for _ in range(positions)),),
+        compute_send_s=(tuple(2e-4 for _ in range(positions)),)))
+    parts = hand_off_parts([recorded])
+    # By hand: stage 0's F sends to stage 1 and its B receives from it, on rank 0 both; stage 1's F
+    # receives from stage 0 and its B sends to it. What crosses no boundary (the first stage's
+    # input, the last stage's output) stays.
+    assert parts[(0, "F")][1:] == pytest.approx((1e-4, 0.0)) and parts[(1, "F")][1:] == pytest.approx((0.0, 2e-4))
+    assert parts[(0, "B")][1:] == pytest.approx((0.0, 2e-4)) and parts[(1, "B")][1:] == pytest.approx((1e-4, 0.0))
+    plan = make_plan(PROFILE, schedule="interleaved-1f1b", num_stages=2, num_microbatches=4, num_minibatches=3,
+                     stages_per_rank=2)
+    program = prepare(PROFILE, Topology.uniform(num_devices=1), plan)
+    before = np.array(program.ops.duration_s, dtype=np.float64)
+    assert np.array_equal(without_local_hand_offs(program, before, parts), before)

@@ -156,3 +156,82 @@ def test_embedded_workers_start_with_pipesim_and_its_kernels_loaded() -> None:
     with dask_client(workers=2, scheduler=None) as client:
         held = list(client.run(_what_the_worker_holds).values())
     assert held == [(True, jit.AVAILABLE and jit.setting_from_environment() != "never")] * 2
+
+
+def _fork_server() -> Any:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver  # type: ignore[attr-defined]
+
+
+def _sigint_blocked() -> bool:
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_the_fork_server_ends_with_the_cluster_and_what_it_was_asked_to_preload_is_put_back() -> None:
+    """Nothing forked later in the user's process comes from a server that holds the sweep's modules,
+    its environment and a blocked Ctrl-C; a second cluster gets a server of its own, with the
+    environment as it is then."""
+    from pipesim.sweep.dask_cluster import dask_client
+
+    import dask.config
+    from distributed.utils import get_mp_context
+
+    server = _fork_server()
+    assert server._forkserver_pid is None
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        get_mp_context()  # Dask's own list, set on its first use of the context
+    before = list(server._preload_modules)
+    assert "pipesim.sweep.worker_preload" not in before
+    with dask_client(workers=1, scheduler=None) as client:
+        first = server._forkserver_pid
+        assert first is not None and list(client.run(_what_the_worker_holds).values())[0][0]
+    assert server._forkserver_pid is None and list(server._preload_modules) == before
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)
+    os.environ["PIPESIM_TEST_LATER"] = "seen"
+    try:
+        with dask_client(workers=1, scheduler=None) as client:
+            assert server._forkserver_pid not in (None, first)
+            assert list(client.run(os.environ.get, "PIPESIM_TEST_LATER").values()) == ["seen"]
+    finally:
+        del os.environ["PIPESIM_TEST_LATER"]
+    assert server._forkserver_pid is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_a_fork_server_started_elsewhere_in_the_program_is_left_alone_and_the_workers_spawned() -> None:
+    """Its children would lack the preload and take Ctrl-C: the cluster spawns its workers (SIGINT
+    blocked in them all the same, as the sweep's start holds it), and the server runs on after."""
+    import multiprocessing
+
+    from pipesim.sweep.cluster import CtrlCHeld
+    from pipesim.sweep.dask_cluster import dask_client
+
+    server = _fork_server()
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([])
+    child = context.Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join()
+    theirs = server._forkserver_pid
+    try:
+        assert theirs is not None
+        with CtrlCHeld(), dask_client(workers=1, scheduler=None) as client:
+            held = list(client.run(_what_the_worker_holds).values())
+            blocked = list(client.run(_sigint_blocked).values())
+        assert held[0][0] is False and blocked == [True]
+        assert server._forkserver_pid == theirs
+        os.kill(theirs, 0)  # still running
+    finally:
+        server._stop()
+
+
+def test_a_bad_jit_setting_does_not_end_the_fork_server_the_workers_come_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preload meets ``PIPESIM_JIT=bogus`` and leaves it for the sweep to report; the workers start."""
+    from pipesim.sweep.dask_cluster import dask_client
+
+    monkeypatch.setenv("PIPESIM_JIT", "bogus")
+    with dask_client(workers=1, scheduler=None) as client:
+        assert list(client.run(os.environ.get, "PIPESIM_JIT").values()) == ["bogus"]
