@@ -140,8 +140,9 @@ def run_sweep(
     spec_file = spec_path = None
     if isinstance(spec, str | Path):
         base_dir = base_dir or Path(spec).resolve().parent
-        spec_file, spec_path = file_identity(spec), str(spec)
-        spec = load_spec(spec)
+        spec_path = str(spec)
+        loaded = load_spec(spec)  # first: it names a missing or unreadable file in one line
+        spec_file, spec = file_identity(spec), loaded
     if batch_size is not None and batch_size < 1:
         raise ConfigError("batch_size", batch_size, "must be >= 1")
     target = Path(out)

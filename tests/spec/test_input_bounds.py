@@ -58,6 +58,14 @@ def test_a_yaml_alias_bomb_is_refused_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "t.csv").exists() and not (tmp_path / "t.csv.parts").exists()
 
 
+@pytest.mark.parametrize(("name", "rule"), [("missing.yaml", "file does not exist"),
+                                           (".", "is a directory, expected a file")])
+def test_a_spec_that_is_not_a_file_is_one_line(tmp_path: Path, name: str, rule: str) -> None:
+    spec = tmp_path / name
+    one_line(pipesim("sweep", str(spec), "--out", str(tmp_path / "t.csv"), timeout_s=60), f"spec='{spec}': {rule}")
+    assert not (tmp_path / "t.csv").exists()
+
+
 @pytest.mark.parametrize(("text", "rule"), [
     ("a: &a [1, *a]\n" + SPEC_HEAD + "stages: *a\nmicrobatches: [4]\n", "holds itself through a YAML alias"),
     ("schedule: " + "[" * 3000 + "]" * 3000 + "\n", "is nested too deeply"),
