@@ -40,7 +40,7 @@ demo: $(CORE_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" --hypothesis-profile=ci
 
-# Regenerate every figure and table under analysis/ (analysis/README.md); about a minute.
+# Regenerate every figure and table under analysis/ (analysis/README.md); about 30 s to a minute.
 .PHONY: analysis
 analysis: $(STAMP)
 	$(PY) analysis/run_all.py

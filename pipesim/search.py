@@ -75,6 +75,7 @@ from pipesim.spec.transformer_profile import (
     default_cluster,
     pipeline_bandwidth_bytes_per_s,
     pipeline_latency_s,
+    pipeline_topology,
     transformer_profile,
 )
 from pipesim.sweep.batches import plan_batches, run_cost
@@ -166,10 +167,11 @@ class _GroupRunner:
             setting = self.setting
             layout = Parallelism(tp=item.tp, pp=item.pp, dp=item.dp, placement=setting.placement, cp=item.cp,
                                  ep=item.ep)
+            # The bounds take the fastest hop's link for every hop; the simulation each hop's own.
             bandwidth = pipeline_bandwidth_bytes_per_s(setting.cluster, layout, sequence_parallel=item.sequence_parallel)
             latency = pipeline_latency_s(setting.cluster, layout)
-            self.links[key] = (latency, bandwidth, Topology.uniform(num_devices=item.pp, memory_bytes=setting.budget,
-                                                                    bandwidth=bandwidth, latency=latency))
+            self.links[key] = (latency, bandwidth, pipeline_topology(setting.cluster, layout, memory_bytes=setting.budget,
+                                                                     sequence_parallel=item.sequence_parallel))
         return self.links[key]
 
     def shape(self, item: Candidate) -> _Shape:

@@ -20,14 +20,12 @@ from pipesim.spec.model_files import load_model
 from pipesim.spec.opcost import Attention
 from pipesim.spec.partition import megatron_cut
 from pipesim.spec.parallel import microbatches_per_pipeline, zero_optimizer_multiplier
-from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import Recompute, TransformerConfig, forward_flops_per_token
 from pipesim.spec.transformer_profile import (
     ADAM_STATE_MULTIPLIER,
     Parallelism,
     default_cluster,
-    pipeline_bandwidth_bytes_per_s,
-    pipeline_latency_s,
+    pipeline_topology,
     resolve_device,
     transformer_profile,
 )
@@ -149,10 +147,7 @@ def simulate_training(
                      stages_per_rank=stages_per_rank, partition=megatron_partition(config.num_layers, num_stages),
                      optimizer_state_multiplier=zero_optimizer_multiplier(ADAM_STATE_MULTIPLIER, dp * cp, zero))
     budget = spec.memory_bytes if memory_bytes is None else memory_bytes
-    topology = Topology.uniform(
-        num_devices=pp, memory_bytes=budget,
-        bandwidth=pipeline_bandwidth_bytes_per_s(wiring, layout, sequence_parallel=sequence_parallel and tp > 1),
-        latency=pipeline_latency_s(wiring, layout))
+    topology = pipeline_topology(wiring, layout, memory_bytes=budget, sequence_parallel=sequence_parallel and tp > 1)
     result = simulate_plan(profile, topology, plan, engine="auto")
     metrics = result.metrics
     peak = spec.peak(precision or spec.default_precision)

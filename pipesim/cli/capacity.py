@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,7 @@ from pipesim.spec.parallel import (
     zero_optimizer_multiplier,
 )
 from pipesim.spec.profile import Profile
+from pipesim.spec.topology import Topology
 from pipesim.spec.transformer import PRESETS, RECOMPUTE_MODES, forward_flops_per_token
 from pipesim.spec.sharding import holds_state_per_layer
 from pipesim.spec.transformer_profile import (
@@ -32,6 +35,7 @@ from pipesim.spec.transformer_profile import (
     Parallelism,
     pipeline_bandwidth_bytes_per_s,
     pipeline_latency_s,
+    pipeline_topology,
 )
 from pipesim.spec.units import format_size, parse_size, size_unit
 
@@ -89,7 +93,9 @@ class Capacity:
         num_microbatches: M from ``--global-batch`` (or the one given).
         optimizer_state_multiplier: optimizer bytes per weight byte on one replica.
         recompute, recompute_stages: what is left for the plan (a model takes its mode itself).
-        bandwidth, latency: the pipeline link's defaults (with ``--model``, the pipeline tier's).
+        bandwidth, latency: the pipeline link's defaults (with ``--model``, the fastest hop's).
+        links, sequence_parallel: with ``--model`` and neither --bandwidth nor --latency, the layout
+            whose hops ``pipeline_links`` puts each on its tier (else None).
         memory_budget_bytes: per device, or None for no budget.
         hardware: the device and cluster used for links and peak FLOP/s.
         tp, dp, seq_len: degrees, and tokens per sample (0 without a model).
@@ -129,6 +135,17 @@ class Capacity:
     cp: int = 1
     ep: int = 1
     zero: int = 0
+    links: Parallelism | None = None
+    sequence_parallel: bool = False
+
+    def pipeline_links(self, num_devices: int) -> Topology | None:
+        """With a model and neither --bandwidth nor --latency, ``num_devices`` pipeline ranks with each
+        hop on the tier it crosses (``pipeline_topology``); else None (the flags' one link for all)."""
+        if self.links is None:
+            return None
+        layout = dataclasses.replace(self.links, pp=num_devices)
+        return pipeline_topology(self.hardware.cluster, layout, memory_bytes=math.inf,
+                                 sequence_parallel=self.sequence_parallel and self.tp > 1)
 
     @property
     def is_set(self) -> bool:
@@ -165,6 +182,7 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
     layout = Parallelism(tp=tp, pp=max(1, num_ranks or 1), dp=dp, placement=options["placement"], cp=cp, ep=ep)
     tp_stride, _, dp_stride = layout.strides
     seq_len, flops, config, mode = 0, 0.0, None, "none"
+    links: Parallelism | None = None
     precision = options["precision"] or hardware.device.default_precision
     if model is not None:
         config = load_model(model)
@@ -190,6 +208,8 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         if not stated:
             optimizer_state_multiplier = ADAM_STATE_MULTIPLIER
         sp = options["sequence_parallel"]
+        if bandwidth is None and latency is None:
+            links = layout
         bandwidth = bandwidth or f"{pipeline_bandwidth_bytes_per_s(hardware.cluster, layout, sequence_parallel=sp)}B/s"
         latency = latency or f"{pipeline_latency_s(hardware.cluster, layout)}s"
     else:
@@ -234,7 +254,8 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
                     memory_budget_bytes=budget, hardware=hardware, tp=tp, dp=dp, seq_len=seq_len,
                     forward_flops_per_token=flops, precision=precision, record=record, cp=cp, ep=ep, zero=zero,
                     num_model_layers=config.num_layers if config is not None else 0,
-                    memory_budget_text=budget_text, memory_budget_unit=budget_unit)
+                    memory_budget_text=budget_text, memory_budget_unit=budget_unit, links=links,
+                    sequence_parallel=bool(options["sequence_parallel"]))
 
 
 def _zero_stage(context: click.Context, options: dict[str, Any]) -> int:

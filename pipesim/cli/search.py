@@ -33,7 +33,7 @@ COUNT_KEYS = ("num_candidates", "num_simulated", "num_pruned_by_memory", "num_pr
               help="A shipped device or a device file; its memory is the budget unless --memory says otherwise.")
 @click.option("--cluster", "cluster", type=str, default=None, callback=non_empty,
               help="A shipped cluster or a cluster file (default the device's usual system).")
-@click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x PP x DP.")
+@click.option("--gpus", "num_gpus", required=True, type=int, help="GPUs N = TP x CP x PP x DP.")
 @click.option("--global-batch", "global_batch", required=True, type=int, help="Sequences per optimizer step.")
 @click.option("--seq-len", "seq_len", type=int, default=None, help="Sequence length (default the model's).")
 @click.option("--memory", "memory", type=str, default=None, callback=non_empty,

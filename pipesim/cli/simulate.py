@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from pipesim.cli.capacity import capacity_fields, capacity_headline, capacity_options, capacity_setup
+from pipesim.cli.capacity import Capacity, capacity_fields, capacity_headline, capacity_options, capacity_setup
 from pipesim.cli.compare import (
     comparison_files,
     print_comparison,
@@ -167,8 +167,8 @@ def simulate_command(
         _check_plan_flags(click.get_current_context())
         plan = load_plan(plan_path)
         check_num_stages(profile, plan.num_stages, plan_path)
-        topology = load_topology(topology_path) if topology_path else build_topology(
-            plan.num_devices, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        topology = load_topology(topology_path) if topology_path else _links(
+            capacity, plan.num_devices, bandwidth, latency, speeds=speeds, shared=shared_nics)
         result = simulate_plan(profile, topology, plan, jitter=jitter, seed=seed, engine=chosen, max_ops=max_ops)
     else:
         if schedule is not None and schedule_csv is not None:
@@ -191,14 +191,15 @@ def simulate_command(
             for flag, value in (("--stages", num_stages if num_ranks is None else num_ranks),
                                 ("--microbatches", num_microbatches)):
                 if value is None:
-                    hint = " (or --ranks R [--stages-per-rank V])" if flag == "--stages" else ""
+                    hint = " (or --ranks R [--stages-per-rank V])" if flag == "--stages" else \
+                        " (or --global-batch G, which sets it with --model)" if capacity.record is not None else ""
                     raise click.UsageError(f"Missing option '{flag}'{hint}.", click.get_current_context())
             total, per_rank = resolve_stages(num_stages, num_ranks, stages_per_rank)
             ranks = total // per_rank
             if ranks > profile.num_layers:  # no schedule can run; refused before a device per rank is built
                 check_num_stages(profile, total)
-        topology = load_topology(topology_path) if topology_path else build_topology(
-            ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
+        topology = load_topology(topology_path) if topology_path else _links(
+            capacity, ranks, bandwidth, latency, speeds=speeds, shared=shared_nics)
         ranges = parse_partition(partition) if partition else None
         if ranges is not None and partition is not None:
             check_partition(ranges, partition, total, profile.num_layers)
@@ -246,6 +247,8 @@ def simulate_command(
         summary = simulate_samples(profile, topology, result.plan, num_samples=num_samples, seed=seed,
                                    distribution=distribution, cv=cv, schedule=given)
     warn_without_memory(profile)
+    if num_samples is not None and cv is None:
+        warn_without_spread(profile)
     provenance = simulation_run(result, profile_path, uniform, topology, topology_path, capacity.record)
     data = metrics_dict(result, provenance)
     data.update(capacity_fields(data, capacity))
@@ -289,6 +292,15 @@ SCHEDULE_FLAGS: dict[str, tuple[str, ...]] = {
     "fb_chunks": ("dualpipev", "custom"), "fb_overlap": ("dualpipev", "custom"),
     "pipemare_model": ("pipemare",), "pipemare_update": ("pipemare",), "zb_memory_limit": ("zb-auto",),
 }
+
+
+def _links(capacity: Capacity, num_devices: int, bandwidth: str | None, latency: str | None, *, speeds: str | None,
+           shared: bool) -> Topology:
+    """A model's pipeline with each hop on the tier it crosses (``Capacity.pipeline_links``), where no
+    flag shapes the links; else one link for all from --bandwidth/--latency (``build_topology``)."""
+    links = None if speeds is not None or shared else capacity.pipeline_links(num_devices)
+    return links if links is not None else build_topology(num_devices, bandwidth, latency, speeds=speeds,
+                                                          shared=shared)
 
 
 def _check_schedule_flags(context: click.Context, names: list[str]) -> None:
@@ -358,6 +370,15 @@ def warn_without_memory(profile: Profile) -> None:
     if not any(layer.activation_bytes or layer.param_bytes or layer.stash_bytes for layer in profile.layers):
         click.echo(f"pipesim: warning: profile {profile.name!r} has no memory figures (activation, stash and "
                    "parameter bytes are all 0), so peak memory reads 0 B", err=True)
+
+
+def warn_without_spread(profile: Profile) -> None:
+    """``--samples`` without ``--cv`` draws around each op's measured spread: where the profile has
+    none, every sample is the deterministic run; say so on stderr."""
+    if not any(layer.forward_std_s or layer.backward_std_s for layer in profile.layers):
+        click.echo(f"pipesim: warning: profile {profile.name!r} has no measured spread (no forward_std_s or "
+                   "backward_std_s), so every sample equals the deterministic run; give --cv to draw around it",
+                   err=True)
 
 
 def _bytes(value: float) -> str:

@@ -38,7 +38,8 @@ def run_record(result: Result, *, profile: dict[str, str], topology: Topology,
     """The ``run`` object of ``simulate``'s outputs (metrics.json, ``--json``, traces, report).
 
     ``bandwidth_bytes_per_s`` and ``latency_s`` are the topology's default link (null when
-    communication is free); ``topology`` names its file, or says it was built from the flags.
+    communication is free); ``topology`` names its file, or says it was built from the flags (and
+    how many hops have a link of their own: a model's pipeline hops inside a node).
     """
     from pipesim import __version__
 
@@ -47,8 +48,7 @@ def run_record(result: Result, *, profile: dict[str, str], topology: Topology,
         "command": command_line() if command is None else command,
         "pipesim_version": __version__,
         "profile": profile,
-        "topology": topology_file or {"name": f"uniform, {topology.num_devices} devices (from the command line)",
-                                      "sha256": ""},
+        "topology": topology_file or {"name": _built(topology), "sha256": ""},
         "bandwidth_bytes_per_s": _finite(topology.bandwidth_bytes_per_s),
         "latency_s": topology.latency_s,
         "schedule": m.schedule,
@@ -96,3 +96,11 @@ def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
             text = "" if value is None else str(value)
         rows.append((label(key), text))
     return rows
+
+
+def _built(topology: Topology) -> str:
+    """How a topology built from the command line is named in the ``run`` record."""
+    if not topology.links:
+        return f"uniform, {topology.num_devices} devices (from the command line)"
+    hops = f"{len(topology.links)} hop{'s' if len(topology.links) > 1 else ''}"
+    return f"{topology.num_devices} devices, {hops} on an inner tier, the rest on the outer (from the command line)"

@@ -92,9 +92,10 @@ def memory_breakdown(source: Trace | Metrics, *, ax: Any = None) -> Any:
         heights = np.array([s.peak_breakdown_bytes.get(category, 0.0) for s in stages]) / divisor
         ax.bar(x, heights, bottom=bottom, color=CATEGORY_COLORS[category], label=category, width=0.7)
         bottom += heights
-    # Autoscaling snaps the lower limit to a stacked segment's base within 1e-5 of the range: a tiny bottom
-    # segment's top, a hair above 0, which drops the 0 tick.
-    ax.set_ylim(bottom=0.0)
+    # Autoscaling snaps the lower limit to a stacked segment's base within 1e-5 of the range (a tiny bottom
+    # segment's top, a hair above 0, which drops the 0 tick) and the upper one to an empty top segment's
+    # edge (the tallest bar touching the frame): both set here, with the headroom the margins would give.
+    ax.set_ylim(0.0, float(bottom.max()) * 1.05 or 1.0)
     ax.set_xticks(x)
     ax.set_xticklabels([str(s.stage) for s in stages], fontsize=8 if len(stages) <= 32 else 5)
     ax.set_xlabel("stage")

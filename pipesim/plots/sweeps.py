@@ -213,9 +213,11 @@ def pareto(frame: Any, *, x: str = "peak_memory_bytes", y: str = "throughput_sam
     steps_x = np.r_[front[x].to_numpy(dtype=float), float(rows[x].max())] / divisor
     steps_y = np.r_[front[y].to_numpy(dtype=float), float(front[y].iloc[-1])]
     ax.step(steps_x, steps_y, where="post", color="black", linewidth=1.2, label="Pareto front", gid="pareto")
-    ax.scatter(front[x] / divisor, front[y], s=28, facecolors="none", edgecolors="black", linewidths=0.9)
+    ax.scatter(front[x] / divisor, front[y], s=28, facecolors="none", edgecolors="black", linewidths=0.9,
+               label="black ring: on the front", gid="front")
     if fitting is not None:
-        ax.scatter([], [], s=12, facecolors="none", edgecolors="grey", linewidths=0.7, label="ring: over budget")
+        ax.scatter([], [], s=12, facecolors="none", edgecolors="grey", linewidths=0.7,
+                   label="hollow dot: over budget")
     if budget is not None:
         ax.axvline(budget / divisor, color="#C44E52", linestyle="--", linewidth=1.2,
                    label=f"memory budget {budget / divisor:.4g} {unit}".rstrip(), gid="budget")

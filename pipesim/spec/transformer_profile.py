@@ -50,6 +50,7 @@ from pipesim.spec.sharding import ADAM_BYTES_PER_PARAMETER as ADAM_BYTES_PER_PAR
 from pipesim.spec.sharding import ADAM_STATE_MULTIPLIER as ADAM_STATE_MULTIPLIER
 from pipesim.spec.sharding import FP16_EXTRA_BYTES_PER_PARAMETER as FP16_EXTRA_BYTES_PER_PARAMETER
 from pipesim.spec.sharding import BYTES_PER_VALUE, ZERO_STAGES, add_update
+from pipesim.spec.topology import Link, Topology
 from pipesim.spec.transformer import (
     RECOMPUTE_MODES,
     Recompute,
@@ -250,22 +251,80 @@ def rank_layer_parameters(config: TransformerConfig, *, tp: int, ep: int = 1, mo
     return split / tp + whole + router + routed_expert_parameters(config) / (tp * ep) + layer_norm_parameters(config)
 
 
+def pipeline_hop_tiers(cluster: Cluster, parallelism: Parallelism) -> tuple[int, ...]:
+    """The tier each pipeline hop crosses: r -> r + 1 for r = 0 .. P - 2, then P - 1 -> 0 (the
+    interleaved schedules' wrap; none for P = 1). A hop's tier is the outermost that any GPU of
+    rank r crosses to its peer on the other rank (a stage's message has arrived when every TP
+    shard's part has), so a pipeline of ranks a few GPUs apart crosses NVLink inside a node and the
+    network between nodes."""
+    pp, stride = parallelism.pp, parallelism.strides[1]
+    # The GPUs of pipeline rank r: r S + q S P + i (i < S, q < N / (S P)). Whether a pair crosses
+    # a tier depends on the GPUs' places within the largest finite domain, so one period of each
+    # index is enough (the domains are multiples of each other).
+    period = max((tier.gpus for tier in cluster.tiers if tier.gpus), default=1)
+    replicas = max(1, parallelism.num_gpus // (stride * pp))
+    offsets = [q * stride * pp + i for q in range(min(replicas, period)) for i in range(min(stride, period))]
+
+    def crossed(first: int, second: int) -> int:
+        return max(_pair_tier(cluster, first * stride + offset, second * stride + offset) for offset in offsets)
+
+    return tuple(crossed(rank, rank + 1) for rank in range(pp - 1)) + ((crossed(pp - 1, 0),) if pp > 1 else ())
+
+
+def _pair_tier(cluster: Cluster, first: int, second: int) -> int:
+    """The innermost tier whose domain holds both GPUs."""
+    for index, tier in enumerate(cluster.tiers):
+        if tier.gpus is None or first // tier.gpus == second // tier.gpus:
+            return index
+    return len(cluster.tiers) - 1
+
+
+def pipeline_hop(cluster: Cluster, parallelism: Parallelism, tier: int,
+                 *, sequence_parallel: bool = False) -> tuple[float, float]:
+    """``(latency_s, bytes per second)`` of a pipeline message on ``tier``: its latency, and the rate
+    a stage's sent bytes (its 1/t share when t > 1) reach the next stage, without sequence
+    parallelism the TP all-gather on arrival folded in per byte sent: 1 / (1 / rate + (t - 1) / TP bus rate)."""
+    rate, latency = cluster.tiers[tier].rate_bytes_per_s, cluster.tiers[tier].latency_s
+    if parallelism.tp == 1 or sequence_parallel:
+        return latency, rate
+    bus = group_path(cluster, Group(parallelism.tp, parallelism.strides[0])).bus_bytes_per_s
+    return latency, 1.0 / (1.0 / rate + (parallelism.tp - 1) / bus)
+
+
 def pipeline_bandwidth_bytes_per_s(cluster: Cluster, parallelism: Parallelism,
                                    *, sequence_parallel: bool = False) -> float:
-    """The rate a stage's sent bytes (its 1/t share when t > 1) reach the next stage: the pipeline
-    tier's rate, and without sequence parallelism the TP all-gather on arrival folded in per byte
-    sent: 1 / (1 / rate + (t - 1) / TP bus rate)."""
-    tp_stride, pp_stride, _ = parallelism.strides
-    rate = cluster.tiers[send_tier(cluster, pp_stride)].rate_bytes_per_s
-    if parallelism.tp == 1 or sequence_parallel:
-        return rate
-    bus = group_path(cluster, Group(parallelism.tp, tp_stride)).bus_bytes_per_s
-    return 1.0 / (1.0 / rate + (parallelism.tp - 1) / bus)
+    """The rate of the pipeline's fastest hop (``pipeline_hop``): what a lower bound on the step may
+    assume of every hop."""
+    return max(pipeline_hop(cluster, parallelism, tier, sequence_parallel=sequence_parallel)[1]
+               for tier in _hop_tiers(cluster, parallelism))
 
 
 def pipeline_latency_s(cluster: Cluster, parallelism: Parallelism) -> float:
-    """One pipeline message's fixed cost: its tier's latency."""
-    return cluster.tiers[send_tier(cluster, parallelism.strides[1])].latency_s
+    """The latency of the pipeline's fastest hop."""
+    return min(cluster.tiers[tier].latency_s for tier in _hop_tiers(cluster, parallelism))
+
+
+def _hop_tiers(cluster: Cluster, parallelism: Parallelism) -> tuple[int, ...]:
+    """The pipeline's hop tiers, or with one stage the tier a send one stride away would cross."""
+    return pipeline_hop_tiers(cluster, parallelism) or (send_tier(cluster, parallelism.strides[1]),)
+
+
+def pipeline_topology(cluster: Cluster, parallelism: Parallelism, *, memory_bytes: float,
+                      sequence_parallel: bool = False) -> Topology:
+    """The P pipeline ranks, each hop on the tier it crosses (``pipeline_hop_tiers``): the outermost
+    hop's tier between any two ranks, and a link of their own for the hops on an inner tier."""
+    tiers = _hop_tiers(cluster, parallelism)
+    outer = max(tiers)
+    latency, rate = pipeline_hop(cluster, parallelism, outer, sequence_parallel=sequence_parallel)
+    topology = Topology.uniform(num_devices=parallelism.pp, memory_bytes=memory_bytes, bandwidth=rate, latency=latency)
+    pp = parallelism.pp
+    pairs = [(rank, rank + 1) for rank in range(pp - 1)] + ([(pp - 1, 0)] if pp > 2 else [])
+    links = []
+    for (src, dst), tier in zip(pairs, tiers, strict=False):
+        if tier != outer:
+            hop_latency, hop_rate = pipeline_hop(cluster, parallelism, tier, sequence_parallel=sequence_parallel)
+            links.append(Link(src=src, dst=dst, bandwidth_bytes_per_s=hop_rate, latency_s=hop_latency))
+    return topology.model_copy(update={"links": tuple(links)}) if links else topology
 
 
 def _layer(name: str, *, forward: float, backward_input: float, backward_weight: float, sent: float, stash: float,

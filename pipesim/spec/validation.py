@@ -68,7 +68,8 @@ def build(model: type[ModelT], data: Any, *, source: str | None = None) -> Model
 def config_error_from(exc: ValidationError, *, source: str | None = None) -> ConfigError:
     """The first error of a pydantic ValidationError as a ConfigError. A model's own check that
     raises a ConfigError names its field and value, under the path of the model that raised it."""
-    first = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    first = errors[0]
     raised = first.get("ctx", {}).get("error")
     if isinstance(raised, ConfigError):
         within = field_path(tuple(first["loc"])) if first["loc"] else ""
@@ -78,7 +79,13 @@ def config_error_from(exc: ValidationError, *, source: str | None = None) -> Con
         within = first.get("input")
         named = within.get("name") if isinstance(within, dict) else None
         of = f" (in {_short_name(named)})" if isinstance(named, str) else ""
-        return ConfigError(field_path(tuple(first["loc"])), MISSING, f"is required{of}", source=source)
+        # A misspelt field is both missing and unknown: the unknown name beside it says which.
+        parent = tuple(first["loc"][:-1])
+        unknown = [str(error["loc"][-1]) for error in errors
+                   if error["type"] == "extra_forbidden" and tuple(error["loc"][:-1]) == parent]
+        given = f"; {', '.join(map(repr, unknown))} {'is not a field' if len(unknown) == 1 else 'are not fields'}" \
+            if unknown else ""
+        return ConfigError(field_path(tuple(first["loc"])), MISSING, f"is required{of}{given}", source=source)
     rule = str(first["msg"])
     if rule.startswith("Value error, "):
         rule = rule[len("Value error, ") :]

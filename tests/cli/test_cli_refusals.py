@@ -184,3 +184,12 @@ def test_run_refuses_an_empty_partition() -> None:
     done = in_process("run", "--schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--partition", "",
                       "--out", "x.json")
     assert (done.returncode, done.stderr) == (2, "pipesim: error: partition='': must not be empty\n")
+
+
+def test_samples_without_a_spread_to_draw_from_say_so() -> None:
+    """The shipped profiles measured no spread: every sample would be the deterministic run."""
+    plain = in_process("simulate", *VGG_RUN, "--samples", "3")
+    assert plain.returncode == 0
+    assert "profile 'vgg16' has no measured spread" in plain.stderr and "give --cv" in plain.stderr
+    drawn = in_process("simulate", *VGG_RUN, "--samples", "3", "--cv", "0.1")
+    assert drawn.returncode == 0 and "spread" not in drawn.stderr

@@ -109,6 +109,27 @@ def test_the_cluster_flags_and_file_reach_the_data_parallel_reduction(tmp_path: 
     assert json.loads(from_file.stdout)["iteration_time_s"] > default
 
 
+def test_a_pipeline_across_two_nodes_sends_between_them_on_the_network_and_inside_them_on_nvlink() -> None:
+    """16 stages of one GPU on nodes of 8: the hop between the nodes is on the inter-node link, the
+    others on the intra-node one; with all 8 stages in one node the inter-node link does not matter."""
+    def step(stages: int, inter: str, intra: str = "450GB/s") -> tuple[float, dict[str, object]]:
+        done = pipesim("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", str(stages),
+                       "--global-batch", "32", "--gpus-per-node", "8", "--intra-node-bandwidth", intra,
+                       "--inter-node-bandwidth", inter, "--inter-node-latency", "5us", "--json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        return data["iteration_time_s"], data["run"]
+
+    slow, run = step(16, "1Gbit/s")
+    fast, _ = step(16, "400Gbit/s")
+    # Each hop carries b s h = 8,192 x 4,096 x 2 bytes = 67 MB: about half a second at 1 Gbit/s.
+    assert slow > fast + 0.5
+    assert run["bandwidth_bytes_per_s"] == pytest.approx(1e9 / 8 * 0.92)  # the outer tier: dgx-h100's IB efficiency
+    assert "14 hops on an inner tier" in str(run["topology"])
+    assert step(8, "1Gbit/s")[0] == step(8, "400Gbit/s")[0]
+    assert step(16, "400Gbit/s", intra="50GB/s")[0] > fast
+
+
 def test_ranks_and_stages_per_rank_run_a_model_interleaved() -> None:
     done = pipesim("simulate", "--model", "gpt3-175b", "--device", "a100-80gb", "--tp", "8", "--ranks", "4",
                    "--stages-per-rank", "2", "--dp", "2", "--global-batch", "16", "--schedule", "interleaved-1f1b",
@@ -246,3 +267,9 @@ def test_the_budget_is_the_devices_real_memory_and_verdicts_keep_the_unit_given(
     value = headroom / unit[1]
     assert (f"least headroom {value:,.0f} {unit[0]}" if value >= 1000 else f"least headroom {value:,.2f} {unit[0]}") \
         in printed
+
+
+def test_a_model_run_without_its_batch_names_global_batch() -> None:
+    done = pipesim("simulate", "--model", "llama3-8b", "--stages", "4")
+    assert done.returncode == 2
+    assert "Missing option '--microbatches' (or --global-batch G, which sets it with --model)" in done.stderr

@@ -139,6 +139,9 @@ def test_memory_breakdown_axis_starts_at_zero_when_a_kind_is_tiny() -> None:
     ax = plots.memory_breakdown(result.metrics)
     assert ax.get_ylim()[0] == 0.0
     assert 0.0 in list(ax.get_yticks())
+    # ... and the tallest bar keeps headroom below the frame (an empty top segment's edge stopped the margin).
+    tallest = max(s.peak_memory_bytes for s in stages) / 1e9
+    assert ax.get_ylim()[1] == pytest.approx(1.05 * tallest)
 
 
 def test_staleness_bars_match_the_metrics() -> None:
@@ -191,6 +194,14 @@ def test_pareto_front_and_plot(table: Any) -> None:
     ok = table[table["error"] == ""]
     assert groups == {f"points:{s}": int((ok["schedule"] == s).sum()) for s in ("gpipe", "1f1b", "2bw")}
     assert ax.get_xlabel() == "peak memory (MB)" and ax.get_ylabel() == "throughput (samples/s)"
+    # The front's points are ringed in black, and the legend says so (a ring alone is not "over budget").
+    rings = [c for c in ax.collections if c.get_gid() == "front"][0]
+    assert len(rings.get_offsets()) == len(front)
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert "black ring: on the front" in labels and not any("over budget" in label for label in labels)
+    fitting = plots.pareto(table.assign(fits=table["peak_memory_bytes"] < table["peak_memory_bytes"].median()),
+                           fits="fits")
+    assert "hollow dot: over budget" in [text.get_text() for text in fitting.get_legend().get_texts()]
 
 
 def test_pareto_of_rows_without_finite_values_is_refused(table: Any) -> None:

@@ -100,11 +100,13 @@ def test_ranges_steps_scalars_and_defaults() -> None:
         ({"where": "stages.bit_length() > 1"}, "where", "is not allowed"),
         ({"where": "layers > colour"}, "where", "unknown name"),
         ({"topology": "t.json"}, "topology", "not both"),
+        # A misspelt required field: missing, and the unknown name beside it said.
+        ({"stages": None, "stage": [2]}, "stages", "is required; 'stage' is not a field"),
     ],
 )
 def test_bad_specs_name_the_field(change: dict[str, object], field: str, fragment: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_spec({**ISSUE_SPEC, **change})
+        parse_spec({key: value for key, value in {**ISSUE_SPEC, **change}.items() if value is not None})
     assert caught.value.field == field
     assert fragment in str(caught.value)
     assert "\n" not in str(caught.value)
