@@ -176,10 +176,13 @@ def _release_fork_server() -> None:
         _fork_server_users -= 1
         if _fork_server_users or server is None:
             return
-        pid, _fork_server_pid = _fork_server_pid, None
-        if pid is not None and server._forkserver_pid == pid:
+        # Ours: the one noted, or one started while the clusters held it but not noted (a cluster whose
+        # start failed after its first worker), since none was running when the first claimed it.
+        noted, _fork_server_pid = _fork_server_pid, None
+        running = server._forkserver_pid
+        if running is not None and noted in (None, running):
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(running, signal.SIGTERM)
                 server._stop()
             except OSError:  # it had ended already
                 pass

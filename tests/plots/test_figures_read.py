@@ -120,7 +120,8 @@ def test_a_schedule_has_one_color_in_every_figure(sweep_table: Any) -> None:
     pareto = plots.pareto(sweep_table)
     only_zb = plots.bubble(sweep_table[sweep_table["schedule"] == "zb-h1"], num_stages=2)
     line_color = {line.get_gid(): to_hex(line.get_color()) for line in bubble.lines + only_zb.lines}
-    point_color = {c.get_gid(): to_hex(c.get_facecolors()[0]) for c in pareto.collections if c.get_gid()}
+    point_color = {c.get_gid(): to_hex(c.get_facecolors()[0]) for c in pareto.collections
+                   if (c.get_gid() or "").startswith("points:")}
     for schedule in ("gpipe", "zb-h1", "2bw"):
         assert line_color[f"bubble:{schedule}"] == point_color[f"points:{schedule}"] == \
             SCHEDULE_COLORS[schedule].lower()
