@@ -160,8 +160,8 @@ def build_model_profile(config: TransformerConfig, hardware: Hardware, *, effici
 @click.option("--recompute", type=click.Choice(RECOMPUTE_MODES), default="none", show_default=True,
               help="Activation recomputation: selective (attention, Korthikanti et al.) or full.")
 @click.option("--ops", "show_ops", is_flag=True, help="List one layer's ops with their forward, I and W times.")
-@click.option("--out", "out_path", type=str, default=None, callback=out_file_option(None),
-              help="Write the per-layer profile (pipesim JSON).")
+@click.option("--out", "out_path", type=str, default=None, callback=out_file_option((".json",)),
+              help="Write the per-layer profile to FILE.json (pipesim JSON).")
 @click.option("--json", "as_json", is_flag=True, help="Print the sizes as one JSON object.")
 def model_command(name: str | None, model_path: str | None, recompute: Recompute, show_ops: bool,
                   out_path: str | None, as_json: bool, **options: Any) -> None:

@@ -45,12 +45,16 @@ def test_model_and_search_refuse_a_zero_size_and_a_bad_out_path_in_one_line(tmp_
     """--microbatch-size 0 and --seq-len 0 break the rule -1 breaks (not the default); --out is
     checked before any work, as the other commands check it, and an existing file is kept."""
     (tmp_path / "afile").write_text("keep")
+    (tmp_path / "folder.json").mkdir()
     search = ("search", "--model", "llama3-8b", "--device", "h100", "--gpus", "8", "--global-batch", "16")
     cases = [
         (("model", "--preset", "llama3-8b", "--microbatch-size", "0"), "microbatch_size=0: must be >= 1"),
         ((*search, "--seq-len", "0"), "seq_len=0: must be >= 1"),
-        (("model", "--preset", "llama3-8b", "--out", str(tmp_path)),
-         f"out='{tmp_path}': is a folder, expected a file name"),
+        (("model", "--preset", "llama3-8b", "--out", str(tmp_path)), f"out='{tmp_path}': must end in .json"),
+        (("model", "--preset", "llama3-8b", "--out", str(tmp_path / "profile.csv")),
+         f"out='{tmp_path}/profile.csv': must end in .json"),
+        (("model", "--preset", "llama3-8b", "--out", str(tmp_path / "folder.json")),
+         f"out='{tmp_path}/folder.json': is a folder, expected a file name"),
         (("model", "--preset", "llama3-8b", "--out", str(tmp_path / "afile" / "x.json")),
          f"out='{tmp_path}/afile/x.json': cannot be written: {tmp_path}/afile is a file, not a folder"),
         ((*search, "--out", str(tmp_path / "afile")), f"out='{tmp_path}/afile': must be a folder, but it is a file"),
