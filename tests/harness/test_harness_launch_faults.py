@@ -8,6 +8,7 @@ its environment, which forked ranks inherit) is gone.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -157,3 +158,24 @@ def test_commands_without_a_backend_option_name_the_device_when_cuda_is_missing(
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "device='cuda': needs CUDA, and torch" in done.stderr and done.stderr.rstrip().endswith("use --device cpu")
     assert elapsed < 60 and not out.exists()
+
+
+def test_a_ctrl_c_at_the_terminal_is_one_line_exit_130_and_leaves_no_process(profile_path: Path, tmp_path: Path) -> None:
+    """A terminal sends SIGINT to the whole process group: the launcher, the rank fork server and the
+    ranks. The launcher's one line, and no KeyboardInterrupt traceback from the server."""
+    marker = uuid.uuid4().hex
+    args = run_args(profile_path, tmp_path, "--minibatches", "100000")
+    child = subprocess.Popen([sys.executable, "-m", "pipesim", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=ROOT, env=dict(os.environ, **{MARKER: marker}), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run" / "rank1.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # the ranks are running their minibatches
+    os.killpg(child.pid, signal.SIGINT)
+    _, stderr = child.communicate(timeout=60)
+    assert child.returncode == 130, stderr
+    assert stderr.strip() == "pipesim: aborted", stderr
+    deadline = time.monotonic() + 5
+    while marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert marked(marker) == [], "processes of the command outlived it"

@@ -48,7 +48,12 @@ def _child(request: dict[str, Any], rank: int) -> None:
 
 
 def serve() -> None:
-    """The server loop: one request at a time; report pids, then each child's exit status."""
+    """The server loop: one request at a time; report pids, then each child's exit status.
+
+    A Ctrl-C at the terminal reaches the whole process group: the launcher reports it and ends the
+    run, and the ranks (SIGINT at its default again) stop; the server ignores it, so that no
+    KeyboardInterrupt from its import or its wait follows the launcher's one line."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     import torch  # noqa: F401 - the point of the fork server: import once, fork many
     import torch.distributed  # noqa: F401
