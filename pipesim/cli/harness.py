@@ -62,7 +62,12 @@ def build_spec(model: str, depth: int, width: int, seq_len: int, heads: int, inp
         except ValueError:
             raise ConfigError("input_shape", input_shape,
                               "must be integers separated by commas, e.g. 3,32,32") from None
-    return ModelSpec(name=model, depth=depth, width=width, seq_len=seq_len, heads=heads, input_shape=shape, seed=seed)
+    spec = ModelSpec(name=model, depth=depth, width=width, seq_len=seq_len, heads=heads, input_shape=shape, seed=seed)
+    # A user model's file is checked here, before any rank starts (a rank would fail on it, exit 1).
+    module = model.rpartition(":")[0]
+    if module.endswith(".py") and not Path(module).resolve().is_file():
+        raise ConfigError("model", model, f"file {Path(module).resolve()} does not exist")
+    return spec
 
 
 def run_failed(error: Exception) -> None:
@@ -187,7 +192,7 @@ def build_training(learning_rate: float, pipemare_warmup_updates: int, pipemare_
                    "one: a profile never runs code, so its code runs only when named here. A built-in model's "
                    "profile needs none.")
 @click.option("--schedule", required=True, help=f"One of: {', '.join(SCHEDULES)}.")
-@click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P (one process each).")
+@click.option("--stages", "num_stages", type=int, required=True, help="Pipeline stages P (one process each, unless --ranks).")
 @click.option("--microbatches", "num_microbatches", type=int, required=True, help="Microbatches per minibatch M.")
 @click.option("--minibatches", "num_minibatches", type=int, default=None,
               help="Minibatches K (default 1 for gpipe/1f1b, 4 for asynchronous schedules).")
@@ -241,6 +246,8 @@ def run_command(profile_path: str, model: str | None, schedule: str, num_stages:
     if spec is None:
         raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
     spec = model_to_rebuild(spec, model, profile_path)
+    if num_stages < 1:
+        raise ConfigError("num_stages", num_stages, "must be >= 1")
     if num_stages > profile.num_layers:
         raise ConfigError("num_stages", num_stages, f"must be <= the number of layers ({profile.num_layers})")
     cuts = parse_partition(partition) if partition else balance_partition(profile, num_stages)
@@ -271,6 +278,9 @@ def run_command(profile_path: str, model: str | None, schedule: str, num_stages:
     click.echo(f"{schedule}: p={num_stages} m={num_microbatches} K={config.num_minibatches}, partition "
                f"{','.join(f'{a}:{b}' for a, b in cuts)}, {backend} on {device} ({compute} compute), "
                f"{wall:.1f} s wall")
-    click.echo(f"iteration time {metrics.iteration_time_s * 1e3:.3f} ms (steady state), "
+    window = (f"steady state over minibatches {metrics.warmup_minibatches}.."
+              f"{metrics.num_minibatches - metrics.cooldown_minibatches - 1}" if metrics.warmup_minibatches else
+              "whole run: give --minibatches 3 or more for a steady state")
+    click.echo(f"iteration time {metrics.iteration_time_s * 1e3:.3f} ms ({window}), "
                f"bubble {metrics.bubble_fraction:.1%}, peak tracked memory {metrics.peak_memory_bytes / 1e6:.2f} MB")
     click.echo(f"wrote {out_path}")

@@ -197,7 +197,7 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         run_failed(error)
         return
     if as_json:
-        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], sort_keys=True))
+        click.echo(json.dumps(reports, sort_keys=True))  # a list whatever the number of schedules
         return
     for report in reports:
         print_report(report)

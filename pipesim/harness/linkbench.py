@@ -75,11 +75,16 @@ def measure_links(num_ranks: int = 2, *, max_bytes: int = 4 << 20, repeats: int 
         a Topology (uniform for two ranks, else pairwise links between neighbours), and the fits.
 
     Raises:
-        ConfigError: ranks outside 2..``MAX_PROCESSES`` or a size below 4 bytes; RunFailedError: a rank failed.
+        ConfigError: ranks outside 2..``MAX_PROCESSES``, a size below 4 bytes, or fewer than one
+            repeat; RunFailedError: a rank failed.
     """
     check_processes("ranks", num_ranks, least=2)
     if max_bytes < 4:
         raise ConfigError("max_bytes", max_bytes, "must be >= 4")
+    if repeats < 1:
+        raise ConfigError("repeats", repeats, "must be >= 1")
+    if warmup < 0:
+        raise ConfigError("warmup", warmup, "must be >= 0")
     sizes = message_sizes(max_bytes)
     pairs = _run_ranks("linkbench", num_ranks, backend, timeout_s, [json.dumps(sizes), str(repeats), str(warmup)])
     fits = []

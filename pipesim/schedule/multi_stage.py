@@ -55,7 +55,8 @@ def require_stages_per_rank(name: str, torch_name: str, stages_per_rank: int, wa
     if stages_per_rank != wanted:
         raise ConfigError("stages_per_rank", stages_per_rank,
                           f"{name} needs exactly {wanted} stages per rank, as torch's {torch_name} does "
-                          "(give --ranks R --stages-per-rank 2)")
+                          f"(simulate --ranks R --stages-per-rank {wanted}; run and validate --stages {wanted}R "
+                          "--ranks R)")
 
 
 class Runs:

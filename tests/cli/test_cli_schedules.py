@@ -29,6 +29,8 @@ def test_schedule_with_ranks_and_stages_per_rank(tmp_path: Path) -> None:
     refused = pipesim("schedule", "--schedule", "zbv", "--stages", "4", "--microbatches", "2")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "stages_per_rank=1: zbv needs exactly 2 stages per rank" in refused.stderr
+    # Each command's own way to ask for it (run and validate have no --stages-per-rank).
+    assert "(simulate --ranks R --stages-per-rank 2; run and validate --stages 2R --ranks R)" in refused.stderr
 
 
 def test_simulate_a_csv_schedule_like_the_named_one(tmp_path: Path) -> None:

@@ -120,6 +120,8 @@ def test_run_writes_a_trace_whose_metrics_match_the_json(profile_path: Path, tmp
     (("--depth", "0"), "depth=0: must be an integer >= 1"),
     (("--depth", "1000000000000"), "depth=1000000000000: must be an integer from 1 to 100,000"),
     (("--model", "transformer", "--width", "10", "--heads", "3"), "heads=3: must divide width (10)"),
+    (("--model", "/nonexistent/mymodels.py:build", "--input-shape", "16"),
+     "model='/nonexistent/mymodels.py:build': file /nonexistent/mymodels.py does not exist"),
 ])
 def test_profile_refuses_bad_options_before_any_process_starts(args: tuple[str, ...], message: str,
                                                               tmp_path: Path) -> None:
@@ -159,6 +161,8 @@ def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: s
 @torch_needed
 @pytest.mark.parametrize(("command", "args", "message"), [
     ("run", ("--op-timeout", "0"), "op_timeout=0.0: must be > 0 seconds"),
+    ("run", ("--stages", "0"), "num_stages=0: must be >= 1"),
+    ("run", ("--stages", "-1"), "num_stages=-1: must be >= 1"),
     ("run", ("--op-timeout", "nan"), "op_timeout=nan: must be > 0 seconds"),
     ("validate", ("--op-timeout", "-1"), "op_timeout=-1.0: must be > 0 seconds"),
     ("validate", ("--ranks", "1000000000000"), "ranks=1000000000000: must be from 1 to 1,024"),
@@ -241,7 +245,7 @@ def test_validate_with_the_layer_profile_alone_reports_no_calibration(tmp_path: 
                    "--schedule", "gpipe", "--stages", "2", "--microbatches", "2", "--minibatches", "3",
                    "--repeats", "1", "--profile-repeats", "3", "--op-times", "layers", "--json")
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    (report,) = json.loads(done.stdout)  # a list, one schedule or several
     assert report["op_times"] == "layer profile" and "layer_profile" not in report
 
 
@@ -252,7 +256,7 @@ def test_validate_calibrates_several_stages_per_rank_on_as_many_processes() -> N
                    "--minibatches", "3", "--repeats", "1", "--profile-repeats", "3", "--calibration-microbatches", "2",
                    "--calibration-minibatches", "3", "--json")
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    (report,) = json.loads(done.stdout)
     assert report["op_times"] == "calibration run" and report["versions_match"] is True
     assert report["layer_profile"]["iteration_time_s_runs"][0] > 0
 
@@ -274,3 +278,12 @@ def test_the_worker_runs_under_torchrun(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     trace = Trace.from_json(trace_path.read_text())
     assert sum(1 for span in trace.iter_spans() if span.stream == "compute") == 2 * (2 * 2 * 2 + 2)
+
+
+@torch_needed
+@pytest.mark.parametrize(("flag", "value"), [("--repeats", "0"), ("--repeats", "-3")])
+def test_linkbench_refuses_no_repeats_before_any_rank_starts(flag: str, value: str, tmp_path: Path) -> None:
+    """Zero repeats was numpy's warnings, LAPACK's lines and a LinAlgError traceback from the fit."""
+    done = pipesim("linkbench", "--ranks", "2", flag, value, "--out", str(tmp_path / "t.json"))
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: repeats={value}: must be >= 1\n")
+    assert not (tmp_path / "t.json").exists()

@@ -35,3 +35,19 @@ def test_w_frees_the_graph_that_i_kept(name: str) -> None:
     stage.backward_weight(0)
     del result
     assert [ref() is None for ref in kept] == [True] * len(kept)
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_warm_up_runs_the_backward_the_schedule_will(split: bool) -> None:
+    """A split schedule times I and W, so its warm-up runs them (and leaves nothing behind); else B."""
+    spec = ModelSpec("mlp", depth=3, width=16)
+    bundle = build_model(spec, 2)
+    stage = StageExecutor(bundle, 0, bundle.num_layers - 1, WeightPolicy.FLUSH, TrainingOptions(), split_backward=split)
+    ran: list[str] = []
+    for name in ("backward", "backward_input", "backward_weight"):
+        real = getattr(stage, name)
+        setattr(stage, name, lambda *args, _real=real, _name=name: (ran.append(_name), _real(*args))[1])
+    inputs, target = bundle.microbatch(0, 2)
+    stage.warm_up(inputs, target if stage.has_loss else None)
+    assert ran == (["backward_input", "backward_weight"] if split else ["backward"])
+    assert stage.stash == {} and all(float(buffer.abs().sum()) == 0.0 for buffer in stage.store.grads)

@@ -224,12 +224,18 @@ class StageExecutor:
         return OpResult(version=version, memory=memory)
 
     def warm_up(self, inputs: torch.Tensor, target: torch.Tensor | None) -> None:
-        """One untimed forward and backward (no update) so that first-touch costs are paid before timing."""
+        """One untimed forward and backward (no update) so that first-touch costs are paid before timing:
+        a split backward's I and W where the schedule splits it (their first W, on the loss stage,
+        took a tenth of a second more than the next), else the whole B."""
         probe = inputs.detach().clone()
         users = dict(self.store.users)
         result = self.forward(-1, 0, probe, target)
         grad = None if result.send is None else torch.ones_like(result.send)
-        self.backward(-1, grad)
+        if self.split_backward:
+            self.backward_input(-1, grad)
+            self.backward_weight(-1)
+        else:
+            self.backward(-1, grad)
         with torch.no_grad():
             for buffer in self.store.grads:
                 buffer.zero_()
