@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,7 +18,7 @@ from pipesim.cli.harness import (
     training_options,
 )
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
+from pipesim.schedule.registry import SCHEDULES, build_schedule, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology
 
 if TYPE_CHECKING:
@@ -141,6 +141,10 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         raise ConfigError("host_cost_runs", host_cost_runs, "must be >= 0")
     check_op_timeout(op_timeout_s)
     check_processes("ranks" if num_ranks else "stages", num_ranks or num_stages)
+    for name in names:  # each schedule's shape, refused before minutes of profiling and link timing
+        shape: dict[str, Any] = {"update": pipemare_update} if name == "pipemare" else {}
+        build_schedule(name, num_stages, num_microbatches, num_minibatches=num_minibatches,
+                       **shape, **({"num_ranks": num_ranks} if num_ranks else {}))
     check_backend("gloo", device)  # names the device (validate picks the backend: NCCL on CUDA)
     check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:
@@ -148,8 +152,15 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
         spec = spec_of(profile, profile_path)
         if spec is None:
             raise ConfigError("profile", profile_path, "was not written by pipesim profile, so its model is unknown")
-        named = click.get_current_context().get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE
+        context = click.get_current_context()
+        named = context.get_parameter_source("model") is click.core.ParameterSource.COMMANDLINE
         spec = model_to_rebuild(spec, model if named else None, profile_path)
+        if microbatch_size is not None and microbatch_size != profile.microbatch_size:
+            raise ConfigError("microbatch_size", microbatch_size, f"must equal the profile's "
+                              f"({profile.microbatch_size}): a profile was measured at its size")
+        for option, value in (("profile_repeats", profile_repeats), ("reprofile", reprofile)):
+            if context.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE:
+                raise ConfigError(option, value, "applies where validate measures the profile; --profile gives it")
     else:
         spec = build_spec(model, depth, width, seq_len, heads, input_shape, seed)
         microbatch_size = microbatch_size or default_microbatch_size(model)

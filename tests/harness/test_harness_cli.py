@@ -166,6 +166,12 @@ def test_a_profile_whose_source_names_no_model_is_refused_in_one_line(command: s
     ("run", ("--op-timeout", "nan"), "op_timeout=nan: must be > 0 seconds"),
     ("validate", ("--op-timeout", "-1"), "op_timeout=-1.0: must be > 0 seconds"),
     ("validate", ("--ranks", "1000000000000"), "ranks=1000000000000: must be from 1 to 1,024"),
+    # Options of a profile validate measures itself were dropped without a word beside --profile.
+    ("validate", ("--reprofile",), "reprofile=True: applies where validate measures the profile; --profile gives it"),
+    ("validate", ("--profile-repeats", "5"),
+     "profile_repeats=5: applies where validate measures the profile; --profile gives it"),
+    ("validate", ("--microbatch-size", "3"),
+     "microbatch_size=3: must equal the profile's (128): a profile was measured at its size"),
     ("run", ("--run-dir", "{file}"), "run_dir='{file}': must be a folder, but it is a file"),
     ("run", ("--weights-out", "{file}"), "weights_out='{file}': must be a folder, but it is a file"),
     ("run", ("--minibatches", "1000000000000"),
@@ -287,3 +293,17 @@ def test_linkbench_refuses_no_repeats_before_any_rank_starts(flag: str, value: s
     done = pipesim("linkbench", "--ranks", "2", flag, value, "--out", str(tmp_path / "t.json"))
     assert (done.returncode, done.stderr) == (2, f"pipesim: error: repeats={value}: must be >= 1\n")
     assert not (tmp_path / "t.json").exists()
+
+
+@torch_needed
+@pytest.mark.parametrize(("args", "message"), [
+    (("--ranks", "3"), "num_ranks=3: 1f1b runs one stage per rank; num_ranks must equal num_stages (2)"),
+    (("--minibatches", "0"), "num_minibatches=0: must be an integer >= 1"),
+])
+def test_validate_refuses_a_schedule_it_cannot_form_before_measuring_anything(args: tuple[str, ...],
+                                                                               message: str) -> None:
+    """Checked after the profile and the link timing it was, in pydantic's words for fields the user
+    never typed (``stages_per_rank=0: Input should be ...``)."""
+    done = pipesim("validate", "--model", "mlp", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4",
+                   "--repeats", "1", *args, timeout=60)
+    assert (done.returncode, done.stderr) == (2, f"pipesim: error: {message}\n")
