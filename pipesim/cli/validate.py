@@ -247,12 +247,17 @@ def print_report(report: dict[str, object]) -> None:
     assert isinstance(replays, list)
     click.echo("  replayed with each run's own op times: error " + ", ".join(f"{e:+.1%}" for e in replays)
                + " (the engine's order and communication model alone)")
-    click.echo(f"  {report['compute']} compute; median error {report['median_error']:+.1%}, noise floor "
-               f"{report['noise_floor']:.1%} (largest distance of a run from the runs' median), prediction "
-               f"{'inside' if report['inside_spread'] else 'outside'} the runs' spread")
+    if len(measured["iteration_time_s_runs"]) > 1:
+        click.echo(f"  {report['compute']} compute; median error {report['median_error']:+.1%}, noise floor "
+                   f"{report['noise_floor']:.1%} (largest distance of a run from the runs' median), prediction "
+                   f"{'inside' if report['inside_spread'] else 'outside'} the runs' spread")
+    else:
+        click.echo(f"  {report['compute']} compute; error {report['median_error']:+.1%} (one run: no noise floor; "
+                   "--repeats 3 or more gives one)")
+    # A stage's utilization is its rank's (the stages a rank holds under --ranks share one figure).
     for stage, (pu, mu) in enumerate(zip(predicted["utilization"], measured["utilization"], strict=True)):
         pm, mm = predicted["peak_memory_bytes"][stage], measured["peak_memory_bytes"][stage]
-        click.echo(f"  stage {stage}: utilization predicted {pu:.1%} measured {mu:.1%}; "
+        click.echo(f"  stage {stage}: its rank's utilization predicted {pu:.1%} measured {mu:.1%}; "
                    f"peak tracked memory predicted {pm / 1e6:.3f} MB measured {mm / 1e6:.3f} MB")
     verdict = "all match" if report["versions_match"] else f"MISMATCH: {report['version_mismatches']}"
     click.echo(f"  weight versions: {report['version_ops_compared']} ops compared, {verdict}")
