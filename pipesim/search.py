@@ -21,6 +21,7 @@ candidates still to simulate go to Dask in rounds, best bound first.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import math
@@ -79,7 +80,7 @@ from pipesim.spec.transformer_profile import (
     transformer_profile,
 )
 from pipesim.sweep.batches import plan_batches, run_cost
-from pipesim.sweep.dask_cluster import DaskCluster
+from pipesim.sweep.dask_cluster import DaskCluster, fork_server_kept
 from pipesim.training import model_throughput
 
 # GPUs N: past the largest clusters built; bounds the candidates enumerated from N's divisors.
@@ -351,33 +352,35 @@ def search(model: str | TransformerConfig, *, device: str | Device, num_gpus: in
     done = len(outcomes)
     best: list[tuple[float, tuple[Any, ...]]] = []  # the k best fitting steps, as a max-heap
     position = 0
-    while position < len(queue):
-        threshold = -best[0][0] if prune and len(best) >= top else math.inf
-        if queue[position][0] > threshold:
-            outcomes += [beaten(item, bound, threshold, top, runner.shape(item).text)
-                         for bound, _, item, _ in queue[position:]]
-            break
-        runner.setting = replace(setting, threshold=threshold)
-        if workers is None and scheduler is None:
-            decided = [runner.decide(queue[position][2], queue[position][3])]
-        else:  # a round at this threshold; then settled one by one as in one process
-            batch = queue[position:position + _round_size(workers)]
-            decided = _on_dask(DaskCluster(workers=workers, scheduler=scheduler, shared=runner.setting),
-                               runner.setting, [[entry[2]] for entry in batch], progress=None, done=done, total=total)
-        for (bound, _, item, _), outcome in zip(queue[position:], decided, strict=False):
+    # An embedded cluster a round: their workers fork from one preloaded server for the whole search.
+    with fork_server_kept() if workers is not None and scheduler is None else contextlib.nullcontext():
+        while position < len(queue):
             threshold = -best[0][0] if prune and len(best) >= top else math.inf
-            if bound > threshold:
+            if queue[position][0] > threshold:
+                outcomes += [beaten(item, bound, threshold, top, runner.shape(item).text)
+                             for bound, _, item, _ in queue[position:]]
                 break
-            if outcome.status != "dropped" and outcome.step_bound_s > threshold:
-                outcome = beaten(item, outcome.step_bound_s, threshold, top, outcome.partition)
-            outcomes.append(outcome)
-            position += 1
-            done += 1
-            if outcome.fits:
-                heapq.heappush(best, (-outcome.iteration_time_s, order_key(outcome.candidate)))
-                if len(best) > top:
-                    heapq.heappop(best)
-        tick(bounded=total, decided=done)
+            runner.setting = replace(setting, threshold=threshold)
+            if workers is None and scheduler is None:
+                decided = [runner.decide(queue[position][2], queue[position][3])]
+            else:  # a round at this threshold; then settled one by one as in one process
+                batch = queue[position:position + _round_size(workers)]
+                decided = _on_dask(DaskCluster(workers=workers, scheduler=scheduler, shared=runner.setting),
+                                   runner.setting, [[entry[2]] for entry in batch], progress=None, done=done, total=total)
+            for (bound, _, item, _), outcome in zip(queue[position:], decided, strict=False):
+                threshold = -best[0][0] if prune and len(best) >= top else math.inf
+                if bound > threshold:
+                    break
+                if outcome.status != "dropped" and outcome.step_bound_s > threshold:
+                    outcome = beaten(item, outcome.step_bound_s, threshold, top, outcome.partition)
+                outcomes.append(outcome)
+                position += 1
+                done += 1
+                if outcome.fits:
+                    heapq.heappush(best, (-outcome.iteration_time_s, order_key(outcome.candidate)))
+                    if len(best) > top:
+                        heapq.heappop(best)
+            tick(bounded=total, decided=done)
     tick(bounded=total, decided=total)
     outcomes.sort(key=rank_key)
     explained = 0

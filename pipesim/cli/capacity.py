@@ -33,8 +33,6 @@ from pipesim.spec.transformer_profile import (
     FP16_EXTRA_BYTES_PER_PARAMETER,
     PLACEMENTS,
     Parallelism,
-    pipeline_bandwidth_bytes_per_s,
-    pipeline_latency_s,
     pipeline_topology,
 )
 from pipesim.spec.units import format_size, parse_size, size_unit
@@ -93,7 +91,7 @@ class Capacity:
         num_microbatches: M from ``--global-batch`` (or the one given).
         optimizer_state_multiplier: optimizer bytes per weight byte on one replica.
         recompute, recompute_stages: what is left for the plan (a model takes its mode itself).
-        bandwidth, latency: the pipeline link's defaults (with ``--model``, the fastest hop's).
+        bandwidth, latency: the pipeline link's defaults (with ``--model``, the outermost hop's).
         links, sequence_parallel: with ``--model`` and neither --bandwidth nor --latency, the layout
             whose hops ``pipeline_links`` puts each on its tier (else None).
         memory_budget_bytes: per device, or None for no budget.
@@ -210,8 +208,10 @@ def capacity_setup(context: click.Context, options: dict[str, Any], *, profile_p
         sp = options["sequence_parallel"]
         if bandwidth is None and latency is None:
             links = layout
-        bandwidth = bandwidth or f"{pipeline_bandwidth_bytes_per_s(hardware.cluster, layout, sequence_parallel=sp)}B/s"
-        latency = latency or f"{pipeline_latency_s(hardware.cluster, layout)}s"
+        # A flag given alone makes one link for every hop; the other value is the outermost hop's.
+        outer = pipeline_topology(hardware.cluster, layout, memory_bytes=math.inf, sequence_parallel=sp and tp > 1)
+        bandwidth = bandwidth or f"{outer.bandwidth_bytes_per_s}B/s"
+        latency = latency or f"{outer.latency_s}s"
     else:
         profile = load_profile(profile_path) if profile_path else parse_uniform(uniform or "")
         if options["microbatch_size"] is not None and options["microbatch_size"] != profile.microbatch_size:

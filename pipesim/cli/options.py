@@ -142,18 +142,21 @@ def build_topology(
     *,
     speeds: str | None = None,
     shared: bool = False,
+    links: Topology | None = None,
 ) -> Topology:
     """A uniform topology from --bandwidth/--latency (free communication when neither is given),
-    with per-device relative ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows.
+    or ``links`` (a model's pipeline, each hop on its tier) where given, with per-device relative
+    ``speeds`` (``1,1,0.5,1``) and NICs ``shared`` between flows (the default link's: a model's
+    hops between nodes, not its NVLink hops).
 
     Raises:
         ConfigError: ``shared`` without a bandwidth (free links have nothing to share), a bad
             bandwidth, latency or speed.
     """
-    if shared and not bandwidth:
+    if shared and not bandwidth and links is None:
         raise ConfigError("shared_nics", shared, "needs --bandwidth: links without one are free, so flows have no "
                           "bandwidth to share")
-    topology = Topology.uniform(
+    topology = links if links is not None else Topology.uniform(
         num_devices=num_devices,
         bandwidth=parse_bandwidth(bandwidth, "bandwidth") if bandwidth else float("inf"),
         latency=parse_duration(latency, "latency") if latency else 0.0,

@@ -296,11 +296,11 @@ SCHEDULE_FLAGS: dict[str, tuple[str, ...]] = {
 
 def _links(capacity: Capacity, num_devices: int, bandwidth: str | None, latency: str | None, *, speeds: str | None,
            shared: bool) -> Topology:
-    """A model's pipeline with each hop on the tier it crosses (``Capacity.pipeline_links``), where no
-    flag shapes the links; else one link for all from --bandwidth/--latency (``build_topology``)."""
-    links = None if speeds is not None or shared else capacity.pipeline_links(num_devices)
-    return links if links is not None else build_topology(num_devices, bandwidth, latency, speeds=speeds,
-                                                          shared=shared)
+    """A model's pipeline with each hop on the tier it crosses (``Capacity.pipeline_links``) where
+    neither --bandwidth nor --latency is given, else one link for all from them; with --speeds and
+    --shared-nics applied (``build_topology``)."""
+    return build_topology(num_devices, bandwidth, latency, speeds=speeds, shared=shared,
+                          links=capacity.pipeline_links(num_devices))
 
 
 def _check_schedule_flags(context: click.Context, names: list[str]) -> None:

@@ -115,6 +115,20 @@ _fork_server_pid: int | None = None  # the server this module's clusters started
 _fork_server_found: list[str] = []  # the preload list before theirs
 
 
+@contextmanager
+def fork_server_kept() -> Iterator[None]:
+    """Keep the embedded clusters' fork server from one cluster to the next within the block (a
+    search's rounds each start a cluster): it stops at the block's end, not at each cluster's close."""
+    import dask.config
+
+    kept = _forks_workers(dask.config.get("distributed.worker.multiprocessing-method")) and _claim_fork_server()
+    try:
+        yield
+    finally:
+        if kept:
+            _release_fork_server()
+
+
 def _forks_workers(method: str) -> bool:
     """Whether an embedded cluster forks its workers: on Linux, where Dask's start method is its
     default (``spawn``; one the user set in Dask's config is kept) and the platform has a fork server."""
@@ -150,9 +164,9 @@ def _claim_fork_server() -> bool:
             import dask.config
             from distributed.utils import get_mp_context
 
+            _fork_server_found = list(server._preload_modules)  # the program's, before Dask's first use sets its own
             with dask.config.set({"distributed.worker.multiprocessing-method": FORK_SERVER}):
                 get_mp_context()  # type: ignore[no-untyped-call]
-            _fork_server_found = list(server._preload_modules)
             server.set_forkserver_preload([WORKER_PRELOAD])
         _fork_server_users += 1
         return True

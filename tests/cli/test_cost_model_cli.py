@@ -128,6 +128,15 @@ def test_a_pipeline_across_two_nodes_sends_between_them_on_the_network_and_insid
     assert "14 hops on an inner tier" in str(run["topology"])
     assert step(8, "1Gbit/s")[0] == step(8, "400Gbit/s")[0]
     assert step(16, "400Gbit/s", intra="50GB/s")[0] > fast
+    # --speeds (all 1 here) and --shared-nics keep each hop on its tier (they fell back to one link for
+    # every hop, the fastest: the hop between the nodes on NVLink).
+    ones = ",".join(["1"] * 16)
+    for extra in (("--speeds", ones), ("--shared-nics",)):
+        done = pipesim("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "16", "--global-batch", "32",
+                       "--gpus-per-node", "8", "--intra-node-bandwidth", "450GB/s", "--inter-node-bandwidth",
+                       "1Gbit/s", "--inter-node-latency", "5us", *extra, "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["iteration_time_s"] == pytest.approx(slow, rel=0.02)
 
 
 def test_ranks_and_stages_per_rank_run_a_model_interleaved() -> None:

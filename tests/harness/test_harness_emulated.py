@@ -119,8 +119,10 @@ def test_validate_emulated_reports_replay_noise_floor_and_exact_memory(files: tu
 
 
 @torch_needed
-def test_validate_refuses_a_user_model_without_a_microbatch_size() -> None:
-    done = pipesim("validate", "--model", "mymodels.py:build", "--input-shape", "3,32,32", "--schedule", "1f1b",
+def test_validate_refuses_a_user_model_without_a_microbatch_size(tmp_path: Path) -> None:
+    models = tmp_path / "mymodels.py"  # a file that exists (a missing one is refused first, naming it)
+    models.write_text("def build():\n    raise AssertionError('not called: refused before')\n")
+    done = pipesim("validate", "--model", f"{models}:build", "--input-shape", "3,32,32", "--schedule", "1f1b",
                    "--stages", "2", "--microbatches", "2")
     assert done.returncode == 2 and "microbatch_size" in done.stderr and done.stderr.count("\n") == 1
 

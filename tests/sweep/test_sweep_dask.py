@@ -175,19 +175,19 @@ def test_the_fork_server_ends_with_the_cluster_and_what_it_was_asked_to_preload_
     environment as it is then."""
     from pipesim.sweep.dask_cluster import dask_client
 
-    import dask.config
-    from distributed.utils import get_mp_context
+    import multiprocessing
 
     server = _fork_server()
     assert server._forkserver_pid is None
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-        get_mp_context()  # Dask's own list, set on its first use of the context
-    before = list(server._preload_modules)
-    assert "pipesim.sweep.worker_preload" not in before
-    with dask_client(workers=1, scheduler=None) as client:
-        first = server._forkserver_pid
-        assert first is not None and list(client.run(_what_the_worker_holds).values())[0][0]
-    assert server._forkserver_pid is None and list(server._preload_modules) == before
+    found = list(server._preload_modules)
+    multiprocessing.set_forkserver_preload(["json"])  # the program's own list (Dask's first use would replace it)
+    try:
+        with dask_client(workers=1, scheduler=None) as client:
+            first = server._forkserver_pid
+            assert first is not None and list(client.run(_what_the_worker_holds).values())[0][0]
+        assert server._forkserver_pid is None and list(server._preload_modules) == ["json"]
+    finally:
+        multiprocessing.set_forkserver_preload(found)
     with pytest.raises(ProcessLookupError):
         os.kill(first, 0)
     os.environ["PIPESIM_TEST_LATER"] = "seen"
@@ -235,3 +235,19 @@ def test_a_bad_jit_setting_does_not_end_the_fork_server_the_workers_come_from(mo
     monkeypatch.setenv("PIPESIM_JIT", "bogus")
     with dask_client(workers=1, scheduler=None) as client:
         assert list(client.run(os.environ.get, "PIPESIM_JIT").values()) == ["bogus"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_clusters_within_fork_server_kept_share_one_server_that_ends_with_the_block() -> None:
+    """A search starts a cluster a round: their workers fork from one preloaded server."""
+    from pipesim.sweep.dask_cluster import dask_client, fork_server_kept
+
+    server = _fork_server()
+    pids = []
+    with fork_server_kept():
+        for _ in range(2):
+            with dask_client(workers=1, scheduler=None) as client:
+                assert list(client.run(_what_the_worker_holds).values())[0][0]
+                pids.append(server._forkserver_pid)
+        assert server._forkserver_pid == pids[0]
+    assert pids[0] is not None and pids == [pids[0]] * 2 and server._forkserver_pid is None
