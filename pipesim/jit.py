@@ -214,9 +214,19 @@ def _code_bytes(code: types.CodeType) -> bytes:
     """A function's bytecode, the names it reads (globals, attributes: ``min`` or ``max``) and its
     constants, those of the functions it defines included."""
     nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    plain = tuple(c for c in code.co_consts if not isinstance(c, types.CodeType))
+    plain = [_stable_repr(c) for c in code.co_consts if not isinstance(c, types.CodeType)]
     return (code.co_code + repr(code.co_names).encode() + repr(plain).encode()
             + b"".join(_code_bytes(c) for c in nested))
+
+
+def _stable_repr(value: Any) -> str:
+    """``repr`` with a frozenset's items sorted (``x in {"a", "b"}`` compiles to one, whose repr
+    follows the string hashes, which differ from process to process)."""
+    if isinstance(value, frozenset):
+        return "frozenset(" + repr(sorted(map(_stable_repr, value))) + ")"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(map(_stable_repr, value)) + ",)"
+    return repr(value)
 
 
 def _key_cache_on_frozen_inputs(dispatcher: Any, function: Callable[..., Any]) -> None:

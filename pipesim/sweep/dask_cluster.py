@@ -15,6 +15,7 @@ load the kernels its schedules use, so that the first batches start on workers t
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -194,13 +195,14 @@ def _release_fork_server() -> None:
         # start failed after its first worker), since none was running when the first claimed it.
         noted, _fork_server_pid = _fork_server_pid, None
         running = server._forkserver_pid
-        if running is not None and noted in (None, running):
-            try:
-                os.kill(running, signal.SIGTERM)
-                server._stop()
-            except OSError:  # it had ended already
-                pass
-        server.set_forkserver_preload(_fork_server_found)
+        try:
+            if running is not None and noted in (None, running):
+                with contextlib.suppress(OSError):  # it had ended already
+                    os.kill(running, signal.SIGTERM)
+                with contextlib.suppress(OSError):  # reaped elsewhere (SIGCHLD ignored by the program)
+                    server._stop()
+        finally:
+            server.set_forkserver_preload(_fork_server_found)
 
 
 class DaskCluster:

@@ -77,3 +77,14 @@ def test_a_change_to_a_frozen_constant_or_a_called_kernel_in_another_file_compil
     assert run(tmp_path, shift=1.0) == (4.0, "compiled")  # a numpy scalar of another module
     assert run(tmp_path, factor=5.0) == (15.0, "compiled")  # read as a module's attribute
     assert run(tmp_path) == (3.0, "loaded")  # back as at first: that machine code is still in the cache
+
+
+def test_the_cache_key_is_the_same_in_every_process_whatever_the_string_hashes() -> None:
+    """``x in {"a", "b"}`` compiles to a frozenset constant whose repr follows the string hashes:
+    a key built from it would differ from process to process (a fresh compile in each)."""
+    probe = ("import hashlib\nfrom pipesim.jit import _code_bytes\n"
+             "def f(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}\n"
+             "print(hashlib.sha256(_code_bytes(f.__code__)).hexdigest())\n")
+    digests = {subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(seed)}).stdout for seed in (1, 2, 3, 4)}
+    assert len(digests) == 1
