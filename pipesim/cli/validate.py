@@ -259,5 +259,19 @@ def print_report(report: dict[str, object]) -> None:
         pm, mm = predicted["peak_memory_bytes"][stage], measured["peak_memory_bytes"][stage]
         click.echo(f"  stage {stage}: its rank's utilization predicted {pu:.1%} measured {mu:.1%}; "
                    f"peak tracked memory predicted {pm / 1e6:.3f} MB measured {mm / 1e6:.3f} MB")
+    shares = measured.get("cpu_share_runs")
+    # (Emulated ops sleep: their ranks' CPU share says nothing of the host.)
+    if report["compute"] == "real" and isinstance(shares, list) and shares and \
+            all(isinstance(run, list) and run for run in shares):
+        per_rank = [statistics.median(run[rank] for run in shares if run[rank] is not None)
+                    if any(run[rank] is not None for run in shares) else None for rank in range(len(shares[0]))]
+        click.echo("  CPU share per rank (median over runs; below 1: the OS gave its core to others): "
+                   + ", ".join(f"{share:.2f}" if share is not None else "-" for share in per_rank))
+    times = report.get("op_times_runs")
+    if isinstance(times, list) and times and isinstance(times[0], dict) and "predicted" in times[0]:
+        keys = [key for key in times[0]["predicted"] if all(key in run.get("measured", {}) for run in times)]
+        click.echo("  mean op time per stage and kind, predicted / measured ms (median over runs): " + ", ".join(
+            f"{key} {statistics.median(run['predicted'][key] for run in times) * 1e3:.3f}/"
+            f"{statistics.median(run['measured'][key] for run in times) * 1e3:.3f}" for key in keys))
     verdict = "all match" if report["versions_match"] else f"MISMATCH: {report['version_mismatches']}"
     click.echo(f"  weight versions: {report['version_ops_compared']} ops compared, {verdict}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +232,18 @@ def test_validate_reports_predicted_measured_and_versions(tmp_path: Path) -> Non
         times = report["op_times_runs"][0]
         assert set(times["measured"]) == set(times["predicted"]) == {"0F", "0B", "0U", "1F", "1B", "1U"}
         assert all(value > 0 for value in times["measured_cpu"].values())
+        # The text report gives what docs/harness.md says it does: each rank's CPU share, and per stage
+        # and kind the mean op time predicted and measured; one run has no noise floor.
+        from pipesim.cli.validate import print_report
+
+        with contextlib.redirect_stdout(io.StringIO()) as text:
+            print_report(report)
+        lines = text.getvalue()
+        shares = ", ".join(f"{statistics.median(run[rank] for run in report['measured']['cpu_share_runs']):.2f}"
+                           for rank in range(2))
+        assert f"CPU share per rank (median over runs; below 1: the OS gave its core to others): {shares}" in lines
+        assert f"0F {times['predicted']['0F'] * 1e3:.3f}/{times['measured']['0F'] * 1e3:.3f}" in lines
+        assert "one run: no noise floor" in lines and "noise floor 0.0%" not in lines
         # The op breakdown: the same ops per stage and kind, their spans' parts, and the error as a sum.
         rows = report["op_breakdown_runs"][0]
         assert [(row["stage"], row["kind"]) for row in rows] == [(0, "F"), (0, "B"), (0, "U"), (1, "F"), (1, "B"),
