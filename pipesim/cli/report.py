@@ -1,4 +1,4 @@
-"""``pipesim report``: one self-contained HTML file for any folder pipesim writes: a simulation (trace),
+"""``pipesim report``: one self-contained HTML file of a simulation (its folder or a trace),
 schedules side by side, a search, or a sweep (table)."""
 
 from __future__ import annotations
