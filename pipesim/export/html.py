@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipesim.engine.trace import CATEGORIES
-from pipesim.export.provenance import describe, label
+from pipesim.export.provenance import INNER_HOPS, describe, label
 from pipesim.export.report import comparison_rows, verdict_text
 
 # (title, rendered bytes, format: "png" or "svg")
@@ -124,7 +124,10 @@ def simulation_html(metrics: dict[str, Any], figures: Sequence[Figure], *, versi
     heading = title or f"pipesim: {m['schedule']}, p={m['num_stages']}, m={m['num_microbatches']}, K={m['num_minibatches']}"
     if run and not title:
         links = dict(describe(run))
-        heading += f" — {run['profile']['name']}, {links[label('bandwidth_bytes_per_s')]}, {links[label('latency_s')]}"
+        # A model's pipeline with hops inside a node: the run's link is its outer hops' (the Run table says how many).
+        outer = " between nodes" if INNER_HOPS in str(run.get("topology", {}).get("name", "")) else ""
+        heading += (f" — {run['profile']['name']}, {links[label('bandwidth_bytes_per_s')]}, "
+                    f"{links[label('latency_s')]}{outer}")
     if "tokens_per_s" in m and not title:
         heading += f" — {m['num_gpus']} GPUs, {m['tokens_per_s']:,.0f} tokens/s, MFU {m['mfu']:.1%}"
     if "fits" in m and not title:

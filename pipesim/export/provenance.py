@@ -98,9 +98,13 @@ def describe(run: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+#: What a built topology's name says of a model's pipeline hops that have a faster link of their own.
+INNER_HOPS = "on an inner tier"
+
+
 def _built(topology: Topology) -> str:
     """How a topology built from the command line is named in the ``run`` record."""
     if not topology.links:
         return f"uniform, {topology.num_devices} devices (from the command line)"
     hops = f"{len(topology.links)} hop{'s' if len(topology.links) > 1 else ''}"
-    return f"{topology.num_devices} devices, {hops} on an inner tier, the rest on the outer (from the command line)"
+    return f"{topology.num_devices} devices, {hops} {INNER_HOPS}, the rest on the outer (from the command line)"

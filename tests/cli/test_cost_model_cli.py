@@ -282,3 +282,13 @@ def test_a_model_run_without_its_batch_names_global_batch() -> None:
     done = pipesim("simulate", "--model", "llama3-8b", "--stages", "4")
     assert done.returncode == 2
     assert "Missing option '--microbatches' (or --global-batch G, which sets it with --model)" in done.stderr
+
+
+def test_the_report_of_a_pipeline_across_nodes_says_its_link_is_the_one_between_them(tmp_path: Path) -> None:
+    done = pipesim("simulate", "--model", "llama3-8b", "--device", "h100", "--stages", "16", "--global-batch", "32",
+                   "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    page = pipesim("report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html"))
+    assert page.returncode == 0, page.stderr
+    text = (tmp_path / "r.html").read_text()
+    assert "46 GB/s, 5 us between nodes" in text and "14 hops on an inner tier" in text
