@@ -49,7 +49,10 @@ def _parse(text: str, units: dict[str, float], field: str) -> float:
     number, unit = match.groups()
     if unit not in units:
         raise ConfigError(field, text, f"unknown unit {unit!r}; accepted: {accepted}")
-    value = float(number) * units[unit]
+    # A unit below one is divided by its inverse: 5us is 5 / 1e6 = 5e-06 exactly as written, where
+    # 5 x 1e-6 gives 4.9999999999999996e-06 (1e-6 has no exact binary form, 1e6 has).
+    inverse = round(1 / units[unit])
+    value = float(number) / inverse if units[unit] < 1 and inverse * units[unit] == 1 else float(number) * units[unit]
     if not math.isfinite(value):  # 1e400GB/s would read as free links, 1e400GB as no memory limit
         raise ConfigError(field, text, f"is too large: must be below {sys.float_info.max / units[unit]:.2g}{unit}")
     if value <= 0 and units is not DURATION_UNITS:

@@ -28,3 +28,10 @@ def test_sizes_are_bytes(text: str, num_bytes: float) -> None:
 def test_a_unit_of_another_kind_is_refused_naming_the_accepted_ones() -> None:
     with pytest.raises(ConfigError, match=r"bandwidth='25Gb': unknown unit 'Gb'; accepted: B/s, KB/s"):
         parse_bandwidth("25Gb")
+
+
+def test_a_duration_in_a_unit_below_a_second_reads_as_the_decimal_written() -> None:
+    """5us is 5e-06, as a table or trace then shows it (5 x 1e-6 read as 4.9999999999999996e-06)."""
+    assert repr(parse_duration("5us")) == "5e-06" and repr(parse_duration("20us")) == "2e-05"
+    assert repr(parse_duration("1.5ms")) == "0.0015" and repr(parse_duration("7ns")) == "7e-09"
+    assert parse_duration("2s") == 2.0 and parse_duration("0us") == 0.0
