@@ -197,7 +197,7 @@ def _digest_value(name: str, value: Any, digest: Any) -> None:
         for index, item in enumerate(value):
             _digest_value(f"{name}[{index}]", item, digest)
     elif isinstance(value, frozenset):
-        digest.update(f"frozenset {name} {sorted(map(repr, value))!r}\n".encode())
+        digest.update(f"frozenset {name} {_stable_repr(value)}\n".encode())
     elif isinstance(value, (bool, int, float, complex, str, bytes)):
         digest.update(f"value {name} {type(value).__name__} {value!r}\n".encode())
 

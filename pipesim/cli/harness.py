@@ -53,7 +53,7 @@ def model_options(function: FuncT) -> FuncT:
 def build_spec(model: str, depth: int, width: int, seq_len: int, heads: int, input_shape: str | None,
                seed: int) -> Any:
     """A ModelSpec from the model options."""
-    from pipesim.harness.config import ModelSpec
+    from pipesim.harness.config import ModelSpec, user_model_file
 
     shape: tuple[int, ...] = ()
     if input_shape:
@@ -63,10 +63,7 @@ def build_spec(model: str, depth: int, width: int, seq_len: int, heads: int, inp
             raise ConfigError("input_shape", input_shape,
                               "must be integers separated by commas, e.g. 3,32,32") from None
     spec = ModelSpec(name=model, depth=depth, width=width, seq_len=seq_len, heads=heads, input_shape=shape, seed=seed)
-    # A user model's file is checked here, before any rank starts (a rank would fail on it, exit 1).
-    module = model.rpartition(":")[0]
-    if module.endswith(".py") and not Path(module).resolve().is_file():
-        raise ConfigError("model", model, f"file {Path(module).resolve()} does not exist")
+    user_model_file(model)  # checked here, before any rank starts (a rank would fail on it, exit 1)
     return spec
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,7 +18,7 @@ from pipesim.cli.harness import (
     training_options,
 )
 from pipesim.errors import ConfigError
-from pipesim.schedule.registry import SCHEDULES, build_schedule, unknown_schedule_rule
+from pipesim.schedule.registry import SCHEDULES, unknown_schedule_rule
 from pipesim.spec.files import load_profile, load_topology
 
 if TYPE_CHECKING:
@@ -122,7 +122,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
 
     require_torch()
     from pipesim.harness.calibration import CalibrationRun, calibrate
-    from pipesim.harness.config import check_processes, default_microbatch_size, model_to_rebuild, spec_of
+    from pipesim.harness.config import (check_processes, default_microbatch_size, model_to_rebuild, run_schedule,
+                                        spec_of)
     from pipesim.harness.launch import check_backend, check_op_timeout
     from pipesim.harness.linkbench import measure_links
     from pipesim.harness.overheads import host_cost
@@ -142,9 +143,8 @@ def validate_command(model: str, depth: int, width: int, seq_len: int, heads: in
     check_op_timeout(op_timeout_s)
     check_processes("ranks" if num_ranks else "stages", num_ranks or num_stages)
     for name in names:  # each schedule's shape, refused before minutes of profiling and link timing
-        shape: dict[str, Any] = {"update": pipemare_update} if name == "pipemare" else {}
-        build_schedule(name, num_stages, num_microbatches, num_minibatches=num_minibatches,
-                       **shape, **({"num_ranks": num_ranks} if num_ranks else {}))
+        run_schedule(name, num_stages, num_microbatches, num_minibatches, pipemare_update=pipemare_update,
+                     num_ranks=num_ranks)
     check_backend("gloo", device)  # names the device (validate picks the backend: NCCL on CUDA)
     check_backend("nccl" if device == "cuda" else "gloo", device, num_ranks or num_stages)
     if profile_path:

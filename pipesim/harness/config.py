@@ -249,11 +249,8 @@ class RunConfig:
 
     def build_schedule(self) -> Schedule:
         """The Schedule this run interprets (the same object the engines simulate)."""
-        options: dict[str, Any] = {"update": self.pipemare_update} if self.schedule == "pipemare" else {}
-        if self.num_ranks:
-            options["num_ranks"] = self.num_ranks
-        return build_schedule(self.schedule, self.num_stages, self.num_microbatches,
-                              num_minibatches=self.num_minibatches, **options)
+        return run_schedule(self.schedule, self.num_stages, self.num_microbatches, self.num_minibatches,
+                            pipemare_update=self.pipemare_update, num_ranks=self.num_ranks)
 
     def to_json(self) -> str:
         """JSON text (sorted keys)."""
@@ -369,3 +366,31 @@ def default_microbatch_size(model: str) -> int:
 def summarize(samples: list[float], statistic: str) -> float:
     """The mean or the median of ``samples``."""
     return statistics.fmean(samples) if statistic == "mean" else statistics.median(samples)
+
+
+def run_schedule(schedule: str, num_stages: int, num_microbatches: int, num_minibatches: int, *,
+                 pipemare_update: str, num_ranks: int) -> Schedule:
+    """The Schedule a harness run of these settings interprets (``num_ranks`` 0: one per stage).
+
+    Raises:
+        ConfigError: a shape the schedule cannot take (counts, ranks, stages per rank).
+    """
+    options: dict[str, Any] = {"update": pipemare_update} if schedule == "pipemare" else {}
+    if num_ranks:
+        options["num_ranks"] = num_ranks
+    return build_schedule(schedule, num_stages, num_microbatches, num_minibatches=num_minibatches, **options)
+
+
+def user_model_file(reference: str) -> Path | None:
+    """The file of a ``FILE.py:CALLABLE`` model reference (None for a module or a built-in model).
+
+    Raises:
+        ConfigError: the file does not exist.
+    """
+    module = reference.rpartition(":")[0]
+    if not module.endswith(".py"):
+        return None
+    path = Path(module).resolve()
+    if not path.is_file():
+        raise ConfigError("model", reference, f"file {path} does not exist")
+    return path

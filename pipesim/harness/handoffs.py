@@ -37,7 +37,7 @@ def hand_off_parts(traces: Iterable[Trace]) -> HandOffs:
         rank_of = {op.stage: op.device for op in ops}
         for op in ops:
             if op.kind in ("F", "B") and not (math.isnan(op.receive_s) or math.isnan(op.send_s)):
-                source, target = (op.stage - 1, op.stage + 1) if op.kind == "F" else (op.stage + 1, op.stage - 1)
+                source, target = _neighbours(op.stage, forward=op.kind == "F")
                 receive = 0.0 if rank_of.get(source) == op.device else op.receive_s
                 send = 0.0 if rank_of.get(target) == op.device else op.send_s
                 samples.setdefault((op.stage, op.kind), []).append((op.duration_s, receive, send))
@@ -63,8 +63,14 @@ def without_local_hand_offs(program: PreparedRun, durations_s: np.ndarray, parts
         if calibrated is None or calibrated[0] <= 0:
             continue
         span, receive, send = calibrated
-        source, target = (stage - 1, stage + 1) if forward else (stage + 1, stage - 1)
+        source, target = _neighbours(stage, forward=forward)
         removed = (receive if rank_of.get(source) == rank else 0.0) + (send if rank_of.get(target) == rank else 0.0)
         if removed > 0:
             adjusted[index] *= max(0.0, 1.0 - removed / span)
     return adjusted
+
+
+def _neighbours(stage: int, *, forward: bool) -> tuple[int, int]:
+    """``(the stage an op takes its input from, the stage it hands its output to)``: forward the
+    one before and the one after, backward the other way."""
+    return (stage - 1, stage + 1) if forward else (stage + 1, stage - 1)

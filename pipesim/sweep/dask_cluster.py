@@ -71,8 +71,7 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
     # the task thread's stack: work beside every point that nothing uses, so it is off (benchmarks/
     # RESULTS.md, "Two Dask workers against plain processes").
     settings = {"distributed.nanny.pre-spawn-environ": environ, "distributed.worker.profile.enabled": False}
-    forked = _forks_workers(dask.config.get("distributed.worker.multiprocessing-method")) and _claim_fork_server()
-    try:
+    with fork_server_kept() as forked:
         if forked:
             settings["distributed.worker.multiprocessing-method"] = FORK_SERVER
         with dask.config.set(settings):
@@ -94,9 +93,6 @@ def dask_client(*, workers: int | None, scheduler: str | None) -> Iterator[Any]:
                 client.close()  # type: ignore[no-untyped-call]
         finally:
             cluster.close()
-    finally:
-        if forked:
-            _release_fork_server()
 
 
 #: How an embedded cluster's nannies start their workers on Linux (where it was measured; macOS forks
@@ -117,14 +113,16 @@ _fork_server_found: list[str] = []  # the preload list before theirs
 
 
 @contextmanager
-def fork_server_kept() -> Iterator[None]:
-    """Keep the embedded clusters' fork server from one cluster to the next within the block (a
-    search's rounds each start a cluster): it stops at the block's end, not at each cluster's close."""
+def fork_server_kept() -> Iterator[bool]:
+    """A share of the embedded clusters' fork server for the block, and whether workers started in
+    it fork from that server: an embedded cluster holds one while it is open, and a search holds one
+    across its rounds (each starts a cluster), so that the server stops at the block's end, not at
+    each cluster's close."""
     import dask.config
 
     kept = _forks_workers(dask.config.get("distributed.worker.multiprocessing-method")) and _claim_fork_server()
     try:
-        yield
+        yield kept
     finally:
         if kept:
             _release_fork_server()

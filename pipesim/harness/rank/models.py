@@ -7,14 +7,13 @@ import importlib.util
 import math
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 import torch.nn.functional as functional
 from torch import nn
 
 from pipesim.errors import ConfigError
-from pipesim.harness.config import ModelSpec
+from pipesim.harness.config import ModelSpec, user_model_file
 
 __all__ = ["ModelBundle", "ModelSpec", "MSELossLayer", "Null", "TransformerBlock", "build_model", "load_callable"]
 
@@ -111,10 +110,8 @@ def load_callable(reference: str) -> nn.Sequential:
     if not sep or not module_name or not attribute:
         raise ConfigError("model", reference, "must be mlp, transformer, MODULE:CALLABLE or FILE.py:CALLABLE")
     try:
-        if module_name.endswith(".py"):
-            path = Path(module_name).resolve()
-            if not path.is_file():
-                raise ConfigError("model", reference, f"file {path} does not exist")
+        path = user_model_file(reference)
+        if path is not None:
             loader_spec = importlib.util.spec_from_file_location(f"pipesim_user_{path.stem}", path)
             assert loader_spec is not None and loader_spec.loader is not None
             module = importlib.util.module_from_spec(loader_spec)
